@@ -1,0 +1,92 @@
+"""The `licensectl` command: run, status, rollout, demo, config-reference.
+
+Subcommands import their machinery lazily so `licensectl --help` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+
+from licensectl import __version__, config
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="licensectl",
+        description="NVIDIA vGPU license lifecycle for Cozystack + KubeVirt: replicate, rotate, observe.")
+    p.add_argument("--version", action="version", version=f"licensectl {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run the controller (in-cluster or with a kubeconfig)")
+    config.add_arguments(run)
+
+    status = sub.add_parser("status", help="sources, revisions, replicas, rollout and guests at a glance")
+    status.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    status.add_argument("--kubeconfig", default=None)
+    status.add_argument("--context", default=None)
+    status.add_argument("--url", default=None,
+                        help="controller internal URL (e.g. http://127.0.0.1:8080) for guest states")
+
+    rollout = sub.add_parser("rollout", help="rollout status / pause / resume")
+    rsub = rollout.add_subparsers(dest="rollout_command", metavar="VERB", required=True)
+    rs = rsub.add_parser("status", help="print progress; exit 0 when complete, non-zero when paused/failed")
+    rs.add_argument("--watch", "-w", action="store_true")
+    rs.add_argument("--timeout", type=float, default=0.0, help="give up after this many seconds (0: never)")
+    for verb in ("pause", "resume"):
+        v = rsub.add_parser(verb, help=f"{verb} the rollout of a source Secret")
+        v.add_argument("source", help="NAMESPACE/NAME of the source Secret")
+    for r in rsub.choices.values():
+        r.add_argument("--kubeconfig", default=None)
+        r.add_argument("--context", default=None)
+    rs.add_argument("source", nargs="?", help="NAMESPACE/NAME of the source Secret (default: all)")
+
+    demo = sub.add_parser("demo", help="run a demo fleet on an embedded local control plane")
+    demo.add_argument("--duration", type=float, default=0.0,
+                      help="stop after this many seconds (0: run until Ctrl-C)")
+    demo.add_argument("--prometheus", action="store_true", help="also start a real Prometheus with the alerts")
+    demo.add_argument("--json", dest="json_out", default=None, help="write a JSON summary to this file")
+    demo.add_argument("--metrics-port", type=int, default=9108)
+
+    sub.add_parser("config-reference", help="print the configuration reference (markdown)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    if args.command == "config-reference":
+        print(config.reference_markdown(), end="")
+        return 0
+    if args.command == "run":
+        try:
+            settings = config.settings_from(args)
+        except ValueError as e:
+            print(f"licensectl run: {e}", file=sys.stderr)
+            return 2
+        from licensectl.app import run
+
+        return asyncio.run(run(settings))
+    if args.command == "status":
+        from licensectl.status import status_main
+
+        return asyncio.run(status_main(args))
+    if args.command == "rollout":
+        from licensectl.status import rollout_main
+
+        return asyncio.run(rollout_main(args))
+    if args.command == "demo":
+        from licensectl.demo import demo_main
+
+        return demo_main(args)
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""Every setting of `licensectl run`, declared once.
+
+The same table builds the argparse flags, reads the LICENSECTL_* environment variables and renders
+the configuration reference in the README (`licensectl config-reference`), so the three cannot drift.
+Precedence: flag > environment > default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+
+def _bool(v: str) -> bool:
+    s = v.strip().lower()
+    if s in ("1", "true", "yes", "on"):
+        return True
+    if s in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"not a boolean: {v!r}")
+
+
+def _choice(*allowed: str) -> Callable[[str], str]:
+    def parse(v: str) -> str:
+        if v not in allowed:
+            raise ValueError(f"must be one of {', '.join(allowed)}, got {v!r}")
+        return v
+
+    parse.__name__ = "one of " + "|".join(allowed)
+    return parse
+
+
+def _max_unavailable(v: str) -> str:
+    """An absolute count ("5") or a percentage of affected VMIs ("10%")."""
+    s = v.strip()
+    num = s[:-1] if s.endswith("%") else s
+    if not num.isdigit() or int(num) < 1 or (s.endswith("%") and int(num) > 100):
+        raise ValueError(f"maxUnavailable must be a positive integer or 1%..100%, got {v!r}")
+    return s
+
+
+@dataclass(frozen=True)
+class Settings:
+    kubeconfig: str = ""
+    context: str = ""
+    namespace: str = "licensectl-system"
+    # Tenant model (domain.md §1-2).
+    vgpu_label: str = "gpu.cozystack.io/vgpu"
+    tenant_label_prefix: str = "tenant.cozystack.io/"
+    root_tenant: str = "tenant-root"
+    # GPU contract (domain.md §3, assumed): resource names behind one adapter.
+    gpu_group: str = "gpu.cozystack.io"
+    gpu_version: str = "v1alpha1"
+    gpu_class_plural: str = "gpuclasses"
+    gpu_claim_plural: str = "gpuclaims"
+    token_key: str = "client_configuration_token.tok"
+    # Replication.
+    resync_seconds: float = 300.0
+    deletions_per_minute: int = 100
+    # Rollout.
+    settle_seconds: float = 60.0
+    max_unavailable: str = "10%"
+    max_per_namespace: int = 1
+    max_failures: int = 3
+    restart_timeout_seconds: float = 600.0
+    manual_deadline_seconds: float = 7 * 24 * 3600.0
+    done_gate: str = "ready"
+    restart_fallback_delete: bool = False
+    restart_reissue_seconds: float = 60.0
+    # Guest reports.
+    report_url: str = ""
+    report_interval_seconds: float = 60.0
+    key_grace_seconds: float = 7 * 24 * 3600.0
+    # HTTP listeners.
+    metrics_address: str = "127.0.0.1:8080"
+    reports_address: str = "127.0.0.1:8443"
+    # Leader election.
+    leader_elect: bool = False
+    lease_name: str = "licensectl"
+    lease_duration_seconds: float = 15.0
+    renew_deadline_seconds: float = 10.0
+    retry_period_seconds: float = 2.0
+    pod_name: str = ""
+    # Logging / safety.
+    log_format: str = "console"
+    log_level: str = "info"
+    dry_run: bool = False
+
+
+@dataclass(frozen=True)
+class Option:
+    field: str
+    help: str
+    parse: Callable[[str], Any] = str
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.field.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return "LICENSECTL_" + self.field.upper()
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("kubeconfig", "Path to a kubeconfig; empty means in-cluster config, then ~/.kube/config."),
+    Option("context", "kubeconfig context to use (empty: current context)."),
+    Option("namespace", "Namespace licensectl runs in (signing key Secret, Lease, Events)."),
+    Option("vgpu_label", "Namespace label holding a tenant's vgpu flag (\"true\" grants)."),
+    Option("tenant_label_prefix", "Prefix of Cozystack's per-ancestor tenant labels."),
+    Option("root_tenant", "Name of the root tenant namespace."),
+    Option("gpu_group", "API group of the GPUClass/GPUClaim contract."),
+    Option("gpu_version", "API version of the GPUClass/GPUClaim contract."),
+    Option("gpu_class_plural", "Plural resource name of GPU classes (cluster-scoped)."),
+    Option("gpu_claim_plural", "Plural resource name of GPU claims (namespaced)."),
+    Option("token_key", "Key of the client configuration token in the source Secret."),
+    Option("resync_seconds", "Full re-reconcile period even without events.", float),
+    Option("deletions_per_minute", "Cap on replica deletions per minute (Event + metric when hit).", int),
+    Option("settle_seconds", "A rollout starts only after the source was stable this long.", float),
+    Option("max_unavailable", "VMIs restarting at once: a count or a percentage of affected VMIs.",
+           _max_unavailable),
+    Option("max_per_namespace", "VMIs restarting at once within one namespace.", int),
+    Option("max_failures", "Failed restarts after which the rollout pauses.", int),
+    Option("restart_timeout_seconds", "A restarted VMI must be done within this time or counts as failed.",
+           float),
+    Option("manual_deadline_seconds", "A manual-restart VM still stale after this is reported overdue.", float),
+    Option("done_gate", "When a restarted VMI counts as done: ready, or ready-licensed (guest report).",
+           _choice("ready", "ready-licensed")),
+    Option("restart_reissue_seconds",
+           "A restart whose VMI is still running unchanged this long after the call is issued again.", float),
+    Option("restart_fallback_delete",
+           "Without the restart subresource, delete the VMI of a runStrategy Always VM instead.", _bool),
+    Option("report_url", "URL guests POST reports to (written into each replica)."),
+    Option("report_interval_seconds", "Expected guest report interval; 3 missed make a guest unknown.", float),
+    Option("key_grace_seconds", "After a signing-key rotation, the previous key is accepted this long.",
+           float),
+    Option("metrics_address", "host:port of the internal listener (/metrics, /healthz, /readyz)."),
+    Option("reports_address", "host:port of the tenant-facing listener (POST /v1/reports)."),
+    Option("leader_elect", "Use a coordination.k8s.io Lease so only one replica writes.", _bool),
+    Option("lease_name", "Name of the leader-election Lease."),
+    Option("lease_duration_seconds", "Lease duration.", float),
+    Option("renew_deadline_seconds", "The leader gives up if it cannot renew within this time.", float),
+    Option("retry_period_seconds", "Interval between lease acquire/renew attempts.", float),
+    Option("pod_name", "This replica's identity in the Lease (defaults to the hostname)."),
+    Option("log_format", "Log format.", _choice("json", "console")),
+    Option("log_level", "Log level.", _choice("debug", "info", "warning", "error")),
+    Option("dry_run", "Log the plan, write nothing.", _bool),
+)
+
+_DEFAULTS = Settings()
+assert {o.field for o in OPTIONS} == {f.name for f in fields(Settings)}, "OPTIONS and Settings disagree"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add one flag per option; defaults stay None so the environment can fill the gap."""
+    for o in OPTIONS:
+        parser.add_argument(o.flag, dest=o.field, default=None, help=f"{o.help} [env {o.env}]",
+                            metavar=o.field.upper() if o.parse is not _bool else "BOOL")
+
+
+def settings_from(args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None
+                  ) -> Settings:
+    """Resolve flag > environment > default; a bad value raises ValueError naming the flag."""
+    env = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for o in OPTIONS:
+        raw = getattr(args, o.field, None) if args is not None else None
+        source = o.flag
+        if raw is None and o.env in env:
+            raw, source = env[o.env], o.env
+        if raw is None:
+            continue
+        try:
+            values[o.field] = o.parse(raw) if isinstance(raw, str) else raw
+        except ValueError as e:
+            raise ValueError(f"{source}: {e}") from None
+    return Settings(**values)
+
+
+def reference_markdown(options: Sequence[Option] = OPTIONS) -> str:
+    """The configuration reference table for the README."""
+    rows = ["| flag | environment | default | meaning |", "|---|---|---|---|"]
+    for o in options:
+        default = getattr(_DEFAULTS, o.field)
+        shown = "(empty)" if default == "" else f"`{str(default).lower() if isinstance(default, bool) else default}`"
+        rows.append(f"| `{o.flag}` | `{o.env}` | {shown} | {o.help} |")
+    return "\n".join(rows) + "\n"

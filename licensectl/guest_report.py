@@ -1,0 +1,721 @@
+"""Guest reports: untrusted text from inside a VM turned into a bounded, typed guest state.
+
+Pure: no I/O, no clock (`now` is passed in). Everything here parses attacker-controlled bytes, so
+every field is length- and charset-bounded, XML goes through defusedxml, and every failure is a
+`ReportError` with one of a few machine reasons (used as a metric label) and a message that never
+quotes the input. The wire format is documented in docs/guest.md; the probe that produces it is
+licensectl/guest/licensectl-probe.sh.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import xml.etree.ElementTree as ET  # only for the ParseError type; parsing goes through defusedxml
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Final
+
+import defusedxml
+import defusedxml.ElementTree as DET
+
+# ---------------------------------------------------------------------------------------------
+# Errors and limits
+# ---------------------------------------------------------------------------------------------
+
+TOO_LARGE: Final = "too_large"
+BAD_ENCODING: Final = "bad_encoding"
+BAD_FORMAT: Final = "bad_format"
+BAD_FIELD: Final = "bad_field"
+BAD_XML: Final = "bad_xml"
+XML_FORBIDDEN: Final = "xml_forbidden"
+REASONS: Final = frozenset({TOO_LARGE, BAD_ENCODING, BAD_FORMAT, BAD_FIELD, BAD_XML, XML_FORBIDDEN})
+
+
+class ReportError(ValueError):
+    """A rejected report. `reason` is one of REASONS; `message` never contains report content."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        if reason not in REASONS:
+            raise ValueError(f"unknown report error reason {reason!r}")
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class ReportLimits:
+    """Bounds on what a guest may send. The probe stays well below them (docs/guest.md)."""
+
+    max_body_bytes: int = 512 * 1024
+    max_header_lines: int = 16
+    max_field_chars: int = 256
+    max_log_lines: int = 200
+    max_line_chars: int = 2048
+    max_gpus: int = 32
+    max_text_lines: int = 20_000
+
+
+DEFAULT_LIMITS: Final = ReportLimits()
+
+FORMAT_VERSION: Final = 1
+MAGIC_KEY: Final = "licensectl-report"
+
+# Bounds on stored strings (independent of limits: they shape what downstream code may assume).
+MAX_PRODUCT_CHARS: Final = 96
+MAX_RAW_STATUS_CHARS: Final = 96
+MAX_MESSAGE_CHARS: Final = 240
+
+
+# ---------------------------------------------------------------------------------------------
+# Data
+# ---------------------------------------------------------------------------------------------
+
+
+class LicenseState(StrEnum):
+    LICENSED = "licensed"
+    UNLICENSED = "unlicensed"
+    RESTRICTED = "restricted"
+    EXPIRED = "expired"
+    UNKNOWN = "unknown"
+
+
+# Worst-first aggregation: a guest is as bad as its worst GPU. Restricted is throttled right now,
+# expired is about to be, unlicensed may still be in grace, unknown says nothing bad for sure.
+SEVERITY: Final[dict[LicenseState, int]] = {
+    LicenseState.LICENSED: 0,
+    LicenseState.UNKNOWN: 1,
+    LicenseState.UNLICENSED: 2,
+    LicenseState.EXPIRED: 3,
+    LicenseState.RESTRICTED: 4,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class GpuLicense:
+    """One GPU's licensing as nvidia-smi printed it. `grace` marks `Unlicensed (Unrestricted)`."""
+
+    product: str | None
+    state: LicenseState
+    expiry: dt.datetime | None
+    raw_status: str
+    driver_version: str | None = None
+    pci_id: str | None = None
+    gpu_uuid: str | None = None
+    gpu_name: str | None = None
+    grace: bool = False
+
+
+class GriddEventKind(StrEnum):
+    ACQUIRED = "acquired"
+    RENEWED = "renewed"
+    RETURNED = "returned"
+    FAILED = "failed"
+    NOT_FOUND = "not_found"
+    TOKEN_MISSING = "token_missing"
+    TOKEN_CORRUPT = "token_corrupt"
+    CONFIG_MISSING = "config_missing"
+    SHUTDOWN = "shutdown"
+
+
+@dataclass(frozen=True, slots=True)
+class GriddEvent:
+    """One recognised nvidia-gridd log line. `at` is None when the line carries no timestamp."""
+
+    kind: GriddEventKind
+    at: dt.datetime | None
+    message: str
+    server: str | None = None
+    product: str | None = None
+    expiry: dt.datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GuestReport:
+    """A parsed, validated report. Holds no secret: only the token's SHA-256."""
+
+    format_version: int
+    uuid: str
+    hostname: str
+    clock: dt.datetime
+    token_sha256: str | None
+    probe_version: str
+    smi_format: str | None  # "xml", "text" or None when nvidia-smi gave nothing
+    gpus: tuple[GpuLicense, ...]
+    events: tuple[GriddEvent, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GuestState:
+    """What the rest of licensectl needs to know about one guest after one report."""
+
+    uuid: str
+    hostname: str
+    state: LicenseState
+    product: str | None
+    expiry: dt.datetime | None
+    driver_version: str | None
+    gpu_count: int
+    grace: bool
+    token_sha256: str | None
+    token_current: bool
+    clock_skew_seconds: float
+    reported_at: dt.datetime
+    last_event: GriddEventKind | None
+    last_event_at: dt.datetime | None
+
+
+# ---------------------------------------------------------------------------------------------
+# Small bounded-string helpers
+# ---------------------------------------------------------------------------------------------
+
+_PRODUCT_CHARS = re.compile(r"[^A-Za-z0-9 ._()/+,:;=-]")
+_SPACES = re.compile(r"\s+")
+_TOKENISH = re.compile(r"[A-Za-z0-9._:-]")
+
+
+def clean_text(s: str, max_chars: int) -> str:
+    """Collapse whitespace, drop characters outside a safe printable set, truncate."""
+    s = _PRODUCT_CHARS.sub("", _SPACES.sub(" ", s)).strip()
+    return s[:max_chars]
+
+
+def _clean_opt(s: str | None, max_chars: int) -> str | None:
+    if s is None:
+        return None
+    c = clean_text(s, max_chars)
+    return c or None
+
+
+def _token_opt(s: str | None, max_chars: int) -> str | None:
+    """An identifier-like value (driver version, PCI id, GPU UUID): charset-checked or dropped."""
+    if s is None:
+        return None
+    s = s.strip()
+    if not s or len(s) > max_chars or not all(_TOKENISH.fullmatch(c) for c in s):
+        return None
+    return s
+
+
+# Metric-safe product labels: the free-text product collapses onto a fixed, small set.
+_PRODUCT_LABELS: Final = {
+    "nvidia rtx virtual workstation": "vws",
+    "nvidia virtual pc": "vpc",
+    "nvidia virtual applications": "vapps",
+    "nvidia virtual compute server": "vcs",
+    "nvidia ai enterprise": "nvaie",
+}
+PRODUCT_LABELS: Final = frozenset({*_PRODUCT_LABELS.values(), "other", "none"})
+
+
+def product_label(product: str | None) -> str:
+    """A bounded label for metrics: one of PRODUCT_LABELS, never the free text itself."""
+    if not product:
+        return "none"
+    return _PRODUCT_LABELS.get(_SPACES.sub(" ", product).strip().lower(), "other")
+
+
+# ---------------------------------------------------------------------------------------------
+# License status
+# ---------------------------------------------------------------------------------------------
+
+# Driver format (fixtures/nvidia/README.md): `Licensed (Expiry: 2026-7-7 16:1:44 GMT)`, no zero padding.
+_EXPIRY = re.compile(r"(\d{4})-(\d{1,2})-(\d{1,2}) (\d{1,2}):(\d{1,2}):(\d{1,2}) GMT")
+_LICENSED = re.compile(r"Licensed(?:\s*\(\s*Expiry:\s*(?P<exp>[^)]*)\))?")
+_UNLICENSED = re.compile(r"Unlicensed(?:\s*\(\s*(?P<q>Restricted|Unrestricted)\s*\))?")
+
+
+def parse_expiry(s: str) -> dt.datetime | None:
+    """`2026-7-7 16:1:44 GMT` -> aware UTC datetime; anything else (e.g. `N/A`) -> None."""
+    m = _EXPIRY.fullmatch(s.strip())
+    if not m:
+        return None
+    try:
+        y, mo, d, h, mi, sec = (int(g) for g in m.groups())
+        return dt.datetime(y, mo, d, h, mi, sec, tzinfo=dt.UTC)
+    except ValueError:
+        return None
+
+
+def _parse_status(s: str) -> tuple[LicenseState, dt.datetime | None, bool]:
+    s = _SPACES.sub(" ", s).strip()
+    m = _LICENSED.fullmatch(s)
+    if m:
+        exp = m.group("exp")
+        return LicenseState.LICENSED, parse_expiry(exp) if exp is not None else None, False
+    m = _UNLICENSED.fullmatch(s)
+    if m:
+        q = m.group("q")
+        if q == "Restricted":
+            return LicenseState.RESTRICTED, None, False
+        return LicenseState.UNLICENSED, None, q == "Unrestricted"
+    return LicenseState.UNKNOWN, None, False
+
+
+def parse_license_status(s: str) -> tuple[LicenseState, dt.datetime | None]:
+    """Map nvidia-smi's `License Status` to a state and expiry.
+
+    Whether a past expiry means *expired* depends on `now`: that is `evaluate`'s job, not parsing's.
+    """
+    state, expiry, _ = _parse_status(s)
+    return state, expiry
+
+
+def is_grace(s: str) -> bool:
+    """True for `Unlicensed (Unrestricted)`: no license yet, but still at full speed."""
+    return _parse_status(s)[2]
+
+
+def _gpu(product: str | None, raw_status: str | None, **ids: str | None) -> GpuLicense:
+    raw = raw_status or ""
+    state, expiry, grace = _parse_status(raw)
+    return GpuLicense(
+        product=_clean_opt(product, MAX_PRODUCT_CHARS),
+        state=state,
+        expiry=expiry,
+        raw_status=clean_text(raw, MAX_RAW_STATUS_CHARS),
+        driver_version=_token_opt(ids.get("driver_version"), 32),
+        pci_id=_token_opt(ids.get("pci_id"), 32),
+        gpu_uuid=_token_opt(ids.get("gpu_uuid"), 64),
+        gpu_name=_clean_opt(ids.get("gpu_name"), MAX_PRODUCT_CHARS),
+        grace=grace,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# nvidia-smi -q -x
+# ---------------------------------------------------------------------------------------------
+
+# Real `nvidia-smi -q -x` output starts with `<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_vNN.dtd">`
+# (see apache/hadoop GpuDeviceInformationParser.java, which disables external DTD loading for the
+# same reason). That exact external-subset-only declaration is removed before parsing; any other
+# DTD (internal subset, entities, other names) is refused by defusedxml as xml_forbidden.
+_NVIDIA_DOCTYPE = re.compile(
+    rb'\A(\s*<\?xml[^<>]*\?>)?(\s*)<!DOCTYPE\s+nvidia_smi_log\s+SYSTEM\s+"nvsmi[A-Za-z0-9_.-]{0,40}\.dtd"\s*>'
+)
+
+
+def parse_smi_xml(xml: bytes, limits: ReportLimits = DEFAULT_LIMITS) -> tuple[GpuLicense, ...]:
+    """Licensing of every GPU in `nvidia-smi -q -x` output (defusedxml: no DTD, entities, externals)."""
+    if len(xml) > limits.max_body_bytes:
+        raise ReportError(TOO_LARGE, "nvidia-smi XML exceeds the size limit")
+    xml = _NVIDIA_DOCTYPE.sub(lambda m: (m.group(1) or b"") + m.group(2), xml, count=1)
+    try:
+        root = DET.fromstring(xml, forbid_dtd=True, forbid_entities=True, forbid_external=True)
+    except defusedxml.DefusedXmlException:
+        raise ReportError(XML_FORBIDDEN, "XML with a DTD, entity or external reference") from None
+    except (ET.ParseError, ValueError, LookupError, UnicodeError, RecursionError):
+        raise ReportError(BAD_XML, "nvidia-smi XML is not well-formed") from None
+    if root.tag != "nvidia_smi_log":
+        raise ReportError(BAD_XML, "XML root is not nvidia_smi_log")
+    driver = root.findtext("driver_version")
+    gpus = root.findall("gpu")
+    if len(gpus) > limits.max_gpus:
+        raise ReportError(BAD_FORMAT, "too many GPUs")
+    out = []
+    for g in gpus:
+        lic = g.find("vgpu_software_licensed_product")
+        product = lic.findtext("licensed_product_name") if lic is not None else None
+        status = lic.findtext("license_status") if lic is not None else None
+        out.append(_gpu(product, status, driver_version=driver, pci_id=g.get("id"),
+                        gpu_uuid=g.findtext("uuid"), gpu_name=g.findtext("product_name")))
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# nvidia-smi -q (text)
+# ---------------------------------------------------------------------------------------------
+
+_GPU_HEADER = re.compile(r"GPU\s+([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])")
+_LICENSE_SECTION = "vgpu software licensed product"
+
+
+def parse_smi_text(text: str, limits: ReportLimits = DEFAULT_LIMITS) -> tuple[GpuLicense, ...]:
+    """Licensing of every GPU in `nvidia-smi -q` text.
+
+    Key/value lines are split on the first `:` (column padding varies between drivers). The
+    license section ends at the next header line or at a line indented no deeper than its header;
+    the header itself may be unindented (fixtures/nvidia/smi-q-licensed-unpadded-date.txt).
+    """
+    lines = text.splitlines()
+    if len(lines) > limits.max_text_lines:
+        raise ReportError(TOO_LARGE, "nvidia-smi text has too many lines")
+    driver: str | None = None
+    gpus: list[dict[str, str | None]] = []
+    current: dict[str, str | None] | None = None
+    section_indent: int | None = None  # set while inside a license section
+
+    for raw in lines:
+        stripped = raw.strip()
+        if not stripped:
+            continue
+        indent = len(raw) - len(raw.lstrip())
+        header = _GPU_HEADER.fullmatch(stripped)
+        if header:
+            current = {"pci_id": header.group(1)}
+            gpus.append(current)
+            section_indent = None
+            continue
+        key, sep, value = stripped.partition(":")
+        if not sep:
+            section_indent = None
+            if stripped.lower() == _LICENSE_SECTION:
+                if current is None or "license_seen" in current:
+                    # No GPU header (grep'd output) or a second section: a GPU of its own.
+                    current = {"pci_id": None} if current is None else {"pci_id": current.get("pci_id")}
+                    gpus.append(current)
+                current["license_seen"] = "1"
+                section_indent = indent
+            continue
+        key, value = key.strip().lower(), value.strip()
+        if section_indent is not None and indent <= section_indent:
+            section_indent = None
+        if section_indent is not None and current is not None:
+            if key == "product name":
+                current["product"] = value
+            elif key == "license status":
+                current["status"] = value
+        elif key == "driver version" and driver is None:
+            driver = value
+        elif current is not None and key == "gpu uuid":
+            current["gpu_uuid"] = value
+        elif current is not None and key == "product name":
+            current["gpu_name"] = value
+        if len(gpus) > limits.max_gpus:
+            raise ReportError(BAD_FORMAT, "too many GPUs")
+    return tuple(
+        _gpu(g.get("product"), g.get("status"), driver_version=driver, pci_id=g.get("pci_id"),
+             gpu_uuid=g.get("gpu_uuid"), gpu_name=g.get("gpu_name"))
+        for g in gpus
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# nvidia-gridd log lines
+# ---------------------------------------------------------------------------------------------
+
+_MONTHS: Final = {m: i for i, m in enumerate(
+    ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"), start=1)}
+# `Apr 02 19:11:13 host nvidia-gridd[837]: msg` (classic syslog / journalctl -o short: no year, local time).
+_SYSLOG = re.compile(r"([A-Z][a-z]{2})\s+(\d{1,2}) (\d{2}):(\d{2}):(\d{2}) \S+ (\S+?)(?:\[\d+\])?: (.*)")
+# `2026-04-02T19:11:13+00:00 host nvidia-gridd[837]: msg` (journalctl -o short-iso, RFC 5424 syslog).
+_ISO = re.compile(r"(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:Z|[+-]\d{2}:?\d{2})?) \S+ "
+                  r"(\S+?)(?:\[\d+\])?: (.*)")
+# `Tue Dec 20 05:55:57 2022:<2>:msg` (Windows guests).
+_WINDOWS = re.compile(r"[A-Z][a-z]{2} ([A-Z][a-z]{2})\s+(\d{1,2}) (\d{2}):(\d{2}):(\d{2}) (\d{4}):<\d+>:(.*)")
+# `nvidia-gridd[2986]: msg` (timestamps stripped by the publisher or by the log tool).
+_BARE = re.compile(r"(\S+?)(?:\[\d+\])?: (.*)")
+
+_INFO = re.compile(r"\(Info: (?P<info>[^)]*)\)")
+_GRIDD_IDENT = "nvidia-gridd"
+
+
+def _iso_time(s: str) -> dt.datetime | None:
+    try:
+        t = dt.datetime.fromisoformat(s.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t.astimezone(dt.UTC)
+
+
+def _yearless(mon: str, day: str, hh: str, mm: str, ss: str, reference: dt.datetime | None
+              ) -> dt.datetime | None:
+    """A syslog time without year: the latest such instant not after `reference` (+1 day slack)."""
+    month = _MONTHS.get(mon.lower())
+    if month is None or reference is None:
+        return None
+    ref = reference.astimezone(dt.UTC)
+    for year in (ref.year, ref.year - 1):
+        try:
+            t = dt.datetime(year, month, int(day), int(hh), int(mm), int(ss), tzinfo=dt.UTC)
+        except ValueError:
+            continue
+        if t <= ref + dt.timedelta(days=1):
+            return t
+    return None
+
+
+def _split_line(line: str, reference: dt.datetime | None) -> tuple[dt.datetime | None, str] | None:
+    """(timestamp, message) of an nvidia-gridd line; None for other daemons' lines."""
+    m = _ISO.fullmatch(line)
+    if m:
+        return (_iso_time(m.group(1)), m.group(3)) if m.group(2) == _GRIDD_IDENT else None
+    m = _SYSLOG.fullmatch(line)
+    if m:
+        if m.group(6) != _GRIDD_IDENT:
+            return None
+        mon, day, hh, mm, ss = m.group(1), m.group(2), m.group(3), m.group(4), m.group(5)
+        return _yearless(mon, day, hh, mm, ss, reference), m.group(7)
+    m = _WINDOWS.fullmatch(line)
+    if m:
+        month = _MONTHS.get(m.group(1).lower())
+        try:
+            at = dt.datetime(int(m.group(6)), month or 0, int(m.group(2)), int(m.group(3)),
+                             int(m.group(4)), int(m.group(5)), tzinfo=dt.UTC)
+        except ValueError:
+            at = None
+        return at, m.group(7)
+    m = _BARE.fullmatch(line)
+    if m:
+        return (None, m.group(2)) if m.group(1) == _GRIDD_IDENT else None
+    return None
+
+
+def _info_fields(msg: str) -> tuple[str | None, str | None, dt.datetime | None]:
+    """(server, product, expiry) from `(Info: server, product; Expiry: ...)`."""
+    m = _INFO.search(msg)
+    if not m:
+        return None, None, None
+    info = m.group("info")
+    main, _, expiry_part = info.partition(";")
+    expiry = None
+    if expiry_part.strip().startswith("Expiry:"):
+        expiry = parse_expiry(expiry_part.strip()[len("Expiry:"):])
+    server, _, product = main.partition(",")
+    return _token_opt(server, 128), _clean_opt(product, MAX_PRODUCT_CHARS), expiry
+
+
+def _classify(msg: str) -> tuple[GriddEventKind, str | None, str | None, dt.datetime | None] | None:
+    if msg.startswith("License acquired successfully"):
+        return (GriddEventKind.ACQUIRED, *_info_fields(msg))
+    if msg.startswith("License renewed successfully"):
+        return (GriddEventKind.RENEWED, *_info_fields(msg))
+    if msg.startswith(("License returned successfully", "License released successfully")):
+        return (GriddEventKind.RETURNED, *_info_fields(msg))
+    if msg.startswith("Failed to acquire license"):
+        server = None
+        m = re.match(r"Failed to acquire license from (\S+)", msg)
+        if m:
+            server = _token_opt(m.group(1), 128)
+        product = None
+        info = _INFO.search(msg)
+        if info:
+            product = _clean_opt(info.group("info").partition(" - Error:")[0], MAX_PRODUCT_CHARS)
+        return GriddEventKind.FAILED, server, product, None
+    if msg.startswith("Failed to register client"):
+        return GriddEventKind.FAILED, None, None, None
+    if msg.startswith(("Valid GRID license not found", "Valid vGPU license not found")):
+        return GriddEventKind.NOT_FOUND, None, None, None
+    if msg.startswith("Unable to fetch the client configuration token"):
+        return GriddEventKind.TOKEN_MISSING, None, None, None
+    if msg.startswith(("Failed to decode signature from token",
+                       "Failed to read configurations from client configuration token")):
+        return GriddEventKind.TOKEN_CORRUPT, None, None, None
+    if msg.startswith("Failed to open file") and "gridd.conf" in msg:
+        return GriddEventKind.CONFIG_MISSING, None, None, None
+    if re.fullmatch(r"Shutdown \(\d+\)", msg.strip()):
+        return GriddEventKind.SHUTDOWN, None, None, None
+    return None
+
+
+def parse_gridd_log(lines: Iterable[str], reference: dt.datetime | None = None) -> tuple[GriddEvent, ...]:
+    """Recognised nvidia-gridd events, in input order; other lines are ignored.
+
+    `reference` (the guest clock) supplies the year for syslog timestamps that lack one; such
+    local times are taken as UTC, so they are approximate on guests not running in UTC.
+    """
+    out = []
+    for raw in lines:
+        line = raw.rstrip("\r\n").strip()
+        split = _split_line(line, reference)
+        if split is None:
+            continue
+        at, msg = split
+        msg = msg.strip()
+        c = _classify(msg)
+        if c is None:
+            continue
+        kind, server, product, expiry = c
+        out.append(GriddEvent(kind=kind, at=at, message=clean_text(msg, MAX_MESSAGE_CHARS),
+                              server=server, product=product, expiry=expiry))
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# The report envelope
+# ---------------------------------------------------------------------------------------------
+
+SECTION_SMI_XML: Final = "nvidia-smi-xml"
+SECTION_SMI_TEXT: Final = "nvidia-smi-text"
+SECTION_GRIDD_LOG: Final = "gridd-log"
+SECTION_END: Final = "end"
+SECTIONS: Final = frozenset({SECTION_SMI_XML, SECTION_SMI_TEXT, SECTION_GRIDD_LOG})
+SECTION_MARKER: Final = "--- "
+
+HEADER_KEYS: Final = frozenset({MAGIC_KEY, "uuid", "hostname", "clock", "token-sha256", "probe-version"})
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_HOSTNAME = re.compile(r"[A-Za-z0-9._-]{0,253}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_PROBE_VERSION = re.compile(r"[0-9A-Za-z.+_-]{1,32}")
+_HEADER_KEY = re.compile(r"[a-z0-9-]{1,32}")
+MAX_CLOCK: Final = 253402300799  # 9999-12-31T23:59:59Z
+
+
+def _bad(field: str) -> ReportError:
+    return ReportError(BAD_FIELD, f"header field {field!r} is missing or malformed")
+
+
+def parse_report(body: bytes, limits: ReportLimits = DEFAULT_LIMITS) -> GuestReport:
+    """Parse and validate one report body (docs/guest.md, "Wire format"). Strict: no guessing."""
+    if len(body) > limits.max_body_bytes:
+        raise ReportError(TOO_LARGE, f"body exceeds {limits.max_body_bytes} bytes")
+    if b"\x00" in body:
+        raise ReportError(BAD_ENCODING, "body contains NUL bytes")
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ReportError(BAD_ENCODING, "body is not UTF-8") from None
+
+    lines = text.split("\n")
+    if len(lines) > limits.max_text_lines + limits.max_log_lines + limits.max_header_lines + 8:
+        raise ReportError(TOO_LARGE, "body has too many lines")
+
+    headers: dict[str, str] = {}
+    i = 0
+    while i < len(lines) and not lines[i].startswith(SECTION_MARKER):
+        line = lines[i].rstrip("\r")
+        i += 1
+        if i > limits.max_header_lines:
+            raise ReportError(BAD_FORMAT, "too many header lines")
+        if len(line) > limits.max_field_chars + 34:
+            raise ReportError(BAD_FIELD, "header line too long")
+        key, sep, value = line.partition(": ")
+        if not sep or not _HEADER_KEY.fullmatch(key):
+            raise ReportError(BAD_FORMAT, f"header line {i} is not 'key: value'")
+        if i == 1 and key != MAGIC_KEY:
+            raise ReportError(BAD_FORMAT, f"first line must be '{MAGIC_KEY}: {FORMAT_VERSION}'")
+        if key not in HEADER_KEYS:
+            raise ReportError(BAD_FIELD, f"unknown header field on line {i}")
+        if key in headers:
+            raise ReportError(BAD_FORMAT, f"duplicate header field on line {i}")
+        headers[key] = value
+    if MAGIC_KEY not in headers:
+        raise ReportError(BAD_FORMAT, "not a licensectl report")
+    if headers[MAGIC_KEY] != str(FORMAT_VERSION):
+        raise ReportError(BAD_FORMAT, "unsupported report format version")
+
+    sections: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    ended = False
+    for raw in lines[i:]:
+        if ended:
+            if raw.strip():
+                raise ReportError(BAD_FORMAT, "content after the end marker")
+            continue
+        if raw.startswith(SECTION_MARKER):
+            name = raw[len(SECTION_MARKER):].rstrip("\r")
+            if name == SECTION_END:
+                ended = True
+                continue
+            if name not in SECTIONS:
+                raise ReportError(BAD_FORMAT, "unknown section")
+            if name in sections:
+                raise ReportError(BAD_FORMAT, "duplicate section")
+            current = sections[name] = []
+            continue
+        if current is None:  # pragma: no cover - the header loop stops only at a marker
+            raise ReportError(BAD_FORMAT, "content outside a section")
+        current.append(raw)
+    if not ended:
+        raise ReportError(BAD_FORMAT, "missing end marker (truncated report?)")
+    if SECTION_SMI_XML in sections and SECTION_SMI_TEXT in sections:
+        raise ReportError(BAD_FORMAT, "both XML and text nvidia-smi sections")
+
+    uuid = headers.get("uuid", "").strip().lower()
+    if not _UUID.fullmatch(uuid):
+        raise _bad("uuid")
+    hostname = headers.get("hostname", "")
+    if not _HOSTNAME.fullmatch(hostname):
+        raise _bad("hostname")
+    clock_s = headers.get("clock", "")
+    if not clock_s.isascii() or not clock_s.isdigit() or len(clock_s) > 12 or int(clock_s) > MAX_CLOCK:
+        raise _bad("clock")
+    clock = dt.datetime.fromtimestamp(int(clock_s), tz=dt.UTC)
+    sha = headers.get("token-sha256", "")
+    if sha != "none" and not _SHA256.fullmatch(sha):
+        raise _bad("token-sha256")
+    probe_version = headers.get("probe-version", "")
+    if not _PROBE_VERSION.fullmatch(probe_version):
+        raise _bad("probe-version")
+
+    smi_format: str | None = None
+    gpus: tuple[GpuLicense, ...] = ()
+    if SECTION_SMI_XML in sections:
+        smi_format = "xml"
+        gpus = parse_smi_xml("\n".join(sections[SECTION_SMI_XML]).encode("utf-8"), limits)
+    elif SECTION_SMI_TEXT in sections:
+        smi_format = "text"
+        gpus = parse_smi_text("\n".join(sections[SECTION_SMI_TEXT]), limits)
+
+    log = [ln for ln in sections.get(SECTION_GRIDD_LOG, []) if ln.strip()]
+    if len(log) > limits.max_log_lines:
+        raise ReportError(TOO_LARGE, f"more than {limits.max_log_lines} gridd log lines")
+    if any(len(ln) > limits.max_line_chars for ln in log):
+        raise ReportError(BAD_FIELD, "gridd log line too long")
+
+    return GuestReport(
+        format_version=FORMAT_VERSION,
+        uuid=uuid,
+        hostname=hostname,
+        clock=clock,
+        token_sha256=None if sha == "none" else sha,
+        probe_version=probe_version,
+        smi_format=smi_format,
+        gpus=gpus,
+        events=parse_gridd_log(log, reference=clock),
+    )
+
+
+def render_report(*, uuid: str, hostname: str, clock: int, token_sha256: str | None,
+                  probe_version: str, sections: Sequence[tuple[str, str]] = ()) -> bytes:
+    """The body the probe would send: the format's reference producer, for tests and tooling."""
+    out = [f"{MAGIC_KEY}: {FORMAT_VERSION}", f"uuid: {uuid}", f"hostname: {hostname}", f"clock: {clock}",
+           f"token-sha256: {token_sha256 or 'none'}", f"probe-version: {probe_version}"]
+    for name, content in sections:
+        out.append(SECTION_MARKER + name)
+        out.extend(content.splitlines())
+    out.append(SECTION_MARKER + SECTION_END)
+    return ("\n".join(out) + "\n").encode("utf-8")
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation
+# ---------------------------------------------------------------------------------------------
+
+
+def evaluate(report: GuestReport, *, current_token_sha256: str | None, now: dt.datetime) -> GuestState:
+    """Summarise a report at `now`: worst GPU state, earliest expiry, token freshness, clock skew."""
+    states: list[tuple[LicenseState, GpuLicense]] = []
+    for g in report.gpus:
+        s = g.state
+        if s is LicenseState.LICENSED and g.expiry is not None and g.expiry < now:
+            s = LicenseState.EXPIRED
+        states.append((s, g))
+    if states:
+        worst_state, worst_gpu = max(states, key=lambda sg: SEVERITY[sg[0]])
+    else:
+        worst_state, worst_gpu = LicenseState.UNKNOWN, None
+    expiries = [g.expiry for g in report.gpus if g.expiry is not None]
+    product = worst_gpu.product if worst_gpu is not None else None
+    if product is None:
+        product = next((g.product for g in report.gpus if g.product), None)
+    driver = next((g.driver_version for g in report.gpus if g.driver_version), None)
+    last = report.events[-1] if report.events else None
+    return GuestState(
+        uuid=report.uuid,
+        hostname=report.hostname,
+        state=worst_state,
+        product=product,
+        expiry=min(expiries) if expiries else None,
+        driver_version=driver,
+        gpu_count=len(report.gpus),
+        grace=any(g.grace for g in report.gpus),
+        token_sha256=report.token_sha256,
+        token_current=(current_token_sha256 is not None
+                       and report.token_sha256 == current_token_sha256.lower()),
+        clock_skew_seconds=(report.clock - now).total_seconds(),
+        reported_at=now,
+        last_event=last.kind if last else None,
+        last_event_at=last.at if last else None,
+    )

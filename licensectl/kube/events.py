@@ -1,0 +1,109 @@
+"""Kubernetes Events for what licensectl does and what it refuses to do.
+
+Events are for humans reading `kubectl describe`; they are not state. A level-based loop sees the
+same problem on every pass, so the recorder aggregates like client-go's EventCorrelator: one Event
+object per (object, reason, message), its count bumped, and re-emitted at most once per interval.
+Messages are built by the caller from names and reasons only — never from Secret data.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes_asyncio.client import ApiException, CoreV1Api
+
+from licensectl import logs
+from licensectl.kube.raw import RawApi
+
+log = logs.get(__name__)
+
+MAX_MESSAGE = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class InvolvedObject:
+    api_version: str
+    kind: str
+    namespace: str  # "" for cluster-scoped objects
+    name: str
+    uid: str = ""
+
+    def as_dict(self) -> dict[str, str]:
+        d = {"apiVersion": self.api_version, "kind": self.kind, "name": self.name}
+        if self.namespace:
+            d["namespace"] = self.namespace
+        if self.uid:
+            d["uid"] = self.uid
+        return d
+
+
+def event_name(obj: InvolvedObject, reason: str, message: str) -> str:
+    """Deterministic, so re-emitting after a controller restart bumps the same Event."""
+    digest = hashlib.sha256(f"{obj.kind}/{obj.namespace}/{obj.name}/{obj.uid}/{reason}/{message}".encode())
+    return f"{obj.name[:200]}.{digest.hexdigest()[:16]}"
+
+
+class EventRecorder:
+    """Writes core/v1 Events; failures are logged, never raised (an Event must not stop a reconcile)."""
+
+    def __init__(self, api: CoreV1Api, *, component: str = "licensectl", dry_run: bool = False,
+                 min_interval: float = 300.0, clock: Callable[[], dt.datetime] | None = None,
+                 ) -> None:
+        self._api: Any = RawApi(api)
+        self._component = component
+        self._dry_run = dry_run
+        self._min_interval = min_interval
+        self._clock = clock or (lambda: dt.datetime.now(dt.UTC))
+        self._last: dict[str, dt.datetime] = {}
+        self.emitted: list[tuple[InvolvedObject, str, str, str]] = []  # recent, for tests and status
+
+    async def emit(self, obj: InvolvedObject, type_: str, reason: str, message: str) -> None:
+        message = message[:MAX_MESSAGE]
+        name = event_name(obj, reason, message)
+        now = self._clock()
+        last = self._last.get(name)
+        if last is not None and (now - last).total_seconds() < self._min_interval:
+            return
+        self._last[name] = now
+        if len(self._last) > 50_000:  # bounded memory under a storm of distinct problems
+            self._last.clear()
+        self.emitted.append((obj, type_, reason, message))
+        del self.emitted[:-1000]
+        log.info("event", kind=obj.kind, namespace=obj.namespace, name=obj.name, type=type_, reason=reason,
+                 message=message)
+        if self._dry_run:
+            return
+        ns = obj.namespace or "default"  # apiserver validation: cluster-scoped objects' Events go to default
+        ts = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+        try:
+            await self._bump_or_create(ns, name, obj, type_, reason, message, ts)
+        except ApiException as e:
+            # 403/404: the namespace is terminating or gone; nobody will read that Event anyway.
+            level = log.debug if e.status in (403, 404) else log.warning
+            level("event write failed", reason=reason, name=obj.name, status=e.status)
+        except Exception as e:  # network trouble: the next pass re-emits
+            log.warning("event write failed", reason=reason, name=obj.name, error=type(e).__name__)
+
+    async def _bump_or_create(self, ns: str, name: str, obj: InvolvedObject, type_: str, reason: str,
+                              message: str, ts: str) -> None:
+        try:
+            existing = await self._api.read_namespaced_event(name, ns)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            body = {
+                "apiVersion": "v1", "kind": "Event",
+                "metadata": {"name": name, "namespace": ns},
+                "involvedObject": obj.as_dict(), "type": type_, "reason": reason, "message": message,
+                "source": {"component": self._component}, "reportingComponent": self._component,
+                "reportingInstance": self._component,
+                "firstTimestamp": ts, "lastTimestamp": ts, "count": 1,
+            }
+            await self._api.create_namespaced_event(ns, body)
+            return
+        count = int(existing.get("count") or 1) + 1
+        await self._api.patch_namespaced_event(name, ns, {"count": count, "lastTimestamp": ts})

@@ -1,0 +1,102 @@
+"""KubeVirt actions: record restart intent on a VM, restart it, and the optional delete fallback.
+
+Restart goes through virt-api's `virtualmachines/{name}/restart` subresource, which is what
+`virtctl restart` calls (kubevirt staging/src/kubevirt.io/client-go/kubecli/vm.go, Restart).
+The intent annotation is written first, guarded by the VM's resourceVersion, so a controller that
+dies between the two calls finds the intent on restart and never restarts a VMI twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Any
+
+from kubernetes_asyncio.client import ApiClient, ApiException, CustomObjectsApi
+
+from licensectl import logs
+from licensectl.kube.raw import RawApi, checked
+
+log = logs.get(__name__)
+
+KUBEVIRT_GROUP = "kubevirt.io"
+KUBEVIRT_VERSION = "v1"
+RESTART_PATH = "/apis/subresources.kubevirt.io/v1/namespaces/{namespace}/virtualmachines/{name}/restart"
+
+
+class RestartResult(StrEnum):
+    ISSUED = "issued"
+    FALLBACK_DELETE = "fallback_delete"
+    NOT_FOUND = "not_found"  # VM gone
+    UNSUPPORTED = "unsupported"  # no restart subresource and no fallback allowed
+    CONFLICT = "conflict"  # KubeVirt refused (e.g. restart already pending): retried later
+    ERROR = "error"
+
+
+class KubevirtClient:
+    def __init__(self, api_client: ApiClient, *, dry_run: bool = False, fallback_delete: bool = False) -> None:
+        self._api_client = api_client
+        self._custom: Any = RawApi(CustomObjectsApi(api_client))  # raw bodies, _content_type: untyped in stubs
+        self._dry_run = dry_run
+        self._fallback_delete = fallback_delete
+
+    async def annotate_vm(self, namespace: str, name: str, resource_version: str,
+                          annotations: Mapping[str, str | None]) -> bool:
+        """Merge-patch annotations guarded by resourceVersion; False when the VM changed or is gone."""
+        if self._dry_run:
+            return True
+        body: dict[str, Any] = {"metadata": {"resourceVersion": resource_version,
+                                             "annotations": dict(annotations)}}
+        try:
+            await self._custom.patch_namespaced_custom_object(
+                KUBEVIRT_GROUP, KUBEVIRT_VERSION, namespace, "virtualmachines", name, body,
+                _content_type="application/merge-patch+json")
+            return True
+        except ApiException as e:
+            if e.status in (404, 409):
+                return False
+            raise
+
+    async def restart(self, namespace: str, vm: str, vmi_uid: str, run_strategy: str | None) -> RestartResult:
+        if self._dry_run:
+            return RestartResult.ISSUED
+        try:
+            await checked(self._api_client.call_api(
+                RESTART_PATH, "PUT", path_params={"namespace": namespace, "name": vm},
+                header_params={"Content-Type": "application/json", "Accept": "application/json"},
+                body={}, auth_settings=["BearerToken"], _preload_content=False))
+            return RestartResult.ISSUED
+        except ApiException as e:
+            if e.status == 404 and await self._vm_exists(namespace, vm):
+                # The VM is there but the subresource is not: a cluster without virt-api's restart.
+                if self._fallback_delete and run_strategy == "Always":
+                    return await self._delete_vmi(namespace, vm, vmi_uid)
+                return RestartResult.UNSUPPORTED
+            if e.status == 404:
+                return RestartResult.NOT_FOUND
+            if e.status == 409:
+                return RestartResult.CONFLICT
+            log.warning("restart failed", namespace=namespace, vm=vm, status=e.status)
+            return RestartResult.ERROR
+
+    async def _vm_exists(self, namespace: str, vm: str) -> bool:
+        try:
+            await self._custom.get_namespaced_custom_object(KUBEVIRT_GROUP, KUBEVIRT_VERSION, namespace,
+                                                            "virtualmachines", vm)
+            return True
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+
+    async def _delete_vmi(self, namespace: str, name: str, uid: str) -> RestartResult:
+        """Delete exactly the VMI that was planned (uid precondition); its VM (Always) recreates it."""
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
+        try:
+            await self._custom.delete_namespaced_custom_object(
+                KUBEVIRT_GROUP, KUBEVIRT_VERSION, namespace, "virtualmachineinstances", name, body=body)
+            return RestartResult.FALLBACK_DELETE
+        except ApiException as e:
+            if e.status in (404, 409):
+                return RestartResult.NOT_FOUND
+            raise

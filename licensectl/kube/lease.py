@@ -1,0 +1,161 @@
+"""Leader election on a coordination.k8s.io/v1 Lease, after client-go's leaderelection package.
+
+Expiry is judged by the *local* time at which we last saw the lease record change (as client-go
+does), so clock skew between replicas cannot make two leaders. Updates carry resourceVersion, so two
+candidates racing for an expired lease cannot both win. On shutdown the leader releases the lease
+(empty holder) so a standby takes over at once instead of waiting for expiry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes_asyncio.client import ApiClient, ApiException, CoordinationV1Api
+
+from licensectl import logs
+from licensectl.kube.raw import RawApi
+
+log = logs.get(__name__)
+
+
+def _micro(t: dt.datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseConfig:
+    namespace: str
+    name: str
+    identity: str
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+
+
+class LeaderElector:
+    def __init__(self, api_client: ApiClient, cfg: LeaseConfig,
+                 on_change: Callable[[bool], None] | None = None) -> None:
+        self._api: Any = RawApi(CoordinationV1Api(api_client))
+        self.cfg = cfg
+        self._on_change = on_change
+        self.is_leader = False
+        self._observed_record: tuple[Any, ...] | None = None
+        self._observed_at = 0.0  # monotonic time we last saw the record change
+        self._last_renew = 0.0
+        self.elected = asyncio.Event()
+
+    def _set_leader(self, value: bool) -> None:
+        if value != self.is_leader:
+            self.is_leader = value
+            log.info("leadership changed", leader=value, identity=self.cfg.identity, lease=self.cfg.name)
+            if value:
+                self.elected.set()
+            else:
+                self.elected.clear()
+            if self._on_change:
+                self._on_change(value)
+
+    async def _read(self) -> dict[str, Any] | None:
+        try:
+            obj: dict[str, Any] = await self._api.read_namespaced_lease(self.cfg.name, self.cfg.namespace)
+            return obj
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def _spec(self, transitions: int, acquire: str | None) -> dict[str, Any]:
+        now = _micro(dt.datetime.now(dt.UTC))
+        return {"holderIdentity": self.cfg.identity, "leaseDurationSeconds": max(1, int(self.cfg.lease_duration)),
+                "acquireTime": acquire or now, "renewTime": now, "leaseTransitions": transitions}
+
+    async def try_acquire_or_renew(self) -> bool:
+        """One round of client-go's tryAcquireOrRenew."""
+        obj = await self._read()
+        if obj is None:
+            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                    "metadata": {"name": self.cfg.name, "namespace": self.cfg.namespace},
+                    "spec": self._spec(0, None)}
+            try:
+                await self._api.create_namespaced_lease(self.cfg.namespace, body)
+            except ApiException as e:
+                if e.status == 409:
+                    return False
+                raise
+            self._observed_at = time.monotonic()
+            return True
+        spec = obj.get("spec") or {}
+        record = (spec.get("holderIdentity"), spec.get("renewTime"), spec.get("acquireTime"))
+        if record != self._observed_record:
+            self._observed_record = record
+            self._observed_at = time.monotonic()
+        holder = spec.get("holderIdentity") or ""
+        duration = float(spec.get("leaseDurationSeconds") or self.cfg.lease_duration)
+        mine = holder == self.cfg.identity
+        expired = time.monotonic() > self._observed_at + duration
+        if holder and not mine and not expired:
+            return False
+        transitions = int(spec.get("leaseTransitions") or 0) + (0 if mine else 1)
+        obj["spec"] = self._spec(transitions, spec.get("acquireTime") if mine else None)
+        try:
+            await self._api.replace_namespaced_lease(self.cfg.name, self.cfg.namespace, obj)
+        except ApiException as e:
+            if e.status == 409:
+                return False
+            raise
+        self._observed_record = None
+        self._observed_at = time.monotonic()
+        return True
+
+    async def run(self) -> None:
+        """Acquire, then renew until cancelled or the renew deadline passes (then start over)."""
+        try:
+            while True:
+                ok = False
+                try:
+                    ok = await asyncio.wait_for(self.try_acquire_or_renew(), timeout=self.cfg.renew_deadline)
+                except (ApiException, OSError, TimeoutError) as e:
+                    log.warning("lease round failed", error=type(e).__name__)
+                except Exception as e:
+                    log.warning("lease round failed", error=type(e).__name__)
+                now = time.monotonic()
+                if ok:
+                    self._last_renew = now
+                    self._set_leader(True)
+                elif self.is_leader and now - self._last_renew > self.cfg.renew_deadline:
+                    self._set_leader(False)
+                elif self.is_leader and not ok:
+                    # Someone else holds it (we lost a race or were replaced): stop writing now.
+                    obj_holder = await self._holder()
+                    if obj_holder is not None and obj_holder != self.cfg.identity:
+                        self._set_leader(False)
+                await asyncio.sleep(self.cfg.retry_period)
+        finally:
+            if self.is_leader:
+                self._set_leader(False)
+
+    async def _holder(self) -> str | None:
+        try:
+            obj = await self._read()
+        except Exception:
+            return None
+        return ((obj or {}).get("spec") or {}).get("holderIdentity")
+
+    async def release(self) -> None:
+        """Give the lease up so a standby does not wait for expiry (client-go ReleaseOnCancel)."""
+        try:
+            obj = await self._read()
+            if obj is None or (obj.get("spec") or {}).get("holderIdentity") != self.cfg.identity:
+                return
+            obj["spec"]["holderIdentity"] = ""
+            obj["spec"]["leaseDurationSeconds"] = 1
+            obj["spec"]["renewTime"] = _micro(dt.datetime.now(dt.UTC))
+            await self._api.replace_namespaced_lease(self.cfg.name, self.cfg.namespace, obj)
+            log.info("lease released", lease=self.cfg.name, identity=self.cfg.identity)
+        except Exception as e:
+            log.warning("lease release failed", error=type(e).__name__)

@@ -1,0 +1,279 @@
+"""Raw API objects (parsed JSON dicts) -> the slim dataclasses of `licensectl.model`.
+
+Pure and total: every function takes whatever the apiserver (or a broken client) handed us and
+either returns a projection or None. Nothing here raises on a malformed object, because one bad
+object must never stop a watch or the controller. None means "cannot even identify this object"
+(no name); anything identifiable is projected with the fields that could not be read left empty,
+and the pure core decides what an empty field means.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as dt
+import re
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+from licensectl import model
+
+# RFC 3339 date-time as Kubernetes serialises metav1.Time / metav1.MicroTime.
+_RFC3339 = re.compile(
+    r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(?:\.(\d+))?(?:[Zz]|[+-]\d{2}:\d{2})"
+)
+
+KUBEVIRT_GROUP = "kubevirt.io"
+
+
+# ---------------------------------------------------------------------------------------------
+# Tolerant accessors
+# ---------------------------------------------------------------------------------------------
+def _dict(v: object) -> Mapping[str, Any]:
+    return v if isinstance(v, Mapping) else {}
+
+
+def _list(v: object) -> list[Any]:
+    return v if isinstance(v, list) else []
+
+
+def _str(v: object) -> str | None:
+    return v if isinstance(v, str) and v else None
+
+
+def _path(obj: object, *keys: str) -> object:
+    cur: object = obj
+    for k in keys:
+        if not isinstance(cur, Mapping):
+            return None
+        cur = cur.get(k)
+    return cur
+
+
+def _str_map(v: object) -> Mapping[str, str]:
+    """Labels/annotations: keep str->str entries only."""
+    if not isinstance(v, Mapping):
+        return model.EMPTY
+    return model.frozen_map({k: val for k, val in v.items() if isinstance(k, str) and isinstance(val, str)})
+
+
+def parse_time(v: object) -> dt.datetime | None:
+    """RFC 3339 -> aware UTC datetime; None for anything else (including naive timestamps)."""
+    m = _RFC3339.fullmatch(v) if isinstance(v, str) else None
+    if m is None:
+        return None
+    s = m.string.replace("z", "Z").replace("t", "T")
+    frac = m.group(1)
+    if frac and len(frac) > 6:
+        # fromisoformat takes at most microseconds; Kubernetes never sends more, but be total.
+        s = s.replace("." + frac, "." + frac[:6], 1)
+    try:
+        t = dt.datetime.fromisoformat(s)
+    except ValueError:
+        return None
+    if t.tzinfo is None:
+        return None
+    return t.astimezone(dt.UTC)
+
+
+def _meta(obj: object) -> Mapping[str, Any]:
+    return _dict(_path(obj, "metadata"))
+
+
+def _controller_owner(meta: Mapping[str, Any], kind: str, group: str | None) -> Mapping[str, Any] | None:
+    """The ownerReference with controller=true of the given kind (and API group, when given)."""
+    for ref in _list(meta.get("ownerReferences")):
+        if not isinstance(ref, Mapping) or ref.get("kind") != kind or ref.get("controller") is not True:
+            continue
+        api_version = ref.get("apiVersion")
+        if group is not None:
+            if not isinstance(api_version, str) or api_version.partition("/")[0] != group:
+                continue
+        elif api_version not in (None, "v1"):
+            continue
+        if _str(ref.get("name")) is None:
+            continue
+        return ref
+    return None
+
+
+def _decode_data(v: object) -> dict[str, bytes]:
+    """Secret .data is base64 per key; undecodable keys are dropped (the apiserver never sends them)."""
+    out: dict[str, bytes] = {}
+    for k, val in _dict(v).items():
+        if not isinstance(k, str) or not isinstance(val, str):
+            continue
+        try:
+            out[k] = base64.b64decode(val, validate=True)
+        except (binascii.Error, ValueError):
+            continue
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Projections
+# ---------------------------------------------------------------------------------------------
+def namespace_from(obj: object) -> model.Namespace | None:
+    meta = _meta(obj)
+    name = _str(meta.get("name"))
+    if name is None:
+        return None
+    # Cozystack's parent link: the controller ownerReference of kind Namespace (core group, "v1").
+    owner = _controller_owner(meta, "Namespace", None)
+    terminating = bool(meta.get("deletionTimestamp")) or _path(obj, "status", "phase") == "Terminating"
+    return model.Namespace(
+        name=name,
+        uid=_str(meta.get("uid")) or "",
+        labels=_str_map(meta.get("labels")),
+        owner_name=_str(owner.get("name")) if owner else None,
+        owner_uid=_str(owner.get("uid")) if owner else None,
+        terminating=terminating,
+    )
+
+
+def _raw_scalar(v: object) -> object | None:
+    """featureType stays raw for render to validate, but only as an immutable scalar."""
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    return f"<{type(v).__name__}>"
+
+
+def gpu_class_from(obj: object) -> model.GpuClass | None:
+    meta = _meta(obj)
+    name = _str(meta.get("name"))
+    if name is None:
+        return None
+    spec = _dict(_path(obj, "spec"))
+    lic = _dict(spec.get("license"))
+    ref = _dict(lic.get("secretRef"))
+    ref_ns, ref_name = _str(ref.get("namespace")), _str(ref.get("name"))
+    return model.GpuClass(
+        name=name,
+        uid=_str(meta.get("uid")) or "",
+        mode=_str(spec.get("mode")),
+        secret_ref=model.ObjectRef(ref_ns, ref_name) if ref_ns and ref_name else None,
+        feature_type=_raw_scalar(lic.get("featureType")),
+    )
+
+
+def gpu_claim_from(obj: object) -> model.GpuClaim | None:
+    meta = _meta(obj)
+    name, ns = _str(meta.get("name")), _str(meta.get("namespace"))
+    if name is None or ns is None:
+        return None
+    return model.GpuClaim(namespace=ns, name=name, class_name=_str(_path(obj, "spec", "className")))
+
+
+def source_secret_from(obj: object) -> model.SourceSecret | None:
+    """Holds token bytes: callers must never log `data`."""
+    meta = _meta(obj)
+    name, ns = _str(meta.get("name")), _str(meta.get("namespace"))
+    if name is None or ns is None:
+        return None
+    return model.SourceSecret(
+        namespace=ns,
+        name=name,
+        uid=_str(meta.get("uid")) or "",
+        resource_version=_str(meta.get("resourceVersion")) or "",
+        data=MappingProxyType(_decode_data(_path(obj, "data"))),
+        annotations=_str_map(meta.get("annotations")),
+    )
+
+
+def replica_secret_from(obj: object) -> model.ReplicaSecret | None:
+    """Keeps a digest of the data, never the bytes."""
+    # Imported here so this module loads even while render is being built; it is pure.
+    from licensectl.render import data_digest
+
+    meta = _meta(obj)
+    name, ns = _str(meta.get("name")), _str(meta.get("namespace"))
+    if name is None or ns is None:
+        return None
+    return model.ReplicaSecret(
+        namespace=ns,
+        name=name,
+        uid=_str(meta.get("uid")) or "",
+        resource_version=_str(meta.get("resourceVersion")) or "",
+        labels=_str_map(meta.get("labels")),
+        annotations=_str_map(meta.get("annotations")),
+        data_digest=data_digest(_decode_data(_path(obj, "data"))),
+    )
+
+
+def _running_since(status: Mapping[str, Any]) -> dt.datetime | None:
+    # kubevirt/kubevirt staging/src/kubevirt.io/api/core/v1/types.go:
+    # status.phaseTransitionTimestamps[] = {phase, phaseTransitionTimestamp}; the latest Running entry.
+    best: dt.datetime | None = None
+    for e in _list(status.get("phaseTransitionTimestamps")):
+        if not isinstance(e, Mapping) or e.get("phase") != "Running":
+            continue
+        t = parse_time(e.get("phaseTransitionTimestamp"))
+        if t is not None and (best is None or t > best):
+            best = t
+    return best
+
+
+def vmi_from(obj: object) -> model.Vmi | None:
+    meta = _meta(obj)
+    name, ns = _str(meta.get("name")), _str(meta.get("namespace"))
+    created = parse_time(meta.get("creationTimestamp"))
+    # Without a creation time the rollout cannot tell old from new: invisible is safer than guessed.
+    if name is None or ns is None or created is None:
+        return None
+    status = _dict(_path(obj, "status"))
+    spec = _dict(_path(obj, "spec"))
+    owner = _controller_owner(meta, "VirtualMachine", KUBEVIRT_GROUP)
+    ready = any(
+        isinstance(c, Mapping) and c.get("type") == "Ready" and c.get("status") == "True"
+        for c in _list(status.get("conditions"))
+    )
+    volumes = tuple(
+        sn
+        for v in _list(spec.get("volumes"))
+        if (sn := _str(_path(v, "secret", "secretName"))) is not None
+    )
+    return model.Vmi(
+        namespace=ns,
+        name=name,
+        uid=_str(meta.get("uid")) or "",
+        created=created,
+        owner_vm=_str(owner.get("name")) if owner else None,
+        phase=_str(status.get("phase")) or "",
+        ready=ready,
+        running_since=_running_since(status),
+        secret_volumes=volumes,
+        firmware_uuid=_str(_path(spec, "domain", "firmware", "uuid")),
+        deleting=bool(meta.get("deletionTimestamp")),
+    )
+
+
+def run_strategy_of(spec: Mapping[str, Any]) -> str | None:
+    """Mirror of VirtualMachine.RunStrategy() in kubevirt/kubevirt
+    staging/src/kubevirt.io/api/core/v1/types.go: legacy `running` maps true->Always, false->Halted;
+    neither set -> Halted; both set is invalid (None: unknown)."""
+    running, strategy = spec.get("running"), spec.get("runStrategy")
+    if running is not None and strategy is not None:
+        return None
+    if running is not None:
+        if not isinstance(running, bool):
+            return None
+        return "Always" if running else "Halted"
+    if strategy is not None:
+        return _str(strategy)
+    return "Halted"
+
+
+def vm_from(obj: object) -> model.Vm | None:
+    meta = _meta(obj)
+    name, ns = _str(meta.get("name")), _str(meta.get("namespace"))
+    if name is None or ns is None:
+        return None
+    return model.Vm(
+        namespace=ns,
+        name=name,
+        uid=_str(meta.get("uid")) or "",
+        run_strategy=run_strategy_of(_dict(_path(obj, "spec"))),
+        annotations=_str_map(meta.get("annotations")),
+        resource_version=_str(meta.get("resourceVersion")) or "",
+    )

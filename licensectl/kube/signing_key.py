@@ -1,0 +1,86 @@
+"""The report signing key, kept in a Secret in licensectl's own namespace.
+
+Per-namespace report credentials are HMACs of this key (credentials.py), so the key is the one
+thing that must survive restarts and be shared by every replica: it lives in the cluster, is created
+once by the leader when absent, and is never regenerated over an existing (even unreadable) Secret.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api
+
+from licensectl import logs
+from licensectl.credentials import KeyRing, keyring_from_secret_data, keyring_to_secret_data, new_signing_key
+from licensectl.kube.raw import RawApi
+from licensectl.model import MANAGED_BY_LABEL, MANAGED_BY_VALUE
+
+log = logs.get(__name__)
+
+SECRET_NAME = "licensectl-report-signing-key"
+
+
+class SigningKeyStore:
+    def __init__(self, api_client: ApiClient, namespace: str, *, grace: dt.timedelta,
+                 clock: Callable[[], dt.datetime] | None = None, dry_run: bool = False) -> None:
+        self._api: Any = RawApi(CoreV1Api(api_client))
+        self.namespace = namespace
+        self.grace = grace
+        self.clock = clock or (lambda: dt.datetime.now(dt.UTC))
+        self.dry_run = dry_run
+        self.keyring: KeyRing | None = None
+        self.error: str | None = None
+
+    async def _read(self) -> dict[str, Any] | None:
+        try:
+            obj: dict[str, Any] = await self._api.read_namespaced_secret(SECRET_NAME, self.namespace)
+            return obj
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    async def refresh(self, *, create: bool) -> KeyRing | None:
+        """Load the key; create it when absent and `create` (the leader). Keeps the last good key on errors."""
+        obj = await self._read()
+        if obj is None:
+            if not create or self.dry_run:
+                return self.keyring
+            ring = KeyRing(current=new_signing_key())
+            body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                    "metadata": {"name": SECRET_NAME, "namespace": self.namespace,
+                                 "labels": {MANAGED_BY_LABEL: MANAGED_BY_VALUE}},
+                    "data": {k: base64.b64encode(v).decode() for k, v in keyring_to_secret_data(ring).items()}}
+            try:
+                await self._api.create_namespaced_secret(self.namespace, body)
+                log.info("report signing key created", secret=f"{self.namespace}/{SECRET_NAME}")
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+            obj = await self._read()
+            if obj is None:
+                return self.keyring
+        try:
+            data = {k: base64.b64decode(v) for k, v in (obj.get("data") or {}).items()}
+            self.keyring = keyring_from_secret_data(data)
+            self.error = None
+        except (ValueError, TypeError) as e:
+            self.error = str(e)  # messages name keys, never bytes
+            log.error("report signing key unusable", secret=f"{self.namespace}/{SECRET_NAME}", error=self.error)
+        return self.keyring
+
+    async def rotate(self) -> KeyRing:
+        """New current key; the old one stays valid for the grace period (no VM restart needed)."""
+        obj = await self._read()
+        if obj is None:
+            raise RuntimeError(f"{self.namespace}/{SECRET_NAME} does not exist yet")
+        data = {k: base64.b64decode(v) for k, v in (obj.get("data") or {}).items()}
+        ring = keyring_from_secret_data(data).rotate(new_signing_key(), self.clock())
+        obj["data"] = {k: base64.b64encode(v).decode() for k, v in keyring_to_secret_data(ring).items()}
+        await self._api.replace_namespaced_secret(SECRET_NAME, self.namespace, obj)
+        self.keyring = ring
+        return ring

@@ -1,0 +1,127 @@
+"""Every metric licensectl exports, defined in one place with its help text.
+
+Counters and histograms are ordinary prometheus-client objects. State gauges (replicas by state,
+rollout progress, guest license state) are rendered at scrape time from the latest snapshot the
+controllers publish, so a series whose object disappeared disappears too — no stale label sets,
+and label values only ever come from cluster object names, never from guest input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from licensectl import __version__
+
+PREFIX = "licensectl"
+
+
+@dataclass(frozen=True, slots=True)
+class GaugeSample:
+    """One gauge series of a snapshot: metric suffix, labels, value."""
+
+    name: str
+    labels: tuple[tuple[str, str], ...]
+    value: float
+
+
+# Help text for every snapshot gauge; a snapshot may only emit names listed here.
+SNAPSHOT_GAUGES: dict[str, str] = {
+    # Replication
+    "entitled_namespaces": "Tenant namespaces entitled to a license source.",
+    "replicas": "Replica Secrets by state (in_sync, drifted, missing, conflict).",
+    "source_valid": "1 when the license source of a GPU class is usable, 0 when it is invalid.",
+    "source_problem": "1 for each (class, reason) whose license source is invalid.",
+    "source_revision_info": "Current license revision per source and class (value is always 1).",
+    "token_expiry_timestamp_seconds": "exp claim of the source token (JWT payload, unverified).",
+    "token_expiry_known": "1 when the source token's expiry could be decoded, 0 when unknown.",
+    "tenant_problems": "Tenant namespaces whose tenant links are broken, by kind.",
+    "informer_synced": "1 when the cache of a watched resource completed its initial list and is healthy.",
+    "deletions_deferred": "Replica deletions waiting for the deletion cap.",
+    # Rollout
+    "rollout_vmis": "Affected VMIs by rollout state (current, stale, restarting, failed, blocked, manual, overdue).",
+    "rollout_in_progress": "1 while a rollout for a source is settling or progressing.",
+    "rollout_paused": "1 while a rollout is paused, by reason (failures, manual).",
+    "rollout_last_progress_timestamp_seconds": "Last time a rollout issued or completed a restart.",
+    # Guests
+    "guest_license_state": "Guest license state reported by the in-guest probe, one series per state (0/1).",
+    "guest_license_expiry_timestamp_seconds": "Earliest license expiry reported by a guest.",
+    "guest_last_report_timestamp_seconds": "Time of the last accepted report from a guest.",
+    "guest_token_current": "1 when the guest runs the current token of its replica.",
+    "guest_clock_skew_seconds": "Guest clock minus controller clock at report time.",
+    "guests": "Guests by license state and tenant.",
+    # Controller
+    "leader": "1 on the replica that holds the leader Lease.",
+    "ready": "1 once every cache completed its initial sync.",
+}
+
+
+class SnapshotCollector(Collector):
+    """Renders gauges from providers called at scrape time."""
+
+    def __init__(self) -> None:
+        self._providers: list[Callable[[], Iterable[GaugeSample]]] = []
+
+    def add(self, provider: Callable[[], Iterable[GaugeSample]]) -> None:
+        self._providers.append(provider)
+
+    def collect(self) -> Iterator[Metric]:
+        families: dict[str, GaugeMetricFamily] = {}
+        for provider in self._providers:
+            for s in provider():
+                fam = families.get(s.name)
+                if fam is None:
+                    fam = GaugeMetricFamily(f"{PREFIX}_{s.name}", SNAPSHOT_GAUGES[s.name],
+                                            labels=[k for k, _ in s.labels])
+                    families[s.name] = fam
+                fam.add_metric([v for _, v in s.labels], s.value)
+        yield from families.values()
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+
+@dataclass
+class Metrics:
+    """The process's metrics; a fresh registry per instance keeps tests independent."""
+
+    registry: CollectorRegistry = field(default_factory=lambda: CollectorRegistry(auto_describe=True))
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.snapshots = SnapshotCollector()
+        r.register(self.snapshots)
+        self.build_info = Gauge(f"{PREFIX}_build_info", "licensectl version (value is always 1).",
+                                ["version"], registry=r)
+        self.build_info.labels(__version__).set(1)
+        self.reconcile_total = Counter(f"{PREFIX}_reconcile_total", "Reconcile passes by controller and result.",
+                                       ["controller", "result"], registry=r)
+        self.reconcile_duration = Histogram(f"{PREFIX}_reconcile_duration_seconds",
+                                            "Duration of reconcile passes.", ["controller"], registry=r,
+                                            buckets=(0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
+        self.watch_restarts = Counter(f"{PREFIX}_watch_restarts_total",
+                                      "Watch restarts by resource and reason (gone, error, timeout, ...).",
+                                      ["resource", "reason"], registry=r)
+        self.api_requests = Counter(f"{PREFIX}_api_requests_total", "Requests to the apiserver by verb and code.",
+                                    ["verb", "code"], registry=r)
+        self.replica_writes = Counter(f"{PREFIX}_replica_writes_total",
+                                      "Replica Secret writes by action (create, update, delete) and result.",
+                                      ["action", "result"], registry=r)
+        self.conflicts_total = Counter(f"{PREFIX}_replica_conflicts_total",
+                                       "Foreign Secrets found under a replica's name (left untouched).",
+                                       registry=r)
+        self.deletion_cap_hits = Counter(f"{PREFIX}_deletion_cap_hits_total",
+                                         "Times the per-minute replica deletion cap deferred deletions.", registry=r)
+        self.restarts_total = Counter(f"{PREFIX}_restarts_total",
+                                      "VMI restarts by result (issued, fallback_delete, error, done, failed).",
+                                      ["result"], registry=r)
+        self.rollout_duration = Histogram(f"{PREFIX}_rollout_duration_seconds",
+                                          "Time from a revision being written to its rollout completing.",
+                                          registry=r,
+                                          buckets=(10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400))
+        self.reports_total = Counter(f"{PREFIX}_reports_total", "Guest reports by result.", ["result"],
+                                     registry=r)

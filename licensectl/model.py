@@ -1,0 +1,191 @@
+"""Plain data the pure core works on.
+
+Everything here is a slim, immutable projection of a Kubernetes object (or of a guest report):
+only the fields a decision needs, so caches stay small and pure functions stay easy to test.
+The kube/ layer builds these from API objects; nothing in this module does I/O.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import MappingProxyType
+
+# ---------------------------------------------------------------------------------------------
+# Names licensectl writes onto objects. One place, so docs, RBAC and code agree.
+# ---------------------------------------------------------------------------------------------
+DOMAIN = "licensectl.io"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY_VALUE = "licensectl"
+
+# Replica Secret annotations.
+ANN_SOURCE_NAMESPACE = f"{DOMAIN}/source-namespace"
+ANN_SOURCE_NAME = f"{DOMAIN}/source-name"
+ANN_SOURCE_UID = f"{DOMAIN}/source-uid"
+ANN_CLASS = f"{DOMAIN}/class"
+ANN_REVISION = f"{DOMAIN}/revision"
+ANN_REVISION_TIME = f"{DOMAIN}/revision-time"
+
+# Keys inside a replica Secret (and so files on the guest's license disk).
+KEY_TOKEN = "client_configuration_token.tok"
+KEY_GRIDD_CONF = "gridd.conf"
+KEY_REPORT_URL = "report-url"
+KEY_REPORT_NAMESPACE = "report-namespace"
+KEY_REPORT_CREDENTIAL = "report-credential"
+
+# VirtualMachine annotations: intent written *before* acting, so a restarted controller can tell
+# "restart issued for revision R at T" from cluster state alone.
+ANN_RESTART_REVISION = f"{DOMAIN}/restart-revision"
+ANN_RESTART_ISSUED_AT = f"{DOMAIN}/restart-issued-at"
+ANN_RESTART_RESULT = f"{DOMAIN}/restart-result"
+ANN_RESTART_POLICY = f"{DOMAIN}/restart"  # "manual" opts a VM out of automatic restarts
+# UID of the VMI the restart targeted: a VMI with another UID was already recreated, never restart it.
+ANN_RESTART_VMI_UID = f"{DOMAIN}/restart-vmi-uid"
+# Replica Secret (same namespace) whose revision the restart delivers.
+ANN_RESTART_REPLICA = f"{DOMAIN}/restart-replica"
+# Last time the restart subresource was (about to be) called; re-issue is timed from here.
+ANN_RESTART_ATTEMPTED_AT = f"{DOMAIN}/restart-attempted-at"
+
+# Source Secret annotation: rollout-wide pause switch set by the hoster.
+ANN_ROLLOUT_PAUSED = f"{DOMAIN}/rollout-paused"
+# Source Secret annotation: failures issued before this time no longer count against the budget.
+ANN_ROLLOUT_RESUMED_AT = f"{DOMAIN}/rollout-resumed-at"
+
+class _EmptyMap(Mapping[str, str]):
+    """Immutable *and hashable* empty mapping: Python 3.11 dataclasses reject an unhashable
+    default (mappingproxy only became hashable in 3.12) as "mutable"."""
+
+    def __getitem__(self, key: str) -> str:
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __repr__(self) -> str:
+        return "{}"
+
+
+EMPTY: Mapping[str, str] = _EmptyMap()
+
+
+def frozen_map(d: Mapping[str, str] | None) -> Mapping[str, str]:
+    """A read-only copy, so projections cannot be mutated behind a cache's back."""
+    return MappingProxyType(dict(d or {}))
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectRef:
+    """Namespace/name of a namespaced object ("" namespace for cluster-scoped)."""
+
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}" if self.namespace else self.name
+
+
+@dataclass(frozen=True, slots=True)
+class Namespace:
+    """A Namespace as the tenant tree sees it."""
+
+    name: str
+    uid: str
+    labels: Mapping[str, str] = EMPTY
+    # The controller ownerReference of kind Namespace (Cozystack's authoritative parent link).
+    owner_name: str | None = None
+    owner_uid: str | None = None
+    terminating: bool = False
+
+
+class GpuMode(StrEnum):
+    VGPU = "vgpu"
+    PASSTHROUGH = "passthrough"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuClass:
+    """A GPUClass (assumed contract, domain.md §3). Fields are raw: validation is the core's job."""
+
+    name: str
+    uid: str
+    mode: str | None
+    secret_ref: ObjectRef | None
+    feature_type: object | None  # raw value from spec.license.featureType, validated in render
+
+
+@dataclass(frozen=True, slots=True)
+class GpuClaim:
+    namespace: str
+    name: str
+    class_name: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SourceSecret:
+    """The hoster's license Secret. Holds token bytes: never log or repr them."""
+
+    namespace: str
+    name: str
+    uid: str
+    resource_version: str
+    data: Mapping[str, bytes] = field(repr=False)
+    annotations: Mapping[str, str] = EMPTY
+
+    @property
+    def ref(self) -> ObjectRef:
+        return ObjectRef(self.namespace, self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSecret:
+    """A Secret observed under a replica's name (owned by licensectl or not)."""
+
+    namespace: str
+    name: str
+    uid: str
+    resource_version: str
+    labels: Mapping[str, str] = EMPTY
+    annotations: Mapping[str, str] = EMPTY
+    # SHA-256 over the canonical data (sorted keys): compare with the desired digest, keep no bytes.
+    data_digest: str = ""
+
+    @property
+    def owned(self) -> bool:
+        return self.labels.get(MANAGED_BY_LABEL) == MANAGED_BY_VALUE and ANN_CLASS in self.annotations
+
+
+@dataclass(frozen=True, slots=True)
+class Vmi:
+    """A VirtualMachineInstance as the rollout sees it."""
+
+    namespace: str
+    name: str
+    uid: str
+    created: dt.datetime
+    owner_vm: str | None  # name of the controlling VirtualMachine, None for standalone VMIs
+    phase: str
+    ready: bool
+    running_since: dt.datetime | None
+    secret_volumes: tuple[str, ...]  # volumes[].secret.secretName
+    firmware_uuid: str | None
+    deleting: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Vm:
+    """A VirtualMachine: run strategy plus the intent annotations licensectl keeps on it."""
+
+    namespace: str
+    name: str
+    uid: str
+    run_strategy: str | None
+    annotations: Mapping[str, str] = EMPTY
+    resource_version: str = ""

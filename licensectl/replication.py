@@ -1,0 +1,121 @@
+"""Replication planning: cluster snapshot in, the exact writes to make out. Pure.
+
+Composes entitlement (who may hold which license) and rendering (what a replica must contain)
+into a diff against the replicas that exist. The shell applies the plan; everything a pass needs
+is in its inputs, so the same cluster state always yields the same plan (restart-safe).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from licensectl.entitlement import EntitlementResult, Problem, TenantSettings, compute_entitlement
+from licensectl.model import GpuClaim, GpuClass, Namespace, ObjectRef, ReplicaSecret, SourceSecret
+from licensectl.render import (
+    DesiredReplica,
+    RenderedLicense,
+    ReplicaAction,
+    SourceProblem,
+    render_license,
+    render_replica,
+    replica_diff,
+    replica_name,
+    replica_state,
+)
+
+
+@dataclass(frozen=True)
+class ReplicationInputs:
+    namespaces: Mapping[str, Namespace]
+    classes: Mapping[str, GpuClass]
+    claims: Iterable[GpuClaim]
+    # Sources whose cache is synced: a SourceSecret, or None when confirmed absent. A source that is not
+    # in this mapping is *unknown* (cache not synced) and is treated as "change nothing".
+    sources: Mapping[ObjectRef, SourceSecret | None]
+    replicas: Mapping[tuple[str, str], ReplicaSecret]  # owned replicas by (namespace, name)
+    conflicts: frozenset[tuple[str, str]]  # names held by foreign Secrets, learned from writes
+    credential_for: Callable[[str], str]
+    report_url: str
+    token_key: str
+    tenant: TenantSettings
+    now: dt.datetime
+
+
+@dataclass(frozen=True)
+class ReplicationPlan:
+    creates: tuple[DesiredReplica, ...] = ()
+    updates: tuple[tuple[ReplicaSecret, DesiredReplica], ...] = ()
+    deletes: tuple[ReplicaSecret, ...] = ()
+    # (namespace, replica name) -> in_sync | drifted | missing | conflict
+    states: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    source_problems: Mapping[str, SourceProblem] = field(default_factory=dict)  # by class name
+    licenses: Mapping[str, RenderedLicense] = field(default_factory=dict)  # by class name
+    entitlement: EntitlementResult | None = None
+
+    @property
+    def tenant_problems(self) -> tuple[Problem, ...]:
+        return self.entitlement.problems if self.entitlement else ()
+
+    def entitled_per_source(self) -> Mapping[ObjectRef, int]:
+        if self.entitlement is None:
+            return {}
+        return dict(Counter(self.entitlement.entitled.values()))
+
+    def state_counts(self) -> Mapping[str, int]:
+        c = Counter(self.states.values())
+        return {s: c.get(s, 0) for s in ("in_sync", "drifted", "missing", "conflict")}
+
+
+def plan_replication(inp: ReplicationInputs) -> ReplicationPlan:
+    ent = compute_entitlement(inp.namespaces, inp.classes, inp.claims, inp.tenant)
+
+    # One render per class whose source is known; a problem keeps that class's replicas as they are.
+    licenses: dict[str, RenderedLicense] = {}
+    problems: dict[str, SourceProblem] = {}
+    unknown: set[str] = set()
+    for class_name in sorted({c for _, c in ent.entitled}):
+        gpu_class = inp.classes[class_name]
+        ref = gpu_class.secret_ref
+        if ref is None or ref not in inp.sources:
+            unknown.add(class_name)
+            continue
+        rendered = render_license(inp.sources[ref], gpu_class, inp.token_key)
+        if isinstance(rendered, SourceProblem):
+            problems[class_name] = rendered
+        else:
+            licenses[class_name] = rendered
+
+    creates: list[DesiredReplica] = []
+    updates: list[tuple[ReplicaSecret, DesiredReplica]] = []
+    states: dict[tuple[str, str], str] = {}
+    keep: set[tuple[str, str]] = set()
+    for (ns, class_name), ref in sorted(ent.entitled.items()):
+        name = replica_name(class_name)
+        key = (ns, name)
+        keep.add(key)
+        existing = inp.replicas.get(key)
+        lic = licenses.get(class_name)
+        source = inp.sources.get(ref)
+        if key in inp.conflicts and existing is None:
+            states[key] = "conflict"
+            continue
+        if lic is None or source is None:
+            # Invalid or unknown source: existing replicas are kept as they are, nothing new is written.
+            states[key] = "missing" if existing is None else "in_sync"
+            continue
+        desired = render_replica(lic, namespace=ns, gpu_class=inp.classes[class_name], source=source,
+                                 report_url=inp.report_url, credential=inp.credential_for(ns),
+                                 existing=existing, now=inp.now)
+        action = replica_diff(existing, desired)
+        states[key] = replica_state(existing, desired).value
+        if action is ReplicaAction.CREATE:
+            creates.append(desired)
+        elif action is ReplicaAction.UPDATE and existing is not None:
+            updates.append((existing, desired))
+
+    deletes = tuple(r for key, r in sorted(inp.replicas.items()) if key not in keep and r.owned)
+    return ReplicationPlan(creates=tuple(creates), updates=tuple(updates), deletes=deletes, states=states,
+                           source_problems=problems, licenses=licenses, entitlement=ent)

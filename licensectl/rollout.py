@@ -1,0 +1,755 @@
+"""Rollout planner: which KubeVirt VMs to restart so guests pick up a new license revision.
+
+A Secret reaches a guest as a disk image fixed at VMI start, so a new token needs a VMI restart
+(domain.md §4). This module decides, from cluster state alone, which VMs to restart next and what
+state every affected VMI is in. It is a pure function: no I/O, no clock (``now`` is passed in).
+
+Memory lives only in the cluster: the shell writes the intent annotations on the VirtualMachine
+(``RestartVm.intent_annotations``) *before* it calls the restart subresource, and the result
+annotation afterwards (``RecordResult.annotations``). A controller that crashed anywhere in between
+re-derives everything from those annotations and the VMIs it observes.
+
+Upstream semantics encoded here (kubevirt/kubevirt, pkg/virt-api/rest/lifecycle.go,
+``RestartVMRequestHandler``):
+  * restart needs a VirtualMachine and is rejected for runStrategy ``Halted`` and ``Once``;
+  * it appends a Stop request carrying the *UID* of the running VMI plus a Start request to the VM's
+    ``status.stateChangeRequests`` and answers 409 "stop/start already underway" while such requests
+    are pending — so re-issuing a restart for the same target UID after a crash cannot stop a VMI twice;
+  * the VM controller then deletes that VMI and creates a new one with a new UID.
+
+Decisions documented here (not upstream facts):
+  * timestamps on Kubernetes objects have one-second resolution, so a VMI started in the same
+    second as the revision is treated as stale (an extra restart beats a guest on an old token);
+  * a VMI mounting several replicas is governed by the replica with the newest revision time: one
+    restart delivers all of them;
+  * a failed restart is covered by the failure budget, not by the unavailability budget: its VMI no
+    longer counts as unavailable, otherwise one broken guest would stall its tenant forever and the
+    failure budget could never be reached;
+  * with ``done_gate == "ready-licensed"`` a VM that has never sent a guest report is done when
+    Ready (the probe is optional); one that has reported before waits for a licensed report with the
+    current token made after the restart, until the restart timeout;
+  * while a source is paused (manually or by failures) no restart call is made at all, not even a
+    re-issue; restarts already in flight are still tracked and can still time out;
+  * every threshold is inclusive ("at or after"), so ``next_wakeup`` is exactly the moment it flips.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from types import MappingProxyType
+
+from licensectl.config import Settings
+from licensectl.model import (
+    ANN_RESTART_ATTEMPTED_AT,
+    ANN_RESTART_ISSUED_AT,
+    ANN_RESTART_POLICY,
+    ANN_RESTART_REPLICA,
+    ANN_RESTART_RESULT,
+    ANN_RESTART_REVISION,
+    ANN_RESTART_VMI_UID,
+    ANN_REVISION,
+    ANN_REVISION_TIME,
+    ANN_ROLLOUT_PAUSED,
+    ANN_ROLLOUT_RESUMED_AT,
+    ANN_SOURCE_NAME,
+    ANN_SOURCE_NAMESPACE,
+    ObjectRef,
+    ReplicaSecret,
+    Vm,
+    Vmi,
+)
+
+RESULT_DONE = "done"
+RESULT_FAILED = "failed"
+POLICY_MANUAL = "manual"
+DONE_GATE_READY = "ready"
+DONE_GATE_READY_LICENSED = "ready-licensed"
+# kubevirt pkg/virt-api/rest/lifecycle.go: RestartVMRequestHandler rejects these with 409.
+UNRESTARTABLE_RUN_STRATEGIES = frozenset({"Halted", "Once"})
+
+
+class VmiState(StrEnum):
+    CURRENT = "current"  # already runs the current revision
+    STALE = "stale"  # pending an automatic restart
+    RESTARTING = "restarting"  # intent issued, new VMI not yet done
+    DONE = "done"  # restarted for this revision and Ready (and licensed, if gated)
+    FAILED = "failed"  # restart timed out or was recorded as failed
+    BLOCKED = "blocked"  # stale, but licensectl cannot restart it (standalone VMI, run strategy)
+    MANUAL = "manual"  # stale, the VM opted out of automatic restarts
+
+
+class Phase(StrEnum):
+    IDLE = "idle"
+    SETTLING = "settling"
+    PROGRESSING = "progressing"
+    PAUSED = "paused"
+    COMPLETE = "complete"
+
+
+class PauseReason(StrEnum):
+    MANUAL = "manual"
+    FAILURES = "failures"
+
+
+# ---------------------------------------------------------------------------------------------
+# Timestamps in annotations
+# ---------------------------------------------------------------------------------------------
+
+
+def format_time(t: dt.datetime) -> str:
+    """RFC 3339 in UTC with microseconds, the format of every timestamp annotation licensectl writes."""
+    return t.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_time(raw: str | None) -> dt.datetime | None:
+    """Parse an RFC 3339 timestamp; None for missing, malformed or zone-less values."""
+    if not raw:
+        return None
+    try:
+        t = dt.datetime.fromisoformat(raw.strip())
+    except ValueError:
+        return None
+    if t.tzinfo is None:
+        return None
+    return t.astimezone(dt.UTC)
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaRevision:
+    """The current content revision of one replica Secret (namespace/name) and its source."""
+
+    namespace: str
+    name: str
+    revision: str
+    revision_time: dt.datetime
+    source: ObjectRef
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
+
+    @classmethod
+    def from_secret(cls, secret: ReplicaSecret) -> ReplicaRevision | None:
+        """Read revision, revision time and source from an owned replica; None when incomplete."""
+        if not secret.owned:
+            return None
+        ann = secret.annotations
+        revision = ann.get(ANN_REVISION)
+        when = parse_time(ann.get(ANN_REVISION_TIME))
+        src_ns, src_name = ann.get(ANN_SOURCE_NAMESPACE), ann.get(ANN_SOURCE_NAME)
+        if not revision or when is None or not src_name or src_ns is None:
+            return None
+        return cls(secret.namespace, secret.name, revision, when, ObjectRef(src_ns, src_name))
+
+
+@dataclass(frozen=True, slots=True)
+class GuestGate:
+    """What the newest in-guest probe report says about licensing (evidence, optional)."""
+
+    licensed: bool
+    token_sha256_current: bool
+    reported_at: dt.datetime
+
+    def proves_current(self, after: dt.datetime) -> bool:
+        return self.licensed and self.token_sha256_current and self.reported_at > after
+
+
+@dataclass(frozen=True, slots=True)
+class SourceControl:
+    """The hoster's switches on a source Secret."""
+
+    paused: bool = False
+    resumed_at: dt.datetime | None = None
+
+    @classmethod
+    def from_annotations(cls, annotations: Mapping[str, str]) -> SourceControl:
+        paused = annotations.get(ANN_ROLLOUT_PAUSED, "").strip().lower() in ("true", "1", "yes")
+        return cls(paused, parse_time(annotations.get(ANN_ROLLOUT_RESUMED_AT)))
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutSettings:
+    settle_seconds: float = 60.0
+    max_unavailable: str = "10%"
+    max_per_namespace: int = 1
+    max_failures: int = 3  # < 1 disables the failure pause
+    restart_timeout_seconds: float = 600.0
+    manual_deadline_seconds: float = 7 * 24 * 3600.0
+    done_gate: str = DONE_GATE_READY
+    reissue_after_seconds: float = 60.0
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> RolloutSettings:
+        return cls(
+            settle_seconds=s.settle_seconds,
+            max_unavailable=s.max_unavailable,
+            max_per_namespace=s.max_per_namespace,
+            max_failures=s.max_failures,
+            restart_timeout_seconds=s.restart_timeout_seconds,
+            manual_deadline_seconds=s.manual_deadline_seconds,
+            done_gate=s.done_gate,
+            reissue_after_seconds=s.restart_reissue_seconds,
+        )
+
+    def unavailable_limit(self, affected: int) -> int:
+        """An absolute count, or a percentage of the affected VMIs rounded down; at least 1."""
+        raw = self.max_unavailable.strip()
+        if raw.endswith("%"):
+            return max(1, int(raw[:-1]) * affected // 100)
+        return max(1, int(raw))
+
+
+@dataclass(frozen=True, slots=True)
+class RestartIntent:
+    """The intent annotations on a VirtualMachine, parsed."""
+
+    revision: str
+    issued_at: dt.datetime
+    attempted_at: dt.datetime
+    vmi_uid: str | None = None
+    replica: str | None = None
+    result: str | None = None
+
+    @classmethod
+    def from_annotations(cls, annotations: Mapping[str, str]) -> RestartIntent | None:
+        """None when there is no readable intent; a VM is then planned from its VMI alone, which is
+        safe: a VMI recreated after the revision is current by its start time."""
+        revision = annotations.get(ANN_RESTART_REVISION)
+        issued = parse_time(annotations.get(ANN_RESTART_ISSUED_AT))
+        if not revision or issued is None:
+            return None
+        attempted = parse_time(annotations.get(ANN_RESTART_ATTEMPTED_AT)) or issued
+        result = annotations.get(ANN_RESTART_RESULT)
+        return cls(
+            revision=revision,
+            issued_at=issued,
+            attempted_at=max(attempted, issued),
+            vmi_uid=annotations.get(ANN_RESTART_VMI_UID) or None,
+            replica=annotations.get(ANN_RESTART_REPLICA) or None,
+            result=result if result in (RESULT_DONE, RESULT_FAILED) else None,
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Outputs
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RestartVm:
+    """Write the intent on the VM, then PUT .../virtualmachines/{vm}/restart.
+
+    The shell must write the intent with the VM's ``resource_version`` as precondition (a conflict
+    means the plan was made from a stale cache: drop the action) and must call restart only after
+    the write succeeded. ``reissue`` marks a retry for the same target after a lost call.
+    """
+
+    namespace: str
+    vm: str
+    vmi_uid: str
+    revision: str
+    replica: str
+    issued_at: dt.datetime
+    attempted_at: dt.datetime
+    reissue: bool = False
+    vm_resource_version: str = ""
+
+    def intent_annotations(self) -> Mapping[str, str | None]:
+        """Annotations to merge-patch onto the VM; None removes a key (a stale result)."""
+        return {
+            ANN_RESTART_REVISION: self.revision,
+            ANN_RESTART_REPLICA: self.replica,
+            ANN_RESTART_VMI_UID: self.vmi_uid,
+            ANN_RESTART_ISSUED_AT: format_time(self.issued_at),
+            ANN_RESTART_ATTEMPTED_AT: format_time(self.attempted_at),
+            ANN_RESTART_RESULT: None,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RecordResult:
+    """Write the outcome of the restart for ``revision`` onto the VM (idempotent).
+
+    The shell should only write it while the VM's restart-revision annotation still names
+    ``revision`` (use ``vm_resource_version`` as precondition)."""
+
+    namespace: str
+    vm: str
+    revision: str
+    result: str
+    vm_resource_version: str = ""
+
+    def annotations(self) -> Mapping[str, str | None]:
+        return {ANN_RESTART_RESULT: self.result}
+
+
+Action = RestartVm | RecordResult
+
+
+@dataclass(frozen=True, slots=True)
+class VmiRolloutState:
+    state: VmiState
+    revision: str  # the revision this state refers to
+    source: ObjectRef
+    replica: str  # replica Secret name in the VMI's namespace
+    overdue: bool = False  # manual VMs still stale past the manual deadline
+    reason: str = ""  # short human explanation (no secrets)
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutStatus:
+    source: ObjectRef
+    revisions: tuple[str, ...]
+    phase: Phase
+    counts: Mapping[VmiState, int]
+    overdue: int = 0
+    affected: int = 0
+    unavailable: int = 0
+    max_unavailable: int = 0
+    failures: int = 0  # failures counted against the budget (highest over current revisions)
+    pause_reason: PauseReason | None = None
+    settles_at: dt.datetime | None = None
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutPlan:
+    actions: tuple[Action, ...]
+    vmi_states: Mapping[tuple[str, str], VmiRolloutState]
+    sources: Mapping[ObjectRef, RolloutStatus]
+    next_wakeup: dt.datetime | None
+
+    @property
+    def restarts(self) -> tuple[RestartVm, ...]:
+        return tuple(a for a in self.actions if isinstance(a, RestartVm))
+
+    @property
+    def results(self) -> tuple[RecordResult, ...]:
+        return tuple(a for a in self.actions if isinstance(a, RecordResult))
+
+
+# ---------------------------------------------------------------------------------------------
+# Internals
+# ---------------------------------------------------------------------------------------------
+
+
+def _secs(seconds: float) -> dt.timedelta:
+    return dt.timedelta(seconds=seconds)
+
+
+def _started(vmi: Vmi) -> dt.datetime:
+    return vmi.running_since or vmi.created
+
+
+@dataclass(frozen=True, slots=True)
+class _Slot:
+    """One guest: its VMI (None while being recreated), its VM (None if standalone), the governing
+    replica and the parsed intent. Keyed by (namespace, VMI name) == (namespace, VM name)."""
+
+    namespace: str
+    name: str
+    vmi: Vmi | None
+    vm: Vm | None
+    replica: ReplicaRevision
+    intent: RestartIntent | None
+
+
+@dataclass(slots=True)
+class _Eval:
+    slot: _Slot
+    state: VmiState
+    revision: str
+    reason: str
+    overdue: bool = False
+    counts_failure: bool = False  # failed, for the current revision, issued after resume
+    eligible_at: dt.datetime | None = None  # stale candidates: when a restart may be issued
+    reissue_at: dt.datetime | None = None  # in-flight restart whose call may have been lost
+    deadline: dt.datetime | None = None  # restarting: when it turns failed; manual: when overdue
+    record: str | None = None  # result annotation to write
+
+    @property
+    def unavailable(self) -> bool:
+        if self.state is VmiState.FAILED:
+            return False
+        if self.state is VmiState.RESTARTING:
+            return True
+        vmi = self.slot.vmi
+        return vmi is None or vmi.deleting or not vmi.ready
+
+    @property
+    def issued_for_current(self) -> bool:
+        return self.revision == self.slot.replica.revision and self.state in (
+            VmiState.RESTARTING, VmiState.DONE, VmiState.FAILED)
+
+
+def _intent_targets(intent: RestartIntent, vmi: Vmi) -> bool:
+    """Whether ``vmi`` is the very VMI the intent meant to restart (not yet recreated)."""
+    if intent.vmi_uid:
+        return intent.vmi_uid == vmi.uid
+    # Intent without a UID: the VMI running when the intent was written started before it.
+    return _started(vmi) <= intent.issued_at
+
+
+def _is_stale(vmi: Vmi, replica: ReplicaRevision, guest: GuestGate | None) -> bool:
+    if _started(vmi) > replica.revision_time:
+        return False
+    return not (guest is not None and guest.proves_current(replica.revision_time))
+
+
+def _collect_slots(
+    replicas: Mapping[tuple[str, str], ReplicaRevision],
+    vmis: Iterable[Vmi],
+    vms: Iterable[Vm],
+) -> list[_Slot]:
+    vm_by_key = {(m.namespace, m.name): m for m in vms}
+    by_ns: dict[str, list[ReplicaRevision]] = defaultdict(list)
+    for r in replicas.values():
+        by_ns[r.namespace].append(r)
+    slots: list[_Slot] = []
+    owned: set[tuple[str, str]] = set()
+    for v in vmis:
+        if v.owner_vm:
+            owned.add((v.namespace, v.owner_vm))
+        refs = [replicas[(v.namespace, s)] for s in v.secret_volumes if (v.namespace, s) in replicas]
+        if not refs:
+            continue
+        governing = max(refs, key=lambda r: (r.revision_time, r.name))
+        vm = vm_by_key.get((v.namespace, v.owner_vm)) if v.owner_vm else None
+        intent = RestartIntent.from_annotations(vm.annotations) if vm else None
+        slots.append(_Slot(v.namespace, v.name, v, vm, governing, intent))
+    # VMs whose VMI is gone: a restart in flight (or a stopped VM, which is not our business).
+    for key, vm in sorted(vm_by_key.items()):
+        if key in owned or vm.run_strategy == "Halted":
+            continue
+        intent = RestartIntent.from_annotations(vm.annotations)
+        if intent is None or intent.result == RESULT_DONE:
+            continue
+        replica: ReplicaRevision | None = None
+        if intent.replica:
+            replica = replicas.get((vm.namespace, intent.replica))
+        else:
+            matching = sorted((r for r in by_ns.get(vm.namespace, ()) if r.revision == intent.revision),
+                              key=lambda r: r.name)
+            replica = matching[0] if matching else None
+        if replica is not None:
+            slots.append(_Slot(vm.namespace, vm.name, None, vm, replica, intent))
+    slots.sort(key=lambda s: (s.namespace, s.name))
+    return slots
+
+
+def _track(slot: _Slot, intent: RestartIntent, st: RolloutSettings,
+           guests: Mapping[tuple[str, str], GuestGate], now: dt.datetime) -> _Eval:
+    """State of a restart the intent says was issued: restarting, done or failed."""
+    vmi, rev = slot.vmi, intent.revision
+    if intent.result == RESULT_DONE:
+        return _Eval(slot, VmiState.DONE, rev, "restart recorded done")
+    if intent.result == RESULT_FAILED:
+        return _Eval(slot, VmiState.FAILED, rev, "restart recorded failed")
+    # Two clocks: a restart that never took effect fails timeout after it was first issued (so a
+    # call that keeps being lost cannot be re-issued forever); one under way (VMI shutting down,
+    # gone or recreated) fails timeout after the last call, since a late re-issue started it anew.
+    timeout = _secs(st.restart_timeout_seconds)
+    in_progress = intent.attempted_at + timeout
+    if vmi is None:
+        if now >= in_progress:
+            return _Eval(slot, VmiState.FAILED, rev, "VMI not recreated in time", record=RESULT_FAILED)
+        return _Eval(slot, VmiState.RESTARTING, rev, "waiting for the new VMI", deadline=in_progress)
+    if not _intent_targets(intent, vmi):
+        if vmi.ready and not vmi.deleting:
+            gate_ok, why = _done_gate(slot, intent, st, guests)
+            if gate_ok:
+                return _Eval(slot, VmiState.DONE, rev, "restarted and Ready", record=RESULT_DONE)
+        else:
+            why = "waiting for the new VMI to become Ready"
+        if now >= in_progress:
+            return _Eval(slot, VmiState.FAILED, rev, f"timed out {why}", record=RESULT_FAILED)
+        return _Eval(slot, VmiState.RESTARTING, rev, why, deadline=in_progress)
+    if vmi.deleting:
+        if now >= in_progress:
+            return _Eval(slot, VmiState.FAILED, rev, "old VMI did not shut down in time", record=RESULT_FAILED)
+        return _Eval(slot, VmiState.RESTARTING, rev, "old VMI shutting down", deadline=in_progress)
+    untouched = intent.issued_at + timeout
+    if now >= untouched:
+        return _Eval(slot, VmiState.FAILED, rev, "VMI was not restarted in time", record=RESULT_FAILED)
+    # Intent written, target still running untouched: the call may have been lost in a crash.
+    reissue_at = intent.attempted_at + _secs(st.reissue_after_seconds)
+    return _Eval(slot, VmiState.RESTARTING, rev, "restart issued, not yet observed",
+                 reissue_at=reissue_at, deadline=untouched)
+
+
+def _done_gate(slot: _Slot, intent: RestartIntent, st: RolloutSettings,
+               guests: Mapping[tuple[str, str], GuestGate]) -> tuple[bool, str]:
+    if st.done_gate != DONE_GATE_READY_LICENSED:
+        return True, ""
+    report = guests.get((slot.namespace, slot.name))
+    if report is None:
+        return True, ""  # never reported: the probe is optional, Ready is the best evidence
+    if report.proves_current(intent.issued_at):
+        return True, ""
+    return False, "waiting for a licensed guest report with the current token"
+
+
+def _applies(intent: RestartIntent, slot: _Slot) -> bool:
+    """Whether the intent tracks a restart that still matters for this slot.
+
+    Without a VMI any intent does (a restart is in flight, possibly for a superseded revision).
+    With a VMI only an intent for the governing replica's current revision does, and not when it
+    names another VMI UID while the VMI we see is itself stale: then the intent was written from an
+    outdated view and the VMI we see was never restarted.
+    """
+    vmi, replica = slot.vmi, slot.replica
+    if vmi is None:
+        return True
+    if intent.revision != replica.revision or intent.replica not in (None, replica.name):
+        return False
+    return not (intent.vmi_uid and intent.vmi_uid != vmi.uid and _started(vmi) <= replica.revision_time)
+
+
+def _restartable(vm: Vm | None) -> bool:
+    """Automatic restarts allowed: an owning VM, not opted out, with a run strategy that restarts."""
+    return (vm is not None and vm.run_strategy not in UNRESTARTABLE_RUN_STRATEGIES
+            and vm.annotations.get(ANN_RESTART_POLICY, "").strip().lower() != POLICY_MANUAL)
+
+
+def _evaluate(slot: _Slot, st: RolloutSettings, guests: Mapping[tuple[str, str], GuestGate],
+              control: SourceControl, now: dt.datetime) -> _Eval:
+    replica, vmi, vm, intent = slot.replica, slot.vmi, slot.vm, slot.intent
+    rev = replica.revision
+    guest = guests.get((slot.namespace, slot.name))
+    if intent is not None and _applies(intent, slot):
+        tracked = _track(slot, intent, st, guests, now)
+        forgiven = control.resumed_at is not None and intent.issued_at < control.resumed_at
+        if tracked.state is not VmiState.FAILED:
+            return tracked
+        if not forgiven:
+            tracked.counts_failure = tracked.revision == rev
+            return tracked
+        # A forgiven failure: the VM is planned afresh, but only if its VMI still runs stale.
+        if vmi is None or vmi.deleting or not _is_stale(vmi, replica, guest):
+            return tracked
+    if vmi is None:  # unreachable: slots without a VMI always carry an intent
+        return _Eval(slot, VmiState.RESTARTING, rev, "waiting for the new VMI")
+    if not _is_stale(vmi, replica, guest):
+        if intent is not None and not _intent_targets(intent, vmi):
+            # Recreated by a restart for a superseded revision: if that restart failed, say so and
+            # keep the VMI out of the unavailability budget (it is a failure, not a rollout step).
+            previous = _track(slot, intent, st, guests, now)
+            if previous.state is VmiState.FAILED:
+                return previous
+        return _Eval(slot, VmiState.CURRENT, rev, "runs the current revision")
+    if vm is None:
+        return _Eval(slot, VmiState.BLOCKED, rev, "no owning VirtualMachine: restart it by hand")
+    if vm.annotations.get(ANN_RESTART_POLICY, "").strip().lower() == POLICY_MANUAL:
+        due = replica.revision_time + _secs(st.manual_deadline_seconds)
+        overdue = now >= due
+        return _Eval(slot, VmiState.MANUAL, rev, "manual restart pending" + (" (overdue)" if overdue else ""),
+                     overdue=overdue, deadline=None if overdue else due)
+    if vm.run_strategy in UNRESTARTABLE_RUN_STRATEGIES:
+        return _Eval(slot, VmiState.BLOCKED, rev, f"runStrategy {vm.run_strategy} does not support restart")
+    if vmi.deleting:
+        return _Eval(slot, VmiState.STALE, rev, "VMI already shutting down")
+    eligible = replica.revision_time + _secs(st.settle_seconds)
+    reason = "pending restart"
+    if intent is not None and _intent_targets(intent, vmi):
+        # A restart for another revision (or a forgiven one) targeted this very VMI: its call may
+        # still be in flight, so wait out the re-issue delay before targeting the same UID again.
+        hold = intent.attempted_at + _secs(st.reissue_after_seconds)
+        if hold > eligible:
+            eligible, reason = hold, "earlier restart may still be in flight"
+    if eligible > now and reason == "pending restart":
+        reason = "waiting for the revision to settle"
+    return _Eval(slot, VmiState.STALE, rev, reason, eligible_at=eligible)
+
+
+def _message(phase: Phase, revisions: tuple[str, ...], counts: Mapping[VmiState, int], overdue: int,
+             unavailable: int, limit: int, pause: PauseReason | None, failures: int,
+             max_failures: int, settles_at: dt.datetime | None) -> str:
+    parts = [f"{n} {s.value}" for s, n in counts.items() if n]
+    text = f"{phase.value}"
+    if revisions:
+        text += f" (revision {', '.join(revisions)})"
+    if parts:
+        text += ": " + ", ".join(parts)
+    if overdue:
+        text += f"; {overdue} manual overdue"
+    if phase is Phase.PROGRESSING:
+        text += f"; {unavailable}/{limit} unavailable"
+    if pause is PauseReason.MANUAL:
+        text += "; paused by the source annotation"
+    elif pause is PauseReason.FAILURES:
+        text += f"; paused after {failures} failed restarts (max {max_failures}), resume to continue"
+    if settles_at is not None:
+        text += f"; settles at {format_time(settles_at)}"
+    return text
+
+
+# ---------------------------------------------------------------------------------------------
+# The planner
+# ---------------------------------------------------------------------------------------------
+
+
+def plan_rollout(
+    replicas: Iterable[ReplicaRevision],
+    vmis: Iterable[Vmi],
+    vms: Iterable[Vm],
+    guests: Mapping[tuple[str, str], GuestGate],
+    sources: Mapping[ObjectRef, SourceControl],
+    settings: RolloutSettings,
+    now: dt.datetime,
+) -> RolloutPlan:
+    """Decide restarts and report state for every VMI that mounts a replica.
+
+    Deterministic: the same observed state always yields the same plan, so a crashed controller
+    resumes exactly where the cluster says it was.
+    """
+    st = settings
+    by_key = {r.key: r for r in replicas}
+    slots = _collect_slots(by_key, vmis, vms)
+    evals = [_evaluate(s, st, guests, sources.get(s.replica.source, SourceControl()), now) for s in slots]
+
+    by_source: dict[ObjectRef, list[_Eval]] = defaultdict(list)
+    for e in evals:
+        by_source[e.slot.replica.source].append(e)
+    all_sources = sorted({r.source for r in by_key.values()} | set(sources),
+                         key=lambda s: (s.namespace, s.name))
+
+    ns_unavailable: dict[str, int] = defaultdict(int)
+    for e in evals:
+        if e.unavailable:
+            ns_unavailable[e.slot.namespace] += 1
+
+    results: list[Action] = [
+        RecordResult(e.slot.namespace, e.slot.name, e.revision, e.record,
+                     e.slot.vm.resource_version if e.slot.vm else "")
+        for e in evals if e.record is not None and e.slot.intent is not None and e.slot.intent.result != e.record
+    ]
+    restarts: list[Action] = []
+    statuses: dict[ObjectRef, RolloutStatus] = {}
+    wakeups: list[dt.datetime] = []
+
+    for src in all_sources:
+        group = by_source.get(src, [])
+        control = sources.get(src, SourceControl())
+        revisions = tuple(sorted({r.revision for r in by_key.values() if r.source == src}))
+        failures_by_rev: dict[str, int] = defaultdict(int)
+        for e in group:
+            if e.counts_failure:
+                failures_by_rev[e.revision] += 1
+        failures = max(failures_by_rev.values(), default=0)
+        pause: PauseReason | None = None
+        if control.paused:
+            pause = PauseReason.MANUAL
+        elif st.max_failures >= 1 and failures >= st.max_failures:
+            pause = PauseReason.FAILURES
+
+        affected = len(group)
+        limit = st.unavailable_limit(affected)
+        unavailable = sum(1 for e in group if e.unavailable)
+
+        for e in group:
+            # While paused, eligibility and re-issue times change nothing: no restart is made.
+            times = [e.deadline] if pause is not None else [e.deadline, e.eligible_at, e.reissue_at]
+            wakeups.extend(t for t in times if t is not None and t > now)
+
+        if pause is None:
+            for e in group:
+                if (e.reissue_at is not None and e.reissue_at <= now and e.slot.intent and e.slot.vmi
+                        and _restartable(e.slot.vm)):
+                    restarts.append(RestartVm(
+                        e.slot.namespace, e.slot.name, e.slot.vmi.uid, e.slot.intent.revision,
+                        e.slot.intent.replica or e.slot.replica.name, e.slot.intent.issued_at, now,
+                        reissue=True, vm_resource_version=e.slot.vm.resource_version if e.slot.vm else ""))
+            unavailable = _pick(group, st, limit, unavailable, ns_unavailable, now, restarts)
+
+        counts = {s: 0 for s in VmiState}
+        for e in group:
+            counts[e.state] += 1
+        overdue = sum(1 for e in group if e.overdue)
+        stale = [e for e in group if e.state is VmiState.STALE]
+        restarting = counts[VmiState.RESTARTING] > 0
+        settles_at: dt.datetime | None = None
+        if not group:
+            phase = Phase.IDLE
+        elif pause is PauseReason.FAILURES or (pause is not None and (stale or restarting)):
+            phase = Phase.PAUSED  # a failure pause needs the hoster, even when nothing else is left
+        elif restarting or any(e.eligible_at is None or e.eligible_at <= now for e in stale):
+            phase = Phase.PROGRESSING
+        elif stale:
+            settle_times = [e.slot.replica.revision_time + _secs(st.settle_seconds) for e in stale]
+            future = [t for t in settle_times if t > now]
+            if future:
+                phase, settles_at = Phase.SETTLING, min(future)
+            else:
+                phase = Phase.PROGRESSING  # only held back by an earlier in-flight restart
+        else:
+            phase = Phase.COMPLETE
+        statuses[src] = RolloutStatus(
+            source=src, revisions=revisions, phase=phase, counts=MappingProxyType(counts),
+            overdue=overdue, affected=affected, unavailable=unavailable, max_unavailable=limit,
+            failures=failures, pause_reason=pause, settles_at=settles_at,
+            message=_message(phase, revisions, counts, overdue, unavailable, limit, pause, failures,
+                             st.max_failures, settles_at),
+        )
+
+    vmi_states = {
+        (e.slot.namespace, e.slot.name): VmiRolloutState(
+            e.state, e.revision, e.slot.replica.source, e.slot.replica.name, e.overdue, e.reason)
+        for e in evals
+    }
+    results.sort(key=lambda a: (a.namespace, a.vm))
+    return RolloutPlan(
+        actions=tuple(results + restarts),
+        vmi_states=MappingProxyType(vmi_states),
+        sources=MappingProxyType(statuses),
+        next_wakeup=min(wakeups, default=None),
+    )
+
+
+def _pick(group: list[_Eval], st: RolloutSettings, limit: int, unavailable: int,
+          ns_unavailable: dict[str, int], now: dt.datetime, out: list[Action]) -> int:
+    """Round-robin new restarts across namespaces within the limits; returns the new unavailable count.
+
+    Namespaces with the fewest restarts issued for their current revision go first (then by name),
+    one pick per namespace per round, so a large tenant cannot starve small ones. Within a
+    namespace, VMIs that are already not Ready go first: restarting them costs no availability.
+    """
+    queues: dict[str, list[_Eval]] = defaultdict(list)
+    issued: dict[str, int] = defaultdict(int)
+    for e in group:
+        if e.issued_for_current:
+            issued[e.slot.namespace] += 1
+        if (e.state is VmiState.STALE and e.eligible_at is not None and e.eligible_at <= now
+                and e.slot.vm is not None and e.slot.vmi is not None and not e.slot.vmi.deleting):
+            queues[e.slot.namespace].append(e)
+    for q in queues.values():
+        q.sort(key=lambda e: (e.slot.vmi is not None and e.slot.vmi.ready, e.slot.name))
+    order = sorted(queues, key=lambda ns: (issued[ns], ns))
+    progress = True
+    while progress:
+        progress = False
+        for ns in order:
+            q = queues[ns]
+            if not q:
+                continue
+            e = q[0]
+            cost = 0 if e.unavailable else 1
+            if unavailable + cost > limit or ns_unavailable[ns] + cost > st.max_per_namespace:
+                continue
+            q.pop(0)
+            unavailable += cost
+            ns_unavailable[ns] += cost
+            vmi, vm = e.slot.vmi, e.slot.vm
+            assert vmi is not None and vm is not None  # guaranteed by the queue filter
+            out.append(RestartVm(e.slot.namespace, vm.name, vmi.uid, e.slot.replica.revision,
+                                 e.slot.replica.name, now, now, vm_resource_version=vm.resource_version))
+            progress = True
+    return unavailable

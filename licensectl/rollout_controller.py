@@ -1,0 +1,239 @@
+"""The rollout reconcile: caches -> plan_rollout (pure) -> intent annotation, then restart.
+
+The order of writes is the crash-safety argument: the intent (revision, target VMI uid, time) is
+merge-patched onto the VM guarded by its resourceVersion *before* the restart call, so a controller
+killed in between finds the intent and never restarts a VMI twice for one revision. After acting,
+the next pass waits until the watch cache shows our own writes ("expectations", as client-go's
+ReplicaSet controller does), so a stale cache can never plan past maxUnavailable.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from licensectl import config, logs
+from licensectl.caches import Caches
+from licensectl.guests import GuestStore
+from licensectl.kube.events import EventRecorder, InvolvedObject
+from licensectl.kube.kubevirt import KubevirtClient, RestartResult
+from licensectl.metrics import GaugeSample, Metrics
+from licensectl.model import ObjectRef
+from licensectl.rollout import (
+    Phase,
+    RecordResult,
+    ReplicaRevision,
+    RestartVm,
+    RolloutPlan,
+    RolloutSettings,
+    SourceControl,
+    VmiState,
+    plan_rollout,
+)
+
+log = logs.get(__name__)
+
+EXPECTATION_TIMEOUT = 15.0
+
+
+def vm_object(namespace: str, name: str, uid: str = "") -> InvolvedObject:
+    return InvolvedObject("kubevirt.io/v1", "VirtualMachine", namespace, name, uid)
+
+
+def vmi_object(namespace: str, name: str, uid: str = "") -> InvolvedObject:
+    return InvolvedObject("kubevirt.io/v1", "VirtualMachineInstance", namespace, name, uid)
+
+
+class RolloutController:
+    def __init__(self, caches: Caches, kubevirt: KubevirtClient, events: EventRecorder, metrics: Metrics,
+                 settings: config.Settings, guests: GuestStore,
+                 clock: Callable[[], dt.datetime] | None = None) -> None:
+        self.caches = caches
+        self.kubevirt = kubevirt
+        self.events = events
+        self.metrics = metrics
+        self.settings = settings
+        self.rollout_settings = RolloutSettings.from_settings(settings)
+        self.guests = guests
+        self.clock = clock or (lambda: dt.datetime.now(dt.UTC))
+        self.plan: RolloutPlan | None = None
+        self._expect: dict[tuple[str, str], tuple[str, float]] = {}  # vm -> (rv we wrote over, since)
+        self._phases: dict[ObjectRef, Phase] = {}
+        self._progress_at: dict[ObjectRef, dt.datetime] = {}
+
+    def _expectations_met(self) -> bool:
+        vms = self.caches.vms
+        if vms is None:
+            return True
+        now = time.monotonic()
+        for key, (old_rv, since) in list(self._expect.items()):
+            cur = vms.cache.get(key)
+            if cur is None or cur.resource_version != old_rv or now - since > EXPECTATION_TIMEOUT:
+                del self._expect[key]
+        return not self._expect
+
+    def observe(self) -> RolloutPlan | None:
+        c = self.caches
+        if c.vms is None or c.vmis is None or not (c.core_synced() and c.kubevirt_healthy()):
+            return None
+        replicas = [r for r in (ReplicaRevision.from_secret(s) for s in c.replicas.snapshot().values()) if r]
+        sources = {ref: SourceControl.from_annotations(s.annotations)
+                   for ref, s in c.source_states().items() if s is not None}
+        return plan_rollout(replicas, list(c.vmis.snapshot().values()), list(c.vms.snapshot().values()),
+                            self.guests.gates(), sources, self.rollout_settings, self.clock())
+
+    async def reconcile(self, *, leader: bool = True) -> RolloutPlan | None:
+        if not self._expectations_met():
+            return self.plan
+        start = time.monotonic()
+        result = "ok"
+        try:
+            plan = self.observe()
+            if plan is None:
+                return None
+            self.plan = plan
+            if leader and not self.settings.dry_run:
+                await self._act(plan)
+            elif self.settings.dry_run:
+                for a in plan.restarts:
+                    log.info("dry-run: would restart", namespace=a.namespace, vm=a.vm, revision=a.revision[:12])
+            if leader:
+                await self._source_events(plan)
+            return plan
+        except Exception:
+            result = "error"
+            raise
+        finally:
+            self.metrics.reconcile_total.labels("rollout", result).inc()
+            self.metrics.reconcile_duration.labels("rollout").observe(time.monotonic() - start)
+
+    async def _act(self, plan: RolloutPlan) -> None:
+        vms = self.caches.vms
+        assert vms is not None
+        for rec in plan.results:
+            await self._record(rec)
+        for r in plan.restarts:
+            await self._restart(r)
+        for (ns, vmi), st in plan.vmi_states.items():
+            if st.state is VmiState.BLOCKED:
+                await self.events.emit(vmi_object(ns, vmi), "Warning", "RestartBlocked",
+                                       f"VMI runs license revision older than {st.revision[:12]} but cannot be "
+                                       f"restarted by licensectl: {st.reason or 'no owning VirtualMachine'}")
+
+    async def _record(self, rec: RecordResult) -> None:
+        ok = await self.kubevirt.annotate_vm(rec.namespace, rec.vm, rec.vm_resource_version, rec.annotations())
+        if not ok:
+            return
+        self._expect[(rec.namespace, rec.vm)] = (rec.vm_resource_version, time.monotonic())
+        self.metrics.restarts_total.labels(rec.result).inc()
+        self._mark_progress(rec.namespace, rec.vm)
+        if rec.result == "done":
+            await self.events.emit(vm_object(rec.namespace, rec.vm), "Normal", "RestartDone",
+                                   f"VMI restarted onto license revision {rec.revision[:12]}")
+        else:
+            await self.events.emit(vm_object(rec.namespace, rec.vm), "Warning", "RestartFailed",
+                                   f"VMI did not come back done within {self.settings.restart_timeout_seconds:g}s "
+                                   f"after the restart for revision {rec.revision[:12]}")
+
+    async def _restart(self, r: RestartVm) -> None:
+        # 1. Intent first, guarded by the resourceVersion the plan was made from.
+        if not await self.kubevirt.annotate_vm(r.namespace, r.vm, r.vm_resource_version, r.intent_annotations()):
+            log.info("restart dropped: VM changed since the plan", namespace=r.namespace, vm=r.vm)
+            return
+        self._expect[(r.namespace, r.vm)] = (r.vm_resource_version, time.monotonic())
+        # 2. Then the restart itself.
+        vm = self.caches.vms.cache.get((r.namespace, r.vm)) if self.caches.vms else None
+        res = await self.kubevirt.restart(r.namespace, r.vm, r.vmi_uid, vm.run_strategy if vm else None)
+        self.metrics.restarts_total.labels(res.value).inc()
+        log.info("restart", namespace=r.namespace, vm=r.vm, revision=r.revision[:12], result=res.value,
+                 reissue=r.reissue)
+        if res in (RestartResult.ISSUED, RestartResult.FALLBACK_DELETE):
+            self._mark_progress(r.namespace, r.vm)
+            how = "restart subresource" if res is RestartResult.ISSUED else "VMI deletion (fallback)"
+            await self.events.emit(vm_object(r.namespace, r.vm), "Normal", "RestartIssued",
+                                   f"Restart issued via {how} for license revision {r.revision[:12]}")
+        elif res is RestartResult.UNSUPPORTED:
+            await self.events.emit(vm_object(r.namespace, r.vm), "Warning", "RestartFailed",
+                                   "The cluster has no virtualmachines/restart subresource and the delete "
+                                   "fallback is off (or the VM's runStrategy is not Always)")
+
+    def _mark_progress(self, namespace: str, vm: str) -> None:
+        """A VM's VMI carries its name (KubeVirt), which leads to the source being rolled out."""
+        st = self.plan.vmi_states.get((namespace, vm)) if self.plan else None
+        if st is not None:
+            self._progress_at[st.source] = self.clock()
+
+    async def _source_events(self, plan: RolloutPlan) -> None:
+        now = self.clock()
+        for ref, st in plan.sources.items():
+            before = self._phases.get(ref)
+            self._phases[ref] = st.phase
+            if before == st.phase or (before is None and st.phase in (Phase.IDLE, Phase.COMPLETE)):
+                continue
+            obj = InvolvedObject("v1", "Secret", ref.namespace, ref.name)
+            rev = st.revisions[-1][:12] if st.revisions else ""
+            if st.phase is Phase.PROGRESSING and before in (None, Phase.IDLE, Phase.SETTLING, Phase.COMPLETE):
+                self._progress_at.setdefault(ref, now)
+                await self.events.emit(obj, "Normal", "RolloutStarted",
+                                       f"Rolling out license revision {rev} to {st.affected} VMIs "
+                                       f"(maxUnavailable {st.max_unavailable})")
+            elif st.phase is Phase.PAUSED:
+                await self.events.emit(obj, "Warning", "RolloutPaused", st.message or "rollout paused")
+            elif st.phase is Phase.COMPLETE and before in (Phase.PROGRESSING, Phase.PAUSED, Phase.SETTLING):
+                await self.events.emit(obj, "Normal", "RolloutCompleted", f"License revision {rev} rolled out")
+                started = self._progress_at.get(ref)
+                if started is not None:
+                    self.metrics.rollout_duration.observe(max(0.0, (now - started).total_seconds()))
+
+    # -- metrics / status ---------------------------------------------------------------------------
+    def samples(self) -> Iterable[GaugeSample]:
+        plan = self.plan
+        if plan is None:
+            return
+        for ref, st in sorted(plan.sources.items(), key=lambda kv: str(kv[0])):
+            labels = (("source_namespace", ref.namespace), ("source_name", ref.name))
+            for state in ("current", "stale", "restarting", "failed", "blocked", "manual"):
+                n = sum(v for k, v in st.counts.items() if _bucket(k) == state)
+                yield GaugeSample("rollout_vmis", (*labels, ("state", state)), float(n))
+            yield GaugeSample("rollout_vmis", (*labels, ("state", "overdue")), float(st.overdue))
+            active = st.phase in (Phase.SETTLING, Phase.PROGRESSING, Phase.PAUSED)
+            yield GaugeSample("rollout_in_progress", labels, 1.0 if active else 0.0)
+            for reason in ("failures", "manual"):
+                paused = st.phase is Phase.PAUSED and st.pause_reason is not None and st.pause_reason.value == reason
+                yield GaugeSample("rollout_paused", (*labels, ("reason", reason)), 1.0 if paused else 0.0)
+            at = self._progress_at.get(ref)
+            if at is not None:
+                yield GaugeSample("rollout_last_progress_timestamp_seconds", labels, at.timestamp())
+
+    def status_dict(self) -> dict[str, Any]:
+        plan = self.plan
+        if plan is None:
+            return {"synced": False}
+        return {
+            "synced": True,
+            "sources": {str(ref): {
+                "phase": st.phase.value, "revision": st.revisions[-1][:12] if st.revisions else None,
+                "affected": st.affected, "unavailable": st.unavailable, "max_unavailable": st.max_unavailable,
+                "failures": st.failures, "pause_reason": st.pause_reason.value if st.pause_reason else None,
+                "counts": {_bucket(k): 0 for k in VmiState} | _merge_counts(st.counts),
+                "overdue": st.overdue, "message": st.message,
+                "settles_at": st.settles_at.isoformat() if st.settles_at else None,
+            } for ref, st in sorted(plan.sources.items(), key=lambda kv: str(kv[0]))},
+            "vmis": [{"namespace": ns, "vmi": vmi, "state": st.state.value, "revision": st.revision[:12],
+                      "overdue": st.overdue, "reason": st.reason}
+                     for (ns, vmi), st in sorted(plan.vmi_states.items())],
+        }
+
+
+def _bucket(state: VmiState) -> str:
+    """Metric buckets: a VMI restarted and done for the current revision is simply current."""
+    return "current" if state is VmiState.DONE else state.value
+
+
+def _merge_counts(counts: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for k, v in counts.items():
+        out[_bucket(k)] = out.get(_bucket(k), 0) + int(v)
+    return out

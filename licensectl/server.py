@@ -1,0 +1,58 @@
+"""The internal HTTP listener: /metrics, /healthz, /readyz and /v1/status.
+
+Tenant traffic never reaches this port: guest reports have their own listener (reports.py), so
+a NetworkPolicy can open one to tenants and keep the other for monitoring only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from licensectl.metrics import Metrics
+
+
+def make_internal_app(metrics: Metrics, *, ready: Callable[[], bool], healthy: Callable[[], bool],
+                      status: Callable[[], Mapping[str, Any]]) -> web.Application:
+    async def metrics_handler(_: web.Request) -> web.Response:
+        body = generate_latest(metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok\n") if healthy() else web.Response(status=503, text="unhealthy\n")
+
+    async def readyz(_: web.Request) -> web.Response:
+        return web.Response(text="ok\n") if ready() else web.Response(status=503, text="caches not synced\n")
+
+    async def status_handler(_: web.Request) -> web.Response:
+        return web.json_response(status())
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics_handler)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/v1/status", status_handler)
+    return app
+
+
+def split_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return (host.strip("[]") or "0.0.0.0"), int(port)  # noqa: S104 - an explicit ":8080" means all interfaces
+
+
+async def start_site(app: web.Application, address: str) -> tuple[web.AppRunner, int]:
+    """Start serving; returns the runner (for cleanup) and the bound port (address may say port 0)."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    host, port = split_address(address)
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    server: Any = site._server  # the bound socket tells the real port when 0 was asked for
+    bound = int(server.sockets[0].getsockname()[1]) if server and server.sockets else port
+    return runner, bound
+
+
+Cleanup = Callable[[], Awaitable[None]]

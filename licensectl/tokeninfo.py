@@ -1,0 +1,55 @@
+"""The expiry a client configuration token carries about itself.
+
+The NLS token is a signed JWT (RS256) whose payload holds `exp` (domain.md §5). licensectl only
+reports that time (metric, alert before it runs out), so it decodes the payload *without*
+verifying the signature; a token that is not a decodable JWT is still delivered as opaque bytes,
+its expiry is just unknown. Nothing here may leak token content: every failure is swallowed and
+becomes None.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import math
+
+# Tokens are a few KiB; refuse to parse anything absurd.
+_MAX_TOKEN_BYTES = 64 * 1024
+# Latest instant a datetime can hold (9999-12-31T23:59:59Z); later values are nonsense.
+_MAX_EXP = 253402300799
+
+
+def _b64url_json(segment: str) -> object:
+    raw = segment.encode("ascii")
+    raw += b"=" * (-len(raw) % 4)
+    return json.loads(base64.b64decode(raw, altchars=b"-_", validate=True).decode("utf-8"))
+
+
+def _expiry(token: bytes) -> dt.datetime | None:
+    if len(token) > _MAX_TOKEN_BYTES:
+        return None
+    text = token.decode("ascii").strip()
+    parts = text.split(".")
+    if len(parts) != 3 or not parts[0] or not parts[1]:
+        return None
+    header = _b64url_json(parts[0])
+    payload = _b64url_json(parts[1])
+    if not isinstance(header, dict) or not isinstance(payload, dict):
+        return None
+    exp = payload.get("exp")
+    if isinstance(exp, bool) or not isinstance(exp, int | float):
+        return None
+    if not math.isfinite(exp) or not 0 < exp <= _MAX_EXP:
+        return None
+    return dt.datetime.fromtimestamp(exp, tz=dt.UTC)
+
+
+def token_expiry(token: bytes) -> dt.datetime | None:
+    """`exp` of a JWT token as an aware UTC datetime; None if not a JWT or no sane numeric exp."""
+    try:
+        return _expiry(token)
+    except Exception:
+        # Any failure means "expiry unknown"; the exception is dropped on purpose, as its text
+        # could quote token bytes.
+        return None

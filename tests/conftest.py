@@ -1,0 +1,159 @@
+"""Shared fixtures: one real control plane per test session, plus per-test namespaces and KubeVirt.
+
+The control plane is started lazily by the first test that needs it. If it cannot be built or
+started, those tests ERROR (never skip): a green run must mean the integration tests really ran.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.api_client import ApiClient
+from kubernetes_asyncio.client.rest import ApiException
+
+from licensectl.devcluster.controlplane import ControlPlane
+from licensectl.devcluster.kubeapi import api_client_from_kubeconfig, install_crds
+from licensectl.devcluster.simulator import KubevirtSimulator, RestartProxy, SimulatorRecord
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Everything under tests/integration needs the real control plane: mark it so."""
+    for item in items:
+        if "integration" in Path(str(item.fspath)).parts:
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> Iterator[ControlPlane]:
+    """etcd + kube-apiserver + kube-controller-manager on 127.0.0.1 for the whole session."""
+    cp = ControlPlane()
+    cp.start()  # raises BuildError/ControlPlaneError -> the dependent tests ERROR
+    try:
+        yield cp
+    finally:
+        cp.stop()
+
+
+@pytest.fixture(scope="session")
+def kubeconfig_path(control_plane: ControlPlane) -> Path:
+    """Admin (system:masters) kubeconfig of the session control plane."""
+    return control_plane.kubeconfig_path
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def api_client(kubeconfig_path: Path) -> AsyncIterator[ApiClient]:
+    """A kubernetes-asyncio ApiClient (admin) with the project's CRDs installed and Established."""
+    api = await api_client_from_kubeconfig(kubeconfig_path)
+    await install_crds(api)
+    try:
+        yield api
+    finally:
+        await api.close()
+
+
+NamespaceFactory = Callable[..., Awaitable[str]]
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def namespace_factory(api_client: ApiClient) -> AsyncIterator[NamespaceFactory]:
+    """`await make(prefix="t", labels=None, owner=None) -> name`: unique namespaces, deleted after the test.
+
+    `owner` is a V1Namespace (or its dict) to set as the controller ownerReference, the way
+    Cozystack links a child tenant namespace to its parent.
+    """
+    core = client.CoreV1Api(api_client)
+    made: list[str] = []
+
+    async def make(prefix: str = "t", labels: dict[str, str] | None = None, owner: Any = None,
+                   name: str | None = None) -> str:
+        ns_name = name or f"{prefix}-{uuid.uuid4().hex[:8]}"
+        meta: dict[str, Any] = {"name": ns_name, "labels": labels or {}}
+        if owner is not None:
+            o = owner if isinstance(owner, dict) else api_client.sanitize_for_serialization(owner)
+            meta["ownerReferences"] = [{
+                "apiVersion": "v1", "kind": "Namespace", "name": o["metadata"]["name"],
+                "uid": o["metadata"]["uid"], "controller": True, "blockOwnerDeletion": False,
+            }]
+        await core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": meta})
+        made.append(ns_name)
+        return ns_name
+
+    yield make
+    for ns_name in reversed(made):
+        try:
+            await core.delete_namespace(ns_name)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def namespace(namespace_factory: NamespaceFactory) -> str:
+    """One fresh namespace for the test."""
+    return await namespace_factory()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def cleanup() -> AsyncIterator[Callable[[Callable[[], Awaitable[Any]]], None]]:
+    """`cleanup(async_fn)`: run at teardown, newest first (for cluster-scoped objects a test makes)."""
+    fns: list[Callable[[], Awaitable[Any]]] = []
+    yield fns.append
+    for fn in reversed(fns):
+        try:
+            await fn()
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+
+@dataclass
+class KubevirtEnv:
+    """The simulator, its restart proxy and their shared record."""
+
+    simulator: KubevirtSimulator
+    proxy: RestartProxy
+    record: SimulatorRecord
+
+    @property
+    def kubeconfig_path(self) -> Path:
+        """Admin kubeconfig through the proxy (restart subresource available)."""
+        return self.proxy.kubeconfig_path
+
+
+KubevirtFactory = Callable[..., Awaitable[KubevirtEnv]]
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def kubevirt_factory(
+    api_client: ApiClient, control_plane: ControlPlane
+) -> AsyncIterator[KubevirtFactory]:
+    """`await make(ready_delay=0.2, stop_delay=0.0, restart_enabled=True) -> KubevirtEnv`; stopped after the test."""
+    envs: list[KubevirtEnv] = []
+
+    async def make(ready_delay: float = 0.2, stop_delay: float = 0.0, restart_enabled: bool = True) -> KubevirtEnv:
+        sim = KubevirtSimulator(api_client, ready_delay=ready_delay, stop_delay=stop_delay)
+        await sim.start()
+        proxy = RestartProxy(sim, upstream=control_plane.server, ca_path=control_plane.ca_path,
+                             token=control_plane.admin_token, restart_enabled=restart_enabled)
+        await proxy.start()
+        env = KubevirtEnv(sim, proxy, sim.record)
+        envs.append(env)
+        return env
+
+    yield make
+    for env in reversed(envs):
+        await env.proxy.stop()
+        await env.simulator.stop()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def kubevirt(kubevirt_factory: KubevirtFactory) -> KubevirtEnv:
+    """A running KubeVirt simulator (ready_delay 0.2 s) and restart proxy for one test."""
+    return await kubevirt_factory()

@@ -1,0 +1,85 @@
+"""Helpers for integration tests that run licensectl in-process against the real apiserver."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import dataclasses
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api
+
+from licensectl import config
+from licensectl.app import App
+
+T = TypeVar("T")
+
+
+def unique(prefix: str) -> str:
+    """A DNS- and Cozystack-safe name part (no dashes: tenant names cannot contain them)."""
+    return f"{prefix}{uuid.uuid4().hex[:8]}"
+
+
+def settings_for(kubeconfig: Path, namespace: str, **overrides: Any) -> config.Settings:
+    base = config.Settings(kubeconfig=str(kubeconfig), namespace=namespace, metrics_address="127.0.0.1:0",
+                           reports_address="127.0.0.1:0", resync_seconds=30.0, settle_seconds=0.0,
+                           log_level="warning", report_url="http://127.0.0.1:1/v1/reports")
+    return dataclasses.replace(base, **overrides)
+
+
+@contextlib.asynccontextmanager
+async def running_app(settings: config.Settings, **kw: Any) -> AsyncIterator[App]:
+    app = App(settings, **kw)
+    await app.start()
+    try:
+        yield app
+    finally:
+        await app.stop()
+
+
+async def eventually(check: Callable[[], Awaitable[T]] | Callable[[], T], timeout: float = 20.0,  # noqa: ASYNC109
+                     interval: float = 0.1, what: str = "condition") -> T:
+    """Poll a check (sync or async) until it returns a truthy value; fail with the last value."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        res = check()
+        last = await res if asyncio.iscoroutine(res) else res
+        if last:
+            return last  # type: ignore[no-any-return]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}; last value: {last!r}")
+        await asyncio.sleep(interval)
+
+
+async def read_secret(api: ApiClient, namespace: str, name: str) -> Any | None:
+    try:
+        return await CoreV1Api(api).read_namespaced_secret(name, namespace)
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+def secret_bytes(secret: Any, key: str) -> bytes:
+    return base64.b64decode((secret.data or {})[key])
+
+
+def metric(app: App, name: str, labels: dict[str, str] | None = None) -> float | None:
+    """Current value of one series from the app's registry (None when absent)."""
+    want = labels or {}
+    for fam in app.metrics.registry.collect():
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in want.items()):
+                return float(s.value)
+    return None
+
+
+async def events_for(api: ApiClient, namespace: str, name: str) -> list[Any]:
+    ev = await CoreV1Api(api).list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}")
+    return list(ev.items)

@@ -1,0 +1,288 @@
+"""Replication against the real apiserver: entitlement matrix, drift, conflicts, restarts, faults."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from kubernetes_asyncio.client import ApiClient, CoreV1Api
+
+from licensectl.devcluster import fleet
+from licensectl.devcluster.controlplane import ControlPlane
+from licensectl.model import ANN_REVISION, ANN_REVISION_TIME, KEY_GRIDD_CONF, KEY_REPORT_CREDENTIAL, KEY_TOKEN
+from licensectl.render import replica_name
+
+from .support import events_for, eventually, metric, read_secret, running_app, secret_bytes, settings_for, unique
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+@dataclass
+class Env:
+    api: ApiClient
+    kubeconfig: Path
+    controller_ns: str
+    source_ns: str
+    root: dict[str, Any]
+    root_name: str
+    cls: str
+    token: bytes
+
+    def settings(self, **kw: Any) -> Any:
+        return settings_for(self.kubeconfig, self.controller_ns, root_tenant=self.root_name, **kw)
+
+    async def tenant(self, parent: dict[str, Any], vgpu: bool | None) -> dict[str, Any]:
+        name = fleet.tenant_child_name(parent["metadata"]["name"], unique("t"), self.root_name)
+        return await fleet.create_tenant(self.api, name, parent=parent, vgpu=vgpu)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def env(api_client: ApiClient, kubeconfig_path: Path, namespace_factory: Any, cleanup: Any
+              ) -> AsyncIterator[Env]:
+    controller_ns = await namespace_factory("ctl")
+    source_ns = await namespace_factory("src")
+    root_name = f"tenant-{unique('root')}"
+    root = await fleet.create_tenant(api_client, root_name, vgpu=True)
+    core = CoreV1Api(api_client)
+
+    async def drop_tree() -> None:
+        await core.delete_namespace(root_name, propagation_policy="Background")
+
+    cleanup(drop_tree)
+    cls = unique("vws")
+    token = fleet.fake_token(int(time.time()) + 86400 * 90)
+    await fleet.put_source_secret(api_client, source_ns, "nls-token", token, gridd_conf="# hoster\nFeatureType=4\n")
+    await fleet.create_gpu_class(api_client, cls, mode="vgpu", secret=(source_ns, "nls-token"), feature_type=1)
+    cleanup(lambda: fleet.delete_gpu_class(api_client, cls))
+    yield Env(api_client, kubeconfig_path, controller_ns, source_ns, root, root_name, cls, token)
+
+
+async def replica(env: Env, ns: str, cls: str | None = None) -> Any:
+    return await read_secret(env.api, ns, replica_name(cls or env.cls))
+
+
+async def test_entitlement_matrix_and_middle_revocation(env: Env) -> None:
+    a = await env.tenant(env.root, vgpu=True)
+    b = await env.tenant(a, vgpu=False)
+    c = await env.tenant(b, vgpu=True)
+    d = await env.tenant(a, vgpu=None)
+    for t in (a, b, c, d):
+        await fleet.create_claim(env.api, t["metadata"]["name"], "gpu", env.cls)
+    a_ns, b_ns, c_ns, d_ns = (t["metadata"]["name"] for t in (a, b, c, d))
+
+    async with running_app(env.settings()) as app:
+        got = await eventually(lambda: replica(env, a_ns), what="replica in the entitled child")
+        assert secret_bytes(got, KEY_TOKEN) == env.token
+        conf = secret_bytes(got, KEY_GRIDD_CONF).decode()
+        assert "FeatureType=1" in conf and "FeatureType=4" not in conf and "# hoster" in conf
+        assert secret_bytes(got, KEY_REPORT_CREDENTIAL)  # filled from the signing key
+        await eventually(lambda: metric(app, "licensectl_entitled_namespaces",
+                                        {"source_namespace": env.source_ns}) == 1.0, what="entitled metric")
+        # b withholds the flag: neither b nor its flagged child c nor the unflagged d are entitled.
+        for ns in (b_ns, c_ns, d_ns):
+            assert await replica(env, ns) is None
+
+        # Granting on b entitles b and c (c has its own flag); d stays out.
+        await fleet.set_vgpu(env.api, b_ns, True)
+        await eventually(lambda: replica(env, c_ns), what="replica in grandchild after grant")
+        assert await replica(env, b_ns) is not None
+        assert await replica(env, d_ns) is None
+
+        # Revoking on the middle tenant a removes every copy below it.
+        await fleet.set_vgpu(env.api, a_ns, False)
+
+        async def all_gone() -> bool:
+            return all([await replica(env, ns) is None for ns in (a_ns, b_ns, c_ns)])
+
+        await eventually(all_gone, what="copies removed below the revoked tenant")
+        evs = await events_for(env.api, a_ns, a_ns)
+        assert any(e.reason == "ReplicaDeleted" for e in evs)
+
+
+async def test_claim_added_removed_and_class_switched(env: Env) -> None:
+    t = await env.tenant(env.root, vgpu=True)
+    ns = t["metadata"]["name"]
+    pt = unique("pt")
+    await fleet.create_gpu_class(env.api, pt, mode="passthrough", feature_type=2)
+    try:
+        async with running_app(env.settings()):
+            await fleet.create_claim(env.api, ns, "g1", env.cls)
+            await eventually(lambda: replica(env, ns), what="replica after claim added")
+            await fleet.delete_claim(env.api, ns, "g1")
+
+            async def gone() -> bool:
+                return await replica(env, ns) is None
+
+            await eventually(gone, what="replica removed with the claim")
+            # A passthrough class is never replicated.
+            await fleet.create_claim(env.api, ns, "g2", pt)
+            await fleet.create_claim(env.api, ns, "g3", env.cls)
+            await eventually(lambda: replica(env, ns), what="replica for the vgpu claim")
+            assert await read_secret(env.api, ns, replica_name(pt)) is None
+    finally:
+        await fleet.delete_gpu_class(env.api, pt)
+
+
+async def test_two_classes_two_sources_in_one_namespace(env: Env) -> None:
+    t = await env.tenant(env.root, vgpu=True)
+    ns = t["metadata"]["name"]
+    vcs = unique("vcs")
+    other_token = fleet.fake_token(int(time.time()) + 86400 * 30, extra={"product": "vcs"})
+    await fleet.put_source_secret(env.api, env.source_ns, "nls-compute", other_token)
+    await fleet.create_gpu_class(env.api, vcs, mode="vgpu", secret=(env.source_ns, "nls-compute"), feature_type=4)
+    try:
+        await fleet.create_claim(env.api, ns, "a", env.cls)
+        await fleet.create_claim(env.api, ns, "b", vcs)
+        async with running_app(env.settings()):
+            r1 = await eventually(lambda: replica(env, ns), what="graphics replica")
+            r2 = await eventually(lambda: replica(env, ns, vcs), what="compute replica")
+            assert secret_bytes(r1, KEY_TOKEN) == env.token
+            assert secret_bytes(r2, KEY_TOKEN) == other_token
+            assert "FeatureType=4" in secret_bytes(r2, KEY_GRIDD_CONF).decode()
+            assert r1.metadata.annotations[ANN_REVISION] != r2.metadata.annotations[ANN_REVISION]
+    finally:
+        await fleet.delete_gpu_class(env.api, vcs)
+
+
+async def test_drift_reverted_deleted_replica_recreated_and_foreign_secret_untouched(env: Env) -> None:
+    t1 = await env.tenant(env.root, vgpu=True)
+    t2 = await env.tenant(env.root, vgpu=True)
+    ns1, ns2 = t1["metadata"]["name"], t2["metadata"]["name"]
+    core = CoreV1Api(env.api)
+    # A foreign Secret already holds the replica's name in ns2.
+    await core.create_namespaced_secret(ns2, {"metadata": {"name": replica_name(env.cls)},
+                                              "stringData": {"mine": "tenant data"}})
+    foreign = await read_secret(env.api, ns2, replica_name(env.cls))
+    for ns in (ns1, ns2):
+        await fleet.create_claim(env.api, ns, "gpu", env.cls)
+    async with running_app(env.settings()) as app:
+        good = await eventually(lambda: replica(env, ns1), what="replica")
+        # A tenant edits the token: reverted.
+        await core.patch_namespaced_secret(replica_name(env.cls), ns1, {"stringData": {KEY_TOKEN: "tampered"}})
+
+        async def reverted() -> bool:
+            s = await replica(env, ns1)
+            return s is not None and secret_bytes(s, KEY_TOKEN) == env.token and \
+                s.metadata.resource_version != good.metadata.resource_version
+
+        await eventually(reverted, what="drift reverted")
+        # Deleted by hand: recreated.
+        await core.delete_namespaced_secret(replica_name(env.cls), ns1)
+        await eventually(lambda: replica(env, ns1), what="replica recreated")
+        # Foreign Secret: conflict reported, never modified.
+        await eventually(lambda: metric(app, "licensectl_replicas", {"state": "conflict"}) == 1.0,
+                         what="conflict metric")
+        after = await read_secret(env.api, ns2, replica_name(env.cls))
+        assert after.metadata.resource_version == foreign.metadata.resource_version
+        assert after.data == foreign.data
+        evs = await events_for(env.api, ns2, replica_name(env.cls))
+        assert any(e.reason == "ReplicaConflict" and e.type == "Warning" for e in evs)
+
+
+async def test_source_deleted_keeps_replicas_and_reports(env: Env) -> None:
+    t = await env.tenant(env.root, vgpu=True)
+    ns = t["metadata"]["name"]
+    await fleet.create_claim(env.api, ns, "gpu", env.cls)
+    async with running_app(env.settings()) as app:
+        before = await eventually(lambda: replica(env, ns), what="replica")
+        await CoreV1Api(env.api).delete_namespaced_secret("nls-token", env.source_ns)
+        await eventually(lambda: metric(app, "licensectl_source_problem",
+                                        {"class": env.cls, "reason": "source_missing"}) == 1.0,
+                         what="source problem metric")
+        assert metric(app, "licensectl_source_valid", {"class": env.cls}) == 0.0
+        kept = await replica(env, ns)
+        assert kept is not None and kept.metadata.resource_version == before.metadata.resource_version
+        evs = await events_for(env.api, env.source_ns, "nls-token")
+        assert any(e.reason == "LicenseSourceInvalid" for e in evs)
+
+
+async def test_invalid_feature_type_and_empty_token_keep_replicas(env: Env) -> None:
+    t = await env.tenant(env.root, vgpu=True)
+    ns = t["metadata"]["name"]
+    await fleet.create_claim(env.api, ns, "gpu", env.cls)
+    async with running_app(env.settings()) as app:
+        before = await eventually(lambda: replica(env, ns), what="replica")
+        await fleet.put_source_secret(env.api, env.source_ns, "nls-token", b"   ")
+        await eventually(lambda: metric(app, "licensectl_source_problem",
+                                        {"class": env.cls, "reason": "token_empty"}) == 1.0, what="empty token")
+        kept = await replica(env, ns)
+        assert kept.metadata.resource_version == before.metadata.resource_version
+
+
+async def test_restart_converges_with_zero_writes(env: Env) -> None:
+    namespaces = []
+    for _ in range(5):
+        t = await env.tenant(env.root, vgpu=True)
+        namespaces.append(t["metadata"]["name"])
+        await fleet.create_claim(env.api, namespaces[-1], "gpu", env.cls)
+    async with running_app(env.settings()):
+        async def all_there() -> list[Any] | None:
+            got = [await replica(env, ns) for ns in namespaces]
+            return got if all(got) else None
+
+        first = await eventually(all_there, what="all replicas")
+    async with running_app(env.settings()) as app2:
+        await eventually(lambda: app2.replication.status.plan is not None, what="second controller pass")
+        await app2.replication.reconcile()
+        writes = sum(s.value for fam in app2.metrics.registry.collect() for s in fam.samples
+                     if s.name == "licensectl_replica_writes_total")
+        assert writes == 0
+        again = [await replica(env, ns) for ns in namespaces]
+        assert [s.metadata.resource_version for s in again] == [s.metadata.resource_version for s in first]
+        assert [s.metadata.annotations[ANN_REVISION_TIME] for s in again] == \
+            [s.metadata.annotations[ANN_REVISION_TIME] for s in first]
+
+
+async def test_rotation_updates_every_replica(env: Env) -> None:
+    namespaces = []
+    for _ in range(3):
+        t = await env.tenant(env.root, vgpu=True)
+        namespaces.append(t["metadata"]["name"])
+        await fleet.create_claim(env.api, namespaces[-1], "gpu", env.cls)
+    async with running_app(env.settings()):
+        for ns in namespaces:
+            await eventually(lambda ns=ns: replica(env, ns), what="replica")
+        new = fleet.fake_token(int(time.time()) + 86400 * 365, extra={"rotation": 2})
+        await fleet.put_source_secret(env.api, env.source_ns, "nls-token", new)
+
+        async def rotated() -> bool:
+            got = [await replica(env, ns) for ns in namespaces]
+            return all(g is not None and secret_bytes(g, KEY_TOKEN) == new for g in got)
+
+        await eventually(rotated, what="all replicas rotated")
+        evs = await events_for(env.api, namespaces[0], replica_name(env.cls))
+        assert any(e.reason == "ReplicaRotated" for e in evs)
+
+
+async def test_apiserver_restart_mid_sync_converges_without_deletions(env: Env, control_plane: ControlPlane
+                                                                       ) -> None:
+    namespaces = []
+    for _ in range(4):
+        t = await env.tenant(env.root, vgpu=True)
+        namespaces.append(t["metadata"]["name"])
+        await fleet.create_claim(env.api, namespaces[-1], "gpu", env.cls)
+    async with running_app(env.settings()) as app:
+        async def all_four() -> list[Any] | None:
+            got = [await replica(env, ns) for ns in namespaces]
+            return got if all(got) else None
+
+        before = {s.metadata.namespace: s.metadata.uid for s in await eventually(all_four, what="replicas")}
+        control_plane.restart_apiserver()
+        # New entitlement while the watches reconnect.
+        t = await env.tenant(env.root, vgpu=True)
+        namespaces.append(t["metadata"]["name"])
+        await fleet.create_claim(env.api, namespaces[-1], "gpu", env.cls)
+
+        async def all_there() -> bool:
+            return all([await replica(env, ns) is not None for ns in namespaces])
+
+        await eventually(all_there, timeout=60, what="convergence after apiserver restart")
+        # None of this test's replicas was deleted and recreated across the outage.
+        after = {ns: (await replica(env, ns)).metadata.uid for ns in before}
+        assert after == before
+        assert app.ready()

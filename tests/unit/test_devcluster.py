@@ -1,0 +1,190 @@
+"""Pure parts of the dev-cluster harness: ports, kubeconfigs, cache paths, KubeVirt semantics."""
+
+from __future__ import annotations
+
+import base64
+import socket
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from licensectl.devcluster.controlplane import (
+    ETCD_VERSION,
+    K8S_VERSION,
+    binaries_dir,
+    build_commands,
+    cache_root,
+    free_port,
+    render_kubeconfig,
+)
+from licensectl.devcluster.kubeapi import load_crd_manifests
+from licensectl.devcluster.simulator import (
+    Interval,
+    SimulatorRecord,
+    change_request_patch,
+    firmware_uuid,
+    run_strategy,
+    trim_first_request_needed,
+)
+
+
+def test_free_port_is_bindable_on_loopback() -> None:
+    port = free_port()
+    assert 1024 <= port <= 65535
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", port))  # would raise if still taken
+        assert s.getsockname() == ("127.0.0.1", port)
+
+
+def test_free_port_does_not_repeat_immediately() -> None:
+    assert len({free_port() for _ in range(20)}) > 1
+
+
+def test_render_kubeconfig_with_token_round_trips() -> None:
+    ca = b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+    doc = yaml.safe_load(render_kubeconfig("https://127.0.0.1:6443", ca, token="s3cr3t", namespace="ns1"))
+    assert doc["kind"] == "Config"
+    ctx_name = doc["current-context"]
+    ctx = next(c["context"] for c in doc["contexts"] if c["name"] == ctx_name)
+    cluster = next(c["cluster"] for c in doc["clusters"] if c["name"] == ctx["cluster"])
+    user = next(u["user"] for u in doc["users"] if u["name"] == ctx["user"])
+    assert cluster["server"] == "https://127.0.0.1:6443"
+    assert base64.b64decode(cluster["certificate-authority-data"]) == ca
+    assert user == {"token": "s3cr3t"}
+    assert ctx["namespace"] == "ns1"
+
+
+def test_render_kubeconfig_with_client_cert() -> None:
+    doc = yaml.safe_load(render_kubeconfig("https://127.0.0.1:1", "CA", client_cert_pem="CERT", client_key_pem=b"KEY"))
+    user = doc["users"][0]["user"]
+    assert base64.b64decode(user["client-certificate-data"]) == b"CERT"
+    assert base64.b64decode(user["client-key-data"]) == b"KEY"
+    assert "token" not in user
+
+
+def test_render_kubeconfig_without_ca_or_credential() -> None:
+    doc = yaml.safe_load(render_kubeconfig("http://127.0.0.1:2", None, token="t"))
+    assert "certificate-authority-data" not in doc["clusters"][0]["cluster"]
+    with pytest.raises(ValueError):
+        render_kubeconfig("https://127.0.0.1:1", "CA")
+
+
+def test_cache_dir_honours_licensectl_cache_dir() -> None:
+    env = {"LICENSECTL_CACHE_DIR": "/x/cache", "XDG_CACHE_HOME": "/y", "HOME": "/home/u"}
+    assert cache_root(env) == Path("/x/cache")
+    assert binaries_dir(env) == Path(f"/x/cache/controlplane/k8s-{K8S_VERSION}-etcd-{ETCD_VERSION}/bin")
+
+
+def test_cache_dir_falls_back_to_xdg_then_home() -> None:
+    assert cache_root({"XDG_CACHE_HOME": "/y", "HOME": "/home/u"}) == Path("/y/licensectl")
+    assert cache_root({"HOME": "/home/u"}) == Path("/home/u/.cache/licensectl")
+    assert cache_root({"LICENSECTL_CACHE_DIR": "", "HOME": "/home/u"}) == Path("/home/u/.cache/licensectl")
+
+
+def test_build_commands_stamp_the_pinned_version_and_write_into_out_dir(tmp_path: Path) -> None:
+    cmds = build_commands(tmp_path)
+    etcd_cwd, etcd_argv = cmds[0]
+    kube_cwd, kube_argv = cmds[1]
+    assert etcd_cwd.name == "etcd" and etcd_argv[-1] == "go.etcd.io/etcd/server/v3"
+    assert str(tmp_path / "etcd") in etcd_argv
+    ldflags = kube_argv[kube_argv.index("-ldflags") + 1]
+    assert f"k8s.io/component-base/version.gitVersion={K8S_VERSION}" in ldflags
+    assert f"k8s.io/client-go/pkg/version.gitVersion={K8S_VERSION}" in ldflags
+    assert kube_argv[kube_argv.index("-o") + 1].startswith(str(tmp_path))
+    assert {"k8s.io/kubernetes/cmd/kube-apiserver", "k8s.io/kubernetes/cmd/kubectl"} <= set(kube_argv)
+    assert "-trimpath" in kube_argv and "-trimpath" in etcd_argv
+    assert (kube_cwd / "go.mod").is_file() and (etcd_cwd / "go.mod").is_file()
+
+
+def test_crds_status_subresource_and_gpu_mode_is_free_text() -> None:
+    crds = {d["metadata"]["name"]: d for d in load_crd_manifests()}
+    assert set(crds) == {"virtualmachines.kubevirt.io", "virtualmachineinstances.kubevirt.io",
+                         "gpuclasses.gpu.cozystack.io", "gpuclaims.gpu.cozystack.io"}
+    for n in ("virtualmachines.kubevirt.io", "virtualmachineinstances.kubevirt.io"):
+        v = crds[n]["spec"]["versions"][0]
+        assert v["subresources"] == {"status": {}}
+        assert v["served"] and v["storage"]
+    assert crds["gpuclasses.gpu.cozystack.io"]["spec"]["scope"] == "Cluster"
+    assert crds["gpuclaims.gpu.cozystack.io"]["spec"]["scope"] == "Namespaced"
+    mode = crds["gpuclasses.gpu.cozystack.io"]["spec"]["versions"][0]["schema"]["openAPIV3Schema"][
+        "properties"]["spec"]["properties"]["mode"]
+    assert mode["type"] == "string" and "enum" not in mode
+
+
+# --- KubeVirt semantics ---------------------------------------------------------------------
+def test_firmware_uuid_is_stable_per_vm_name_and_sha1_based() -> None:
+    a = firmware_uuid("vm-a")
+    assert a == firmware_uuid("vm-a") != firmware_uuid("vm-b")
+    assert uuid.UUID(a).version == 5
+
+
+def test_run_strategy_prefers_run_strategy_then_legacy_running() -> None:
+    assert run_strategy({"spec": {"runStrategy": "Manual", "running": True}}) == "Manual"
+    assert run_strategy({"spec": {"running": True}}) == "Always"
+    assert run_strategy({"spec": {"running": False}}) == "Halted"
+    assert run_strategy({"spec": {}}) == "Halted"
+
+
+def _vmi(uid: str, **status: object) -> dict[str, object]:
+    return {"metadata": {"uid": uid}, "status": dict(status)}
+
+
+def test_restart_patch_adds_stop_and_start_guarded_by_test() -> None:
+    vm = {"status": {"ready": True}}
+    ops = change_request_patch(vm, [{"action": "Stop", "uid": "u1"}, {"action": "Start"}])
+    assert ops[0] == {"op": "test", "path": "/status/stateChangeRequests", "value": None}
+    assert ops[1]["op"] == "add" and ops[1]["value"][0] == {"action": "Stop", "uid": "u1"}
+
+
+def test_restart_patch_on_empty_status_adds_status() -> None:
+    ops = change_request_patch({}, [{"action": "Start"}])
+    assert ops == [{"op": "add", "path": "/status", "value": {"stateChangeRequests": [{"action": "Start"}]}}]
+
+
+def test_restart_patch_refuses_when_a_request_is_pending() -> None:
+    vm = {"status": {"stateChangeRequests": [{"action": "Stop", "uid": "u1"}, {"action": "Start"}]}}
+    with pytest.raises(ValueError, match="already underway"):
+        change_request_patch(vm, [{"action": "Stop", "uid": "u1"}, {"action": "Start"}])
+    # A lone stop request replaces pending ones (upstream's special case).
+    ops = change_request_patch(vm, [{"action": "Stop", "uid": "u2"}])
+    assert ops[-1]["op"] == "replace"
+
+
+def test_trim_first_request() -> None:
+    stop_then_start = {"status": {"stateChangeRequests": [{"action": "Stop", "uid": "u1"}, {"action": "Start"}]}}
+    assert not trim_first_request_needed(stop_then_start, _vmi("u1", phase="Running"))
+    assert trim_first_request_needed(stop_then_start, None)
+    assert trim_first_request_needed(stop_then_start, _vmi("u2"))
+    start = {"status": {"stateChangeRequests": [{"action": "Start"}]}}
+    assert not trim_first_request_needed(start, None)
+    assert trim_first_request_needed(start, _vmi("u2", phase="Scheduling"))
+    assert not trim_first_request_needed(start, _vmi("u2", phase="Failed"))
+    assert not trim_first_request_needed({"status": {}}, None)
+
+
+def test_max_concurrent_unavailable_sweeps_intervals() -> None:
+    r = SimulatorRecord()
+    r.unavailable = [
+        Interval("a", "vm1", 0.0, 2.0),
+        Interval("a", "vm2", 1.0, 3.0),
+        Interval("b", "vm3", 2.0, 4.0),  # starts when vm1 ends: not concurrent with it
+        Interval("b", "vm4", 5.0, None),  # still open
+    ]
+    assert r.max_concurrent_unavailable() == 2
+    assert r.max_concurrent_unavailable("a") == 2
+    assert r.max_concurrent_unavailable("b") == 1
+    assert SimulatorRecord().max_concurrent_unavailable() == 0
+
+
+def test_first_boot_is_not_unavailability_but_loss_of_ready_is() -> None:
+    r = SimulatorRecord()
+    r._down("ns", "vm", 1.0)  # never Ready before: a first boot
+    assert r.unavailable == []
+    r._up("ns", "vm", 2.0)
+    r._down("ns", "vm", 3.0)
+    r._down("ns", "vm", 3.5)  # already down: same interval
+    assert r.currently_unavailable() == [("ns", "vm")]
+    r._up("ns", "vm", 4.0)
+    assert [(i.start, i.end) for i in r.unavailable] == [(3.0, 4.0)]

@@ -1,0 +1,314 @@
+"""Watch helpers (backoff, line parsing) and the Informer state machine against a scripted fake API."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import pytest
+
+from licensectl.kube import watch as w
+
+# ---------------------------------------------------------------------------------------------
+# Pure helpers
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rnd", [0.0, 0.3, 0.999999])
+def test_backoff_bounds_and_cap(rnd: float) -> None:
+    delays = [w.backoff_delay(a, rnd, base=0.5, cap=30.0) for a in range(40)]
+    assert all(0.25 <= d <= 30.0 for d in delays)
+    assert delays == sorted(delays)  # non-decreasing for a fixed draw
+    assert delays[-1] >= 15.0  # reaches the cap range
+    assert w.backoff_delay(0, rnd) <= 0.5
+
+
+def test_backoff_jitter_spreads_and_is_total() -> None:
+    assert w.backoff_delay(10, 0.0) == 15.0 and w.backoff_delay(10, 1.0) == 30.0
+    assert w.backoff_delay(10**6, 0.5) <= 30.0  # no overflow on huge attempts
+    assert w.backoff_delay(-3, 0.5) == w.backoff_delay(0, 0.5)
+
+
+def test_watch_timeout_spread() -> None:
+    assert w.watch_timeout_seconds(300, 0.0) == 300
+    assert 300 <= w.watch_timeout_seconds(300, 0.999999) < 600
+    assert w.watch_timeout_seconds(0.1, 0.0) == 1
+
+
+def ev(typ: str, obj: Mapping[str, Any]) -> bytes:
+    return json.dumps({"type": typ, "object": obj}).encode() + b"\n"
+
+
+def obj(name: str, rv: str, ns: str = "n", **extra: Any) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": ns, "resourceVersion": rv}, **extra}
+
+
+def test_parse_event_line() -> None:
+    e = w.parse_event_line(ev("ADDED", obj("a", "1")))
+    assert e is not None and e.type == "ADDED" and e.object["metadata"]["name"] == "a"
+    b = w.parse_event_line(ev("BOOKMARK", {"metadata": {"resourceVersion": "9"}}))
+    assert b is not None and w.resource_version_of(b.object) == "9"
+    err = w.parse_event_line(ev("ERROR", {"kind": "Status", "code": 410, "reason": "Expired"}))
+    assert err is not None and w.is_gone(err.object)
+    for bad in (b"", b"not json", b"[1]", b'{"type":"ADDED"}', b'{"type":"WHAT","object":{}}',
+                b'{"type":"ADDED","object":[]}', b"\xff\xfe"):
+        assert w.parse_event_line(bad) is None
+
+
+def test_status_helpers() -> None:
+    assert w.is_gone({"code": 410})
+    assert w.is_gone({"reason": "Expired", "code": 500})
+    assert not w.is_gone({"code": 500, "reason": "InternalError"})
+    assert w.status_code({"code": True}) == 0
+    assert w.status_reason({"reason": "too old: 12 (34)"}) == "Unknown"  # free text is not logged
+    assert w.status_reason({"reason": "Forbidden"}) == "Forbidden"
+
+
+def test_line_splitter_chunks_and_bound() -> None:
+    s = w.LineSplitter(max_line=20)
+    assert s.feed(b'{"a"') == []
+    assert s.feed(b':1}\n\n{"b":2}\n{"c"') == [b'{"a":1}', b'{"b":2}']
+    assert s.finish() == b'{"c"'
+    assert s.finish() is None
+    with pytest.raises(w.LineTooLong):
+        s.feed(b"x" * 21)
+    s2 = w.LineSplitter(max_line=10)
+    with pytest.raises(w.LineTooLong):
+        s2.feed(b"y" * 30 + b"\n")
+
+
+def test_object_key() -> None:
+    assert w.object_key(obj("a", "1", ns="x")) == ("x", "a")
+    assert w.object_key({"metadata": {"name": "cluster-scoped"}}) == ("", "cluster-scoped")
+    assert w.object_key({"metadata": 3}) == ("", "")
+
+
+# ---------------------------------------------------------------------------------------------
+# Informer against a scripted fake
+# ---------------------------------------------------------------------------------------------
+class FakeContent:
+    def __init__(self, chunks: list[bytes], hang: asyncio.Event | None) -> None:
+        self._chunks = chunks
+        self._hang = hang
+
+    async def readany(self) -> bytes:
+        if self._chunks:
+            return self._chunks.pop(0)
+        if self._hang is not None:
+            await self._hang.wait()
+        return b""
+
+    async def read(self, n: int = -1) -> bytes:
+        data = b"".join(self._chunks)
+        self._chunks = []
+        return data
+
+
+class FakeResp:
+    def __init__(self, status: int, chunks: list[bytes], hang: asyncio.Event | None = None) -> None:
+        self.status = status
+        self.content = FakeContent(chunks, hang)
+        self.closed = False
+
+    async def read(self) -> bytes:
+        return await self.content.read()
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeApi:
+    """Serves scripted LIST pages and watch streams; records every call's kwargs."""
+
+    def __init__(self) -> None:
+        self.lists: list[Any] = []   # each: a list of pages (dict bodies) or an Exception at that page
+        self.watches: list[FakeResp | Exception] = []
+        self.calls: list[dict[str, Any]] = []
+        self.release = asyncio.Event()
+        self._list_round = -1
+
+    def list_round(self, pages: list[Any]) -> None:
+        self.lists.append(pages)
+
+    async def __call__(self, **kw: Any) -> Any:
+        self.calls.append(kw)
+        assert kw["_preload_content"] is False
+        if kw.get("watch"):
+            if not self.watches:
+                return FakeResp(200, [], hang=self.release)  # idle stream until released
+            nxt = self.watches.pop(0)
+            if isinstance(nxt, Exception):
+                raise nxt
+            return nxt
+        if not kw.get("_continue"):
+            self._list_round += 1
+        pages = self.lists[min(self._list_round, len(self.lists) - 1)]
+        idx = int(kw.get("_continue") or 0)
+        page = pages[idx]
+        if isinstance(page, Exception):
+            raise page
+        if isinstance(page, FakeResp):
+            return page
+        return FakeResp(200, [json.dumps(page).encode()])
+
+
+def page(items: list[dict[str, Any]], rv: str, cont: str | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"resourceVersion": rv}
+    if cont:
+        meta["continue"] = cont
+    return {"kind": "List", "metadata": meta, "items": items}
+
+
+def name_projection(o: Mapping[str, Any]) -> str | None:
+    spec = o.get("spec")
+    if isinstance(spec, dict) and spec.get("explode"):
+        raise RuntimeError("bad projection")
+    md = o.get("metadata", {})
+    return f"{md.get('name')}@{(spec or {}).get('v', 0)}" if isinstance(md, dict) else None
+
+
+@contextlib.asynccontextmanager
+async def running(inf: w.Informer[Any]) -> AsyncIterator[asyncio.Task[None]]:
+    task = asyncio.create_task(inf.run())
+    try:
+        yield task
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def until(cond: Any, timeout: float = 3.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not cond():
+            await asyncio.sleep(0.005)
+
+
+def fast(api: FakeApi, **kw: Any) -> w.Informer[str]:
+    changes: list[tuple[Any, Any, Any]] = kw.pop("changes", [])
+    return w.Informer("test", api, name_projection, page_size=2, backoff_base=0.01, backoff_cap=0.02,
+                      on_change=lambda k, o, n: changes.append((k, o, n)), **kw)
+
+
+async def test_paged_initial_list_then_watch_events() -> None:
+    api = FakeApi()
+    api.list_round([page([obj("a", "1"), obj("b", "2")], "10", "1"), page([obj("c", "3")], "10")])
+    api.watches.append(FakeResp(200, [
+        ev("ADDED", obj("d", "11")),
+        ev("MODIFIED", obj("a", "12", spec={"v": 2}))[:20],  # an event split across chunks
+        ev("MODIFIED", obj("a", "12", spec={"v": 2}))[20:],
+        ev("DELETED", obj("b", "13")),
+        ev("BOOKMARK", {"metadata": {"resourceVersion": "20"}}),
+    ], hang=api.release))
+    changes: list[Any] = []
+    inf = fast(api, changes=changes, label_selector="x=y")
+    assert not inf.synced and not inf.healthy
+    async with running(inf):
+        assert await inf.wait_synced(2)
+        await until(lambda: inf.resource_version == "20")
+        assert dict(inf.cache) == {("n", "a"): "a@2", ("n", "c"): "c@0", ("n", "d"): "d@0"}
+        assert inf.healthy and inf.last_sync_at is not None
+    list_calls = [c for c in api.calls if not c.get("watch")]
+    assert [c.get("_continue") for c in list_calls] == [None, "1"]
+    assert all(c["limit"] == 2 and c["label_selector"] == "x=y" for c in list_calls)
+    watch_call = next(c for c in api.calls if c.get("watch"))
+    assert watch_call["resource_version"] == "10" and watch_call["allow_watch_bookmarks"] is True
+    assert (("n", "a"), "a@0", "a@2") in changes and (("n", "b"), "b@0", None) in changes
+    assert not inf.running
+
+
+async def test_initial_list_failing_on_page_two_never_syncs() -> None:
+    api = FakeApi()
+    api.list_round([page([obj("a", "1"), obj("b", "2")], "10", "1"), ConnectionResetError("cut")])
+    inf = fast(api)
+    async with running(inf):
+        await until(lambda: inf.counters["list_failures"] >= 2)
+        assert not inf.synced and not inf.healthy and dict(inf.cache) == {}
+        assert not await inf.wait_synced(0.05)
+
+
+async def test_relist_failing_halfway_keeps_cache_and_turns_unhealthy() -> None:
+    api = FakeApi()
+    api.list_round([page([obj("a", "1"), obj("b", "2")], "10")])
+    # Relist after Gone: page 1 fine, page 2 fails with an HTTP 500 Status, forever.
+    api.list_round([page([obj("z", "30")], "30", "1"),
+                    FakeResp(500, [json.dumps({"kind": "Status", "code": 500, "reason": "InternalError"}).encode()])])
+    api.watches.append(FakeResp(200, [ev("ERROR", {"kind": "Status", "code": 410, "reason": "Expired",
+                                                   "message": "too old resource version: 10 (25)"})]))
+    restarts: list[str] = []
+    lists: list[str] = []
+    hooks = w.InformerHooks(on_watch_restart=lambda n, r: restarts.append(r),
+                            on_list=lambda n, r, c, s: lists.append(r))
+    inf = fast(api, hooks=hooks)
+    async with running(inf):
+        await until(lambda: inf.counters["list_failures"] >= 2)
+        assert inf.synced  # it was synced once ...
+        assert not inf.healthy  # ... but the failed relist makes it untrustworthy
+        assert dict(inf.cache) == {("n", "a"): "a@0", ("n", "b"): "b@0"}
+    assert restarts[0] == w.REASON_GONE
+    assert lists[0] == "ok" and "error" in lists
+
+
+async def test_gone_relists_and_diff_is_notified() -> None:
+    api = FakeApi()
+    api.list_round([page([obj("a", "1"), obj("b", "2")], "10")])
+    api.list_round([page([obj("a", "1"), obj("c", "40")], "40")])
+    api.watches.append(FakeResp(410, [json.dumps({"kind": "Status", "code": 410, "reason": "Gone"}).encode()]))
+    changes: list[Any] = []
+    inf = fast(api, changes=changes)
+    async with running(inf):
+        await until(lambda: inf.resource_version == "40")
+        assert dict(inf.cache) == {("n", "a"): "a@0", ("n", "c"): "c@0"}
+        assert inf.healthy and inf.counters["relists"] == 1
+    after = changes[2:]  # the first two are the initial adds
+    assert sorted(after, key=str) == sorted([(("n", "b"), "b@0", None), (("n", "c"), None, "c@0")], key=str)
+
+
+async def test_reconnect_resumes_from_last_rv_and_bad_objects_do_not_stop() -> None:
+    api = FakeApi()
+    api.list_round([page([obj("a", "1")], "10")])
+    api.watches.append(FakeResp(200, [ev("ADDED", obj("b", "11")),
+                                      ev("ADDED", obj("bad", "12", spec={"explode": True})),
+                                      b"garbage line\n"]))  # then the server closes the stream
+    api.watches.append(OSError("connection refused"))
+    api.watches.append(FakeResp(200, [ev("MODIFIED", obj("b", "13", spec={"v": 1}))], hang=api.release))
+    inf = fast(api)
+    async with running(inf):
+        await until(lambda: inf.resource_version == "13")
+        assert dict(inf.cache) == {("n", "a"): "a@0", ("n", "b"): "b@1"}
+        assert inf.counters["invalid_objects"] == 1
+    rvs = [c["resource_version"] for c in api.calls if c.get("watch")]
+    assert rvs[:3] == ["10", "12", "12"]  # resumed where it left off, not from the list RV
+    assert sum(1 for c in api.calls if not c.get("watch")) == 1  # no relist for a plain disconnect
+
+
+async def test_run_is_cancellable_and_restartable() -> None:
+    api = FakeApi()
+    api.list_round([page([obj("a", "1")], "10")])
+    api.list_round([page([obj("a", "1"), obj("b", "2")], "20")])
+    inf = fast(api)
+    async with running(inf):
+        assert await inf.wait_synced(2)
+    # Stopped: the last cache stays readable but is no longer trusted.
+    assert not inf.running and not inf.synced and not inf.healthy
+    assert dict(inf.cache) == {("n", "a"): "a@0"}
+    async with running(inf) as task:
+        assert await inf.wait_synced(2)
+        with pytest.raises(RuntimeError):
+            await inf.run()  # a second concurrent run is refused
+        assert dict(inf.cache) == {("n", "a"): "a@0", ("n", "b"): "b@0"}
+    assert task.cancelled()
+
+
+async def test_watch_down_beyond_grace_is_unhealthy() -> None:
+    api = FakeApi()
+    api.list_round([page([obj("a", "1")], "10")])
+    api.watches.extend([OSError("down")] * 1000)
+    inf = w.Informer("test", api, name_projection, backoff_base=0.01, backoff_cap=0.01, unhealthy_after=0.1)
+    async with running(inf):
+        assert await inf.wait_synced(2)
+        await asyncio.sleep(0.3)
+        assert inf.synced and not inf.healthy
