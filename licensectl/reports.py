@@ -217,7 +217,7 @@ def make_reports_app(
         namespace = request.headers.get(NAMESPACE_HEADER, "")
         if not _NAMESPACE.fullmatch(namespace):
             raise _Reject(BAD_REQUEST, f"missing or malformed {NAMESPACE_HEADER} header")
-        if request.content_type != "text/plain" or request.charset not in (None, "utf-8", "UTF-8"):
+        if request.content_type != "text/plain" or (request.charset or "utf-8").lower() != "utf-8":
             raise _Reject(BAD_CONTENT_TYPE, "Content-Type must be text/plain (UTF-8)")
         auth = _BEARER.fullmatch(request.headers.get("Authorization", ""))
         if auth is None or not ring.verify(namespace, auth.group(1), now, lim.key_grace):

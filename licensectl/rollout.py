@@ -346,6 +346,16 @@ def _secs(seconds: float) -> dt.timedelta:
     return dt.timedelta(seconds=seconds)
 
 
+# Kubernetes timestamps have one-second resolution and revision times are truncated to the second.
+# A restart issued at least this long after the revision time yields a VMI whose start time is
+# strictly later, so it can never be mistaken for a stale one (which would restart it again).
+MIN_SETTLE_SECONDS = 2.0
+
+
+def _settle(st: RolloutSettings) -> float:
+    return max(st.settle_seconds, MIN_SETTLE_SECONDS)
+
+
 def _started(vmi: Vmi) -> dt.datetime:
     return vmi.running_since or vmi.created
 
@@ -557,7 +567,7 @@ def _evaluate(slot: _Slot, st: RolloutSettings, guests: Mapping[tuple[str, str],
         return _Eval(slot, VmiState.BLOCKED, rev, f"runStrategy {vm.run_strategy} does not support restart")
     if vmi.deleting:
         return _Eval(slot, VmiState.STALE, rev, "VMI already shutting down")
-    eligible = replica.revision_time + _secs(st.settle_seconds)
+    eligible = replica.revision_time + _secs(_settle(st))
     reason = "pending restart"
     if intent is not None and _intent_targets(intent, vmi):
         # A restart for another revision (or a forgiven one) targeted this very VMI: its call may
@@ -684,7 +694,7 @@ def plan_rollout(
         elif restarting or any(e.eligible_at is None or e.eligible_at <= now for e in stale):
             phase = Phase.PROGRESSING
         elif stale:
-            settle_times = [e.slot.replica.revision_time + _secs(st.settle_seconds) for e in stale]
+            settle_times = [e.slot.replica.revision_time + _secs(_settle(st)) for e in stale]
             future = [t for t in settle_times if t > now]
             if future:
                 phase, settles_at = Phase.SETTLING, min(future)

@@ -141,7 +141,8 @@ async def kubevirt_factory(
         sim = KubevirtSimulator(api_client, ready_delay=ready_delay, stop_delay=stop_delay)
         await sim.start()
         proxy = RestartProxy(sim, upstream=control_plane.server, ca_path=control_plane.ca_path,
-                             token=control_plane.admin_token, restart_enabled=restart_enabled)
+                             token=control_plane.admin_token, restart_enabled=restart_enabled,
+                             tls=control_plane.issue_serving_cert("kubevirt-proxy"))
         await proxy.start()
         env = KubevirtEnv(sim, proxy, sim.record)
         envs.append(env)

@@ -28,7 +28,8 @@ async def _serve(cp: ControlPlane, ready_delay: float, kubevirt: bool) -> None:
         if kubevirt:
             sim = KubevirtSimulator(api, ready_delay=ready_delay)
             await sim.start()
-            proxy = RestartProxy(sim, upstream=cp.server, ca_path=cp.ca_path, token=cp.admin_token)
+            proxy = RestartProxy(sim, upstream=cp.server, ca_path=cp.ca_path, token=cp.admin_token,
+                                 tls=cp.issue_serving_cert("kubevirt-proxy"))
             await proxy.start()
         _out(f"kube-apiserver {cp.version} at {cp.server}")
         _out(f"kubeconfig (direct):            {cp.kubeconfig_path}")

@@ -484,6 +484,17 @@ class ControlPlane:
     def log_tail(self, component: str, lines: int = 40) -> str:
         return _tail(self.log_path(component), lines)
 
+    def issue_serving_cert(self, name: str) -> tuple[Path, Path]:
+        """(cert, key) for a loopback HTTPS server trusted through this cluster's CA (e.g. a proxy).
+
+        Go clients (kubectl, client-go) do not send bearer tokens over plain HTTP, so anything
+        that fronts the apiserver with a kubeconfig must speak TLS."""
+        cert, key = self.cert_dir / f"{name}.crt", self.cert_dir / f"{name}.key"
+        if not cert.exists():
+            _issue_cert(self.cert_dir, name, name, ["IP:127.0.0.1", "DNS:localhost"], "serverAuth")
+            key.chmod(0o600)
+        return cert, key
+
     def ssl_context(self) -> ssl.SSLContext:
         return ssl.create_default_context(cafile=str(self.ca_path))
 

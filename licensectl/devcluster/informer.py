@@ -97,6 +97,10 @@ class Informer:
                 if e.status == 410:
                     rv = None  # history compacted: relist
                     continue
+                if e.status == 429:  # a just-Established CRD is not served yet; retry shortly
+                    rv = None
+                    await asyncio.sleep(0.2)
+                    continue
                 log.warning("informer watch failed", resource=plural, status=e.status, reason=e.reason)
                 rv = None
                 await asyncio.sleep(0.5)

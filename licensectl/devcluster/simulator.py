@@ -227,7 +227,10 @@ class SimulatorRecord:
         return [e.uid for e in self.events_for(namespace, name, "created")]
 
     def max_concurrent_unavailable(self, namespace: str | None = None) -> int:
-        """The most VMs that were unavailable at the same moment (optionally in one namespace)."""
+        """The most VMs that were unavailable at the same moment (optionally in one namespace).
+
+        The simulator is cluster-wide like virt-controller: pass `namespace` to keep other tests'
+        VMs (e.g. namespaces still terminating) out of the count."""
         points: list[tuple[float, int]] = []
         for iv in self.unavailable:
             if namespace is not None and iv.namespace != namespace:
@@ -252,6 +255,13 @@ class SimulatorRecord:
             iv = Interval(ns, vm, at)
             self._open[k] = iv
             self.unavailable.append(iv)
+
+    def _gone(self, ns: str, vm: str, at: float) -> None:
+        k = (ns, vm)
+        self._was_up.discard(k)
+        iv = self._open.pop(k, None)
+        if iv is not None:
+            iv.end = at
 
     def _up(self, ns: str, vm: str, at: float) -> None:
         k = (ns, vm)
@@ -289,6 +299,7 @@ class KubevirtSimulator:
         self._stopping: set[str] = set()
         self._forced: dict[str, asyncio.Event] = {}
         self._seen: set[str] = set()
+        self._failures: dict[Key, int] = {}
         self._ready: set[str] = set()
         self._worker: asyncio.Task[None] | None = None
         self.vms = Informer(api, GROUP, VERSION, VM_PLURAL, self._on_vm)
@@ -342,13 +353,21 @@ class KubevirtSimulator:
         t.add_done_callback(self._tasks.discard)
 
     def _on_vm(self, typ: str, vm: Obj) -> None:
-        self._enqueue(key_of(vm))
+        k = key_of(vm)
+        if typ == "DELETED" or _deleting(vm):
+            self.record._gone(k[0], k[1], time.monotonic())  # a deleted VM is not "unavailable"
+        self._enqueue(k)
+
+    def _counts(self, ns: str, name: str) -> bool:
+        """Whether availability of this VM is tracked: it exists and is not being deleted."""
+        vm = self.vms.store.get((ns, name))
+        return vm is not None and not _deleting(vm)
 
     def _on_vmi(self, typ: str, vmi: Obj) -> None:
         ns, name = key_of(vmi)
         uid = _uid(vmi)
         now = time.monotonic()
-        owned = _controller_uid(vmi) is not None
+        owned = _controller_uid(vmi) is not None and self._counts(ns, name)
         rec = self.record
         if uid not in self._seen:
             self._seen.add(uid)
@@ -386,11 +405,22 @@ class KubevirtSimulator:
             self._queued.discard(k)
             try:
                 await self._reconcile(k)
+                self._failures.pop(k, None)
             except asyncio.CancelledError:
                 raise
+            except ApiException as e:
+                if e.status == 403 and "being terminated" in str(e.body or ""):
+                    continue  # namespace going away: its deletion brings the next event
+                self._retry(k, f"HTTP {e.status} {e.reason}")
             except Exception as e:
-                log.warning("simulator reconcile failed; retrying", key=k, error=repr(e))
-                self._spawn(self._requeue_later(k, 0.2))
+                self._retry(k, repr(e))
+
+    def _retry(self, k: Key, error: str) -> None:
+        n = self._failures.get(k, 0)
+        self._failures[k] = n + 1
+        delay = min(0.2 * 2**n, 5.0)
+        log.warning("simulator reconcile failed; retrying", key=k, error=error, retry_in=delay)
+        self._spawn(self._requeue_later(k, delay))
 
     async def _requeue_later(self, k: Key, delay: float) -> None:
         await asyncio.sleep(delay)
@@ -675,7 +705,7 @@ def _status(code: int, reason: str, message: str, *, kind: str = "virtualmachine
 
 
 class RestartProxy:
-    """HTTP reverse proxy on 127.0.0.1 that adds KubeVirt's VM restart subresource.
+    """HTTP(S) reverse proxy on 127.0.0.1 that adds KubeVirt's VM restart subresource.
 
     Everything else (all verbs, streaming watches, chunked bodies) is forwarded to the apiserver
     with the caller's own credentials. Upgrade requests (exec/port-forward) are not supported.
@@ -690,13 +720,17 @@ class RestartProxy:
         ca_path: str | os.PathLike[str],
         token: str,
         restart_enabled: bool = True,
+        tls: tuple[str | os.PathLike[str], str | os.PathLike[str]] | None = None,
     ) -> None:
+        """`tls` = (cert, key) signed by the cluster CA makes the proxy serve HTTPS; Go clients
+        (kubectl, client-go) need it, as they never send a bearer token over plain HTTP."""
         self.simulator = simulator
         self.record = simulator.record
         self.upstream = upstream.rstrip("/")
         self._ca_path = os.fspath(ca_path)
         self._token = token
         self.restart_enabled = restart_enabled
+        self._tls = tls
         self.port = 0
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -708,11 +742,12 @@ class RestartProxy:
 
     @property
     def url(self) -> str:
-        return f"http://{LOOPBACK}:{self.port}"
+        return f"{'https' if self._tls else 'http'}://{LOOPBACK}:{self.port}"
 
     def kubeconfig_for(self, token: str) -> str:
         """A kubeconfig that reaches the cluster through this proxy with the given bearer token."""
-        return render_kubeconfig(self.url, None, token=token, name="licensectl-dev-kubevirt")
+        ca = Path(self._ca_path).read_bytes() if self._tls else None
+        return render_kubeconfig(self.url, ca, token=token, name="licensectl-dev-kubevirt")
 
     @property
     def kubeconfig_path(self) -> Path:
@@ -737,7 +772,11 @@ class RestartProxy:
         app.router.add_route("*", "/{tail:.*}", self._forward)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.5)
         await self._runner.setup()
-        await web.TCPSite(self._runner, LOOPBACK, 0).start()
+        server_ctx: ssl.SSLContext | None = None
+        if self._tls:
+            server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            server_ctx.load_cert_chain(os.fspath(self._tls[0]), os.fspath(self._tls[1]))
+        await web.TCPSite(self._runner, LOOPBACK, 0, ssl_context=server_ctx).start()
         self.port = int(self._runner.addresses[0][1])
         self._tmp = tempfile.TemporaryDirectory(prefix="licensectl-kv-proxy-")
         self.kubeconfig_path.write_text(self.kubeconfig_for(self._token))

@@ -96,7 +96,7 @@ curl | wget) command -v "$HTTP_CLIENT" >/dev/null 2>&1 || die 3 "$HTTP_CLIENT no
 *) die 1 "LICENSECTL_HTTP_CLIENT must be auto, curl or wget" ;;
 esac
 
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/licensectl-probe.XXXXXX") || die 1 "cannot create a temporary directory"
+WORK=$(mktemp -d) || die 1 "cannot create a temporary directory"
 trap 'rm -rf "$WORK"' EXIT
 trap 'exit 1' HUP INT TERM
 

@@ -452,17 +452,24 @@ class Informer(Generic[T]):
 
     # -- WATCH ----------------------------------------------------------------------------------
     async def _watch_until_gone(self) -> None:
-        """Watch from the last RV until the server says Gone; reconnect on everything else."""
+        """Watch from the last RV; return when only a relist can go on.
+
+        As client-go's Reflector does: 410 -> relist at once; connection failures and 429 -> rewatch
+        from the last RV with backoff; a few consecutive 500s are retried, any other API error (or
+        more 500s) -> relist after a backoff, because resuming may keep failing the same way.
+        """
         attempt = 0
+        api_errors = 0
         while True:
             opened = time.monotonic()
-            seen = 0
+            relist = False
             try:
                 seen = await self._watch_once()
                 reason = REASON_TIMEOUT
                 if seen == 0 and time.monotonic() - opened < 1.0:
                     # Closed at once without events: back off rather than spin.
                     reason = REASON_ERROR
+                self._watch_ended(reason, None)
             except asyncio.CancelledError:
                 raise
             except Gone:
@@ -472,11 +479,17 @@ class Informer(Generic[T]):
             except LineTooLong as e:
                 reason = REASON_TOO_LONG
                 self._watch_ended(reason, e)
+            except ApiError as e:
+                reason = REASON_ERROR
+                self._watch_ended(reason, e)
+                if e.code != 429:
+                    api_errors += 1
+                    relist = e.code != 500 or api_errors >= 3
             except Exception as e:
                 reason = REASON_ERROR
                 self._watch_ended(reason, e)
             else:
-                self._watch_ended(reason, None)
+                api_errors = 0
             if reason == REASON_TIMEOUT:
                 attempt = 0
                 continue
@@ -485,6 +498,10 @@ class Informer(Generic[T]):
             delay = self._delay(attempt)
             attempt += 1
             await asyncio.sleep(delay)
+            if relist:
+                log.info("informer.relist_after_errors", informer=self.name, errors=api_errors)
+                self._counters["relists"] += 1
+                return
 
     def _watch_ended(self, reason: str, err: BaseException | None) -> None:
         if self._watch_down_since is None:

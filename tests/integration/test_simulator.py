@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -206,3 +207,20 @@ async def test_restart_needs_rbac_on_the_subresource(
         assert await _restart(sa_api, namespace, "vm1") == 202
     finally:
         await sa_api.close()
+
+
+async def test_go_clients_work_through_the_proxy(control_plane: Any, namespace: str, kubevirt: Any) -> None:
+    """kubectl (client-go) only sends bearer tokens over TLS: the proxy must serve HTTPS."""
+
+    async def kubectl(*args: str) -> str:
+        proc = await asyncio.create_subprocess_exec(
+            str(control_plane.kubectl), "--kubeconfig", str(kubevirt.kubeconfig_path), *args,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0, err.decode()
+        return out.decode()
+
+    assert kubevirt.proxy.url.startswith("https://127.0.0.1:")
+    assert f"namespace/{namespace}" in await kubectl("get", "namespaces", "-o", "name")
+    discovery = json.loads(await kubectl("get", "--raw", "/apis/subresources.kubevirt.io/v1"))
+    assert [r["name"] for r in discovery["resources"]] == ["virtualmachines/restart"]

@@ -92,7 +92,8 @@ def test_builds_contain_the_expected_objects(rendered: dict[str, list[dict[str, 
             "Role/licensectl", "RoleBinding/licensectl", "Service/licensectl-metrics",
             "Service/licensectl-reports", "ServiceAccount/licensectl"]
     monitoring = ["PrometheusRule/licensectl", "ServiceMonitor/licensectl"]
-    crds = ["CustomResourceDefinition/gpuclaims.gpu.cozystack.io", "CustomResourceDefinition/gpuclasses.gpu.cozystack.io"]
+    crds = ["CustomResourceDefinition/gpuclaims.gpu.cozystack.io",
+            "CustomResourceDefinition/gpuclasses.gpu.cozystack.io"]
     assert kinds["base"] == sorted(core)
     assert kinds["default"] == sorted(core + monitoring)
     assert kinds["example"] == sorted(core + monitoring + crds)
@@ -341,3 +342,20 @@ def test_rbac_grants_what_licensectl_does_and_no_more(cluster: list[str]) -> Non
         assert not can("update", "leases.coordination.k8s.io", ns=NAMESPACE, name="other")
     finally:
         run([*cluster, "delete", "--ignore-not-found", "--wait=false", "-f", "-"], input=yaml.safe_dump_all(objs))
+
+
+def test_dockerfile_matches_the_deployment(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    """The image runs as the uid the pod enforces, and its build context holds what it copies."""
+    lines = [ln.strip() for ln in (ROOT / "Dockerfile").read_text().splitlines()]
+    assert lines[-2:] == ['ENTRYPOINT ["licensectl"]', 'CMD ["run"]']
+    assert all(re.fullmatch(r"FROM python:\$\{PYTHON_VERSION\}-slim( AS \w+)?", ln)
+               for ln in lines if ln.startswith("FROM"))
+    pod = one(rendered["default"], "Deployment", "licensectl")["spec"]["template"]["spec"]
+    assert f"USER {pod['securityContext']['runAsUser']}:{pod['securityContext']['runAsGroup']}" in lines
+    included = {ln[1:].rstrip("/") for ln in (ROOT / ".dockerignore").read_text().splitlines()
+                if ln.startswith("!")}
+    for ln in lines:
+        if ln.startswith("COPY") and "--from=" not in ln:
+            for src in ln.split()[1:-1]:
+                assert src.rstrip("/") in included, f"{src} is excluded by .dockerignore"
+                assert (ROOT / src).exists(), f"{src} does not exist"

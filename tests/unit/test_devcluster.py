@@ -11,11 +11,14 @@ import pytest
 import yaml
 
 from licensectl.devcluster.controlplane import (
+    BINARIES,
     ETCD_VERSION,
     K8S_VERSION,
+    BuildError,
     binaries_dir,
     build_commands,
     cache_root,
+    ensure_binaries,
     free_port,
     render_kubeconfig,
 )
@@ -188,3 +191,32 @@ def test_first_boot_is_not_unavailability_but_loss_of_ready_is() -> None:
     assert r.currently_unavailable() == [("ns", "vm")]
     r._up("ns", "vm", 4.0)
     assert [(i.start, i.end) for i in r.unavailable] == [(3.0, 4.0)]
+
+
+def test_a_deleted_vm_closes_its_interval_and_is_no_longer_tracked() -> None:
+    r = SimulatorRecord()
+    r._up("ns", "vm", 1.0)
+    r._down("ns", "vm", 2.0)
+    r._gone("ns", "vm", 2.5)
+    r._down("ns", "vm", 3.0)  # e.g. its VMI garbage-collected afterwards
+    assert [(i.start, i.end) for i in r.unavailable] == [(2.0, 2.5)]
+    assert r.currently_unavailable() == []
+
+
+def test_ensure_binaries_reports_a_cache_hit(tmp_path: Path) -> None:
+    env = {"LICENSECTL_CACHE_DIR": str(tmp_path), "PATH": str(tmp_path / "nothing")}
+    bin_dir = binaries_dir(env)
+    bin_dir.mkdir(parents=True)
+    for b in BINARIES:
+        (bin_dir / b).write_text("#!/bin/sh\n")
+        (bin_dir / b).chmod(0o755)
+    lines: list[str] = []
+    assert ensure_binaries(log=lines.append, env=env) == bin_dir
+    assert lines == [f"control plane: cache hit {bin_dir}"]
+
+
+def test_ensure_binaries_without_go_is_a_clear_error(tmp_path: Path) -> None:
+    env = {"LICENSECTL_CACHE_DIR": str(tmp_path), "PATH": str(tmp_path / "nothing")}
+    with pytest.raises(BuildError, match=r"`go`\) is not on PATH"):
+        ensure_binaries(log=lambda _m: None, env=env)
+    assert not binaries_dir(env).exists()

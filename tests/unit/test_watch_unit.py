@@ -181,9 +181,12 @@ async def running(inf: w.Informer[Any]) -> AsyncIterator[asyncio.Task[None]]:
             await task
 
 
-async def until(cond: Any, timeout: float = 3.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not cond():
+async def until(cond: Any, within: float = 3.0) -> None:
+    """Poll a condition over cache state (the informer exposes no per-change future to await)."""
+    async with asyncio.timeout(within):
+        while True:
+            if cond():
+                return
             await asyncio.sleep(0.005)
 
 
@@ -312,3 +315,31 @@ async def test_watch_down_beyond_grace_is_unhealthy() -> None:
         assert await inf.wait_synced(2)
         await asyncio.sleep(0.3)
         assert inf.synced and not inf.healthy
+
+
+async def test_repeated_internal_errors_relist_instead_of_resuming_forever() -> None:
+    api = FakeApi()
+    api.list_round([page([obj("a", "1")], "10")])
+    api.list_round([page([obj("a", "1"), obj("b", "20")], "20")])
+    err = ev("ERROR", {"kind": "Status", "code": 500, "reason": "InternalError"})
+    api.watches.extend([FakeResp(200, [err]) for _ in range(3)])
+    restarts: list[str] = []
+    inf = fast(api, hooks=w.InformerHooks(on_watch_restart=lambda n, r: restarts.append(r)))
+    async with running(inf):
+        await until(lambda: inf.resource_version == "20")
+        assert set(inf.cache) == {("n", "a"), ("n", "b")} and inf.healthy
+    assert restarts[:3] == [w.REASON_ERROR] * 3
+    # The first two 500s were retried from the same RV; the third gave up on resuming.
+    assert [c["resource_version"] for c in api.calls if c.get("watch")][:4] == ["10", "10", "10", "20"]
+
+
+async def test_too_many_requests_keeps_resuming() -> None:
+    api = FakeApi()
+    api.list_round([page([obj("a", "1")], "10")])
+    busy = json.dumps({"kind": "Status", "code": 429, "reason": "TooManyRequests"}).encode()
+    api.watches.extend([FakeResp(429, [busy]) for _ in range(4)])
+    api.watches.append(FakeResp(200, [ev("ADDED", obj("b", "11"))], hang=api.release))
+    inf = fast(api)
+    async with running(inf):
+        await until(lambda: ("n", "b") in inf.cache)
+    assert sum(1 for c in api.calls if not c.get("watch")) == 1

@@ -1,0 +1,366 @@
+"""Replication at scale: cold start, rotation vs a raw-write floor, steady-state cost, peak RSS.
+
+Fleet: N Cozystack tenant namespaces (depth up to 4) under a vGPU-enabled root, one GPUClaim of a
+vgpu class in each, and M unrelated Secrets spread over them (which licensectl must never list or
+hold in memory). The controller runs as its own process so its RSS and CPU are its own.
+
+The rotation time is reported as a ratio to a floor measured in the same run: after the
+controller converged on the new revision it is stopped, and a bare kubernetes-asyncio client
+replaces the same replica Secrets with new content at the controller's write concurrency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import ssl
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio.client import ApiClient, CoreV1Api
+
+from benchmarks.common import (
+    CONTROLLER_WRITE_CONCURRENCY,
+    ControllerProcess,
+    MetricSnapshot,
+    cpu_seconds,
+    delta,
+    delta_by_label,
+    fmt_counts,
+    fmt_mib,
+    fmt_num,
+    fmt_ratio,
+    fmt_seconds,
+    format_table,
+    make_client,
+    parse_metrics,
+    progress,
+    ratio,
+    run_bounded,
+    tenant_tree,
+    wait_for,
+)
+from licensectl.devcluster import fleet
+from licensectl.devcluster.controlplane import ControlPlane, free_port
+from licensectl.devcluster.kubeapi import install_crds
+from licensectl.kube.raw import RawApi
+from licensectl.model import ANN_CLASS, MANAGED_BY_LABEL, MANAGED_BY_VALUE
+
+CONTROLLER_NS = "licensectl-system"
+SOURCE_NS = "hoster-licenses"
+SOURCE_NAME = "nls-token"
+CLASS = "vws"
+ROOT = "tenant-root"
+SEED_CONCURRENCY = 64
+GOAL_RSS_MIB = 150
+
+
+@dataclass(frozen=True)
+class ReplicationScale:
+    namespaces: int
+    max_depth: int
+    unrelated_secrets: int
+    resync_seconds: float
+    steady_periods: int
+    timeout: float
+
+
+SCALES = {
+    "small": ReplicationScale(namespaces=500, max_depth=4, unrelated_secrets=5_000, resync_seconds=20.0,
+                              steady_periods=2, timeout=600.0),
+    "full": ReplicationScale(namespaces=5_000, max_depth=4, unrelated_secrets=50_000, resync_seconds=20.0,
+                             steady_periods=2, timeout=3600.0),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Seeding
+# ---------------------------------------------------------------------------------------------
+async def seed(api: ApiClient, scale: ReplicationScale, token: bytes) -> dict[str, float]:
+    """Build the fleet; returns seconds per phase."""
+    core = CoreV1Api(api)
+    raw: Any = RawApi(core)
+    times: dict[str, float] = {}
+    for ns in (CONTROLLER_NS, SOURCE_NS):
+        await raw.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    await fleet.put_source_secret(api, SOURCE_NS, SOURCE_NAME, token, gridd_conf="# hoster\nFeatureType=1\n")
+    await fleet.create_gpu_class(api, CLASS, mode="vgpu", secret=(SOURCE_NS, SOURCE_NAME), feature_type=1)
+    objs: dict[str, dict[str, Any]] = {ROOT: await fleet.create_tenant(api, ROOT, vgpu=True)}
+    tree = tenant_tree(scale.namespaces, scale.max_depth, ROOT)
+    t0 = time.monotonic()
+    for depth in range(1, scale.max_depth + 1):
+        level = [t for t in tree if t.depth == depth]
+
+        def make(name: str, parent: str) -> Any:
+            async def job() -> None:
+                objs[name] = await fleet.create_tenant(api, name, parent=objs[parent], vgpu=True)
+            return job
+
+        await run_bounded(f"seed tenants depth {depth}", [make(t.name, t.parent) for t in level], SEED_CONCURRENCY)
+    times["tenants"] = time.monotonic() - t0
+    names = [t.name for t in tree]
+
+    def claim(ns: str) -> Any:
+        return lambda: fleet.create_claim(api, ns, "gpu", CLASS)
+
+    times["claims"] = await run_bounded("seed claims", [claim(ns) for ns in names], SEED_CONCURRENCY)
+    filler = base64.b64encode(b"x" * 256).decode()
+
+    def secret(i: int) -> Any:
+        ns = names[i % len(names)]
+        body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                "metadata": {"name": f"unrelated-{i}", "namespace": ns, "labels": {"app": "tenant-workload"}},
+                "data": {"payload": filler}}
+        return lambda: raw.create_namespaced_secret(ns, body)
+
+    times["unrelated secrets"] = await run_bounded(
+        "seed unrelated secrets", [secret(i) for i in range(scale.unrelated_secrets)], SEED_CONCURRENCY)
+    return times
+
+
+# ---------------------------------------------------------------------------------------------
+# The raw-write floor
+# ---------------------------------------------------------------------------------------------
+async def raw_write_floor(api: ApiClient, expected: int, token: bytes) -> tuple[float, int]:
+    """Replace every replica with new content at the controller's concurrency; (seconds, writes)."""
+    raw: Any = RawApi(CoreV1Api(api))
+    listed = await raw.list_secret_for_all_namespaces(label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}")
+    # The signing-key Secret carries the managed-by label too; replicas also carry the class annotation.
+    items = [s for s in listed.get("items") or []
+             if ANN_CLASS in ((s.get("metadata") or {}).get("annotations") or {})]
+    if len(items) != expected:
+        raise RuntimeError(f"floor: expected {expected} replicas, listed {len(items)}")
+    new = base64.b64encode(token).decode()
+    bodies = []
+    for s in items:
+        data = dict(s.get("data") or {})
+        data["client_configuration_token.tok"] = new
+        meta = s["metadata"]
+        bodies.append({"apiVersion": "v1", "kind": "Secret", "type": s.get("type", "Opaque"), "data": data,
+                       "metadata": {"name": meta["name"], "namespace": meta["namespace"],
+                                    "labels": meta.get("labels") or {}, "annotations": meta.get("annotations") or {},
+                                    "resourceVersion": meta["resourceVersion"]}})
+
+    def put(b: dict[str, Any]) -> Any:
+        return lambda: raw.replace_namespaced_secret(b["metadata"]["name"], b["metadata"]["namespace"], b)
+
+    elapsed = await run_bounded("raw-write floor", [put(b) for b in bodies], CONTROLLER_WRITE_CONCURRENCY)
+    return elapsed, len(bodies)
+
+
+# ---------------------------------------------------------------------------------------------
+# apiserver-side request counts (cross-check of what the controller reports)
+# ---------------------------------------------------------------------------------------------
+async def apiserver_metrics(cp: ControlPlane) -> MetricSnapshot:
+    ctx = ssl.create_default_context(cafile=str(cp.ca_path))
+    async with aiohttp.ClientSession() as s, s.get(
+            f"{cp.server}/metrics", ssl=ctx, headers={"Authorization": f"Bearer {cp.admin_token}"}) as r:
+        text = await r.text()
+    # Only the request counter is needed; the full exposition is several MB of histograms.
+    keep = "\n".join(line for line in text.splitlines()
+                     if line.startswith(("apiserver_request_total{", "# TYPE apiserver_request_total",
+                                         "# HELP apiserver_request_total")))
+    return parse_metrics(keep + "\n", time.monotonic())
+
+
+WATCHED = ("namespaces", "secrets", "gpuclasses", "gpuclaims", "virtualmachines", "virtualmachineinstances")
+
+
+def apiserver_lists(after: MetricSnapshot, before: MetricSnapshot) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for res in WATCHED:
+        n = delta(after, before, "apiserver_request_total", verb="LIST", resource=res)
+        if n:
+            out[res] = n
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The benchmark
+# ---------------------------------------------------------------------------------------------
+def _replica_state(s: MetricSnapshot, state: str) -> float:
+    return s.value("licensectl_replicas", state=state)
+
+
+def _revision(s: MetricSnapshot) -> str:
+    for (name, labels), v in s.samples.items():
+        if name == "licensectl_source_revision_info" and v == 1.0:
+            return dict(labels).get("revision", "")
+    return ""
+
+
+async def run(cp: ControlPlane, scale_name: str) -> str:
+    scale = SCALES[scale_name]
+    n = scale.namespaces
+    now = int(time.time())
+    token1 = fleet.fake_token(now + 86400 * 90, extra={"rotation": 1})
+    token2 = fleet.fake_token(now + 86400 * 180, extra={"rotation": 2})
+    token3 = fleet.fake_token(now + 86400 * 270, extra={"rotation": 3})
+    api = await make_client(cp.kubeconfig_path, SEED_CONCURRENCY + 8)
+    ctl: ControllerProcess | None = None
+    rows: list[list[str]] = []
+    try:
+        await install_crds(api)
+        progress(f"replication[{scale_name}]: seeding {n:,} tenants, {n:,} claims, "
+                 f"{scale.unrelated_secrets:,} unrelated Secrets")
+        seed_times = await seed(api, scale, token1)
+        depth_counts: dict[int, int] = {}
+        for t in tenant_tree(n, scale.max_depth, ROOT):
+            depth_counts[t.depth] = depth_counts.get(t.depth, 0) + 1
+
+        cp_pids = {k: v for k, v in cp.pids.items() if k in ("kube-apiserver", "etcd")}
+
+        # -- cold start ---------------------------------------------------------------------
+        ctl = ControllerProcess(str(cp.kubeconfig_path), CONTROLLER_NS, free_port(),
+                                ["--resync-seconds", str(scale.resync_seconds)])
+        cpu0 = cpu_seconds(cp_pids)
+        progress("cold start: launching the controller")
+        await ctl.start()
+        t_start = ctl.started_at
+        marks: dict[str, float] = {}
+        last_print = [time.monotonic()]
+
+        async def cold_done() -> bool:
+            s = await ctl.scrape()
+            if s is None:
+                return False
+            if "ready" not in marks and s.value("licensectl_ready") == 1.0:
+                marks["ready"] = s.at
+            if "writes" not in marks and s.value("licensectl_replica_writes_total", action="create") >= n:
+                marks["writes"] = s.at
+            if time.monotonic() - last_print[0] > 10:
+                last_print[0] = time.monotonic()
+                progress(f"cold start: {fmt_num(_replica_state(s, 'in_sync'))}/{n:,} in sync, "
+                         f"{fmt_num(s.value('licensectl_replica_writes_total', action='create'))} created")
+            return (_replica_state(s, "in_sync") == n and _replica_state(s, "missing") == 0
+                    and _replica_state(s, "drifted") == 0)
+
+        t_cold = await wait_for(cold_done, within=scale.timeout, what="cold-start convergence")
+        cold = await ctl.must_scrape()
+        cold_ctl_cpu = ctl.cpu_seconds()
+        cpu1 = cpu_seconds(cp_pids)
+        progress(f"cold start: converged in {t_cold - t_start:.1f}s")
+
+        # -- rotation -----------------------------------------------------------------------
+        await asyncio.sleep(2.0)
+        before = await ctl.must_scrape()
+        rev_before = _revision(before)
+        ctl_cpu_before = ctl.cpu_seconds()
+        cpu2 = cpu_seconds(cp_pids)
+        progress("rotation: replacing the source token")
+        t_rot = time.monotonic()
+        await fleet.put_source_secret(api, SOURCE_NS, SOURCE_NAME, token2, gridd_conf="# hoster\nFeatureType=1\n")
+        rot_marks: dict[str, float] = {}
+
+        async def rotated() -> bool:
+            s = await ctl.scrape()
+            if s is None:
+                return False
+            updated = delta(s, before, "licensectl_replica_writes_total", action="update", result="updated")
+            if "writes" not in rot_marks and updated >= n:
+                rot_marks["writes"] = s.at
+            if time.monotonic() - last_print[0] > 10:
+                last_print[0] = time.monotonic()
+                progress(f"rotation: {fmt_num(updated)}/{n:,} replicas updated")
+            return (updated >= n and _revision(s) not in ("", rev_before) and _replica_state(s, "in_sync") == n)
+
+        t_rotated = await wait_for(rotated, within=scale.timeout, what="rotation convergence")
+        after_rot = await ctl.must_scrape()
+        rot_ctl_cpu = ctl.cpu_seconds() - ctl_cpu_before
+        cpu3 = cpu_seconds(cp_pids)
+        rot_seconds = t_rotated - t_rot
+        rot_write_seconds = rot_marks.get("writes", t_rotated) - t_rot
+        progress(f"rotation: converged in {rot_seconds:.1f}s")
+
+        # -- steady state -------------------------------------------------------------------
+        await asyncio.sleep(3.0)
+        ss_before = await ctl.must_scrape()
+        as_before = await apiserver_metrics(cp)
+        ss_cpu_before = ctl.cpu_seconds()
+        window = scale.steady_periods * scale.resync_seconds
+        progress(f"steady state: observing {window:.0f}s ({scale.steady_periods} resync periods)")
+        await asyncio.sleep(window)
+        ss_after = await ctl.must_scrape()
+        as_after = await apiserver_metrics(cp)
+        ss_cpu = ctl.cpu_seconds() - ss_cpu_before
+        periods = (ss_after.at - ss_before.at) / scale.resync_seconds
+
+        mem = ctl.memory()
+        hwm = mem.get("VmHWM", 0)
+        rss_end = mem.get("VmRSS", 0)
+        code = await ctl.stop()
+        progress(f"controller stopped (exit code {code})")
+
+        # -- raw-write floor ----------------------------------------------------------------
+        floor_api = await make_client(cp.kubeconfig_path, CONTROLLER_WRITE_CONCURRENCY)
+        try:
+            floor_seconds, floor_writes = await raw_write_floor(floor_api, n, token3)
+        finally:
+            await floor_api.close()
+
+        # -- report -------------------------------------------------------------------------
+        cold_req = delta_by_label(cold, MetricSnapshot({}), "licensectl_api_requests_total", "verb")
+        rot_req = delta_by_label(after_rot, before, "licensectl_api_requests_total", "verb")
+        rot_req_total = sum(rot_req.values())
+        rot_passes = delta(after_rot, before, "licensectl_reconcile_total", controller="replication")
+        ss_req = delta_by_label(ss_after, ss_before, "licensectl_api_requests_total", "verb")
+        ss_writes = delta(ss_after, ss_before, "licensectl_replica_writes_total")
+        ss_passes = delta(ss_after, ss_before, "licensectl_reconcile_total", controller="replication")
+        ss_gets = ss_req.get("GET", 0.0)
+        as_lists = apiserver_lists(as_after, as_before)
+        cp_cold = {k: cpu1[k] - cpu0[k] for k in cpu0}
+        cp_rot = {k: cpu3[k] - cpu2[k] for k in cpu2}
+        rot_ratio = ratio(rot_seconds, floor_seconds)
+        depth_str = ", ".join(f"d{d}: {c:,}" for d, c in sorted(depth_counts.items()))
+        rows = [
+            ["fleet", f"{n:,} tenant ns ({depth_str}), {n:,} claims, {scale.unrelated_secrets:,} unrelated "
+                      f"Secrets", "", "1 vgpu class, 1 source"],
+            ["seeding (benchmark client, 64 in flight)",
+             ", ".join(f"{k} {v:.0f}s" for k, v in seed_times.items()), "", "not part of the result"],
+            ["cold start: caches synced (ready)", fmt_seconds(marks.get("ready", t_cold) - t_start), "",
+             "process start -> initial LISTs done"],
+            ["cold start: all replicas created", fmt_seconds(marks.get("writes", t_cold) - t_start), "",
+             f"{fmt_num(cold.value('licensectl_replica_writes_total', action='create'))} creates"],
+            ["cold start: full convergence", fmt_seconds(t_cold - t_start), "",
+             f"replicas in_sync = {n:,} on /metrics"],
+            ["cold start: controller CPU", fmt_seconds(cold_ctl_cpu), "",
+             f"apiserver {cp_cold.get('kube-apiserver', 0):.0f}s, etcd {cp_cold.get('etcd', 0):.0f}s CPU"],
+            ["cold start: controller API requests", fmt_counts(cold_req), "", ""],
+            ["rotation: all replicas written", fmt_seconds(rot_write_seconds), "",
+             f"source PUT -> last replica PUT; {fmt_num(rot_passes)} replication passes"],
+            ["rotation: full convergence (controller)", fmt_seconds(rot_seconds),
+             f"floor {fmt_seconds(floor_seconds)}", f"floor: bare client, {floor_writes:,} PUTs, "
+                                                    f"{CONTROLLER_WRITE_CONCURRENCY} in flight"],
+            ["rotation / raw-write floor", fmt_ratio(rot_ratio), "1.00x = floor", "same run, same apiserver"],
+            ["rotation: API requests per replica update", fmt_num(ratio(rot_req_total, n)), "floor: 1",
+             fmt_counts(rot_req)],
+            ["rotation: controller CPU", fmt_seconds(rot_ctl_cpu),
+             "", f"{rot_ctl_cpu / n * 1000:.2f} ms/replica; apiserver {cp_rot.get('kube-apiserver', 0):.0f}s, "
+                 f"etcd {cp_rot.get('etcd', 0):.0f}s CPU"],
+            ["steady state: window", f"{ss_after.at - ss_before.at:.0f}s = {periods:.2f} resync periods",
+             "", f"--resync-seconds {scale.resync_seconds:g}; {fmt_num(ss_passes)} replication passes"],
+            ["steady state: replica writes / period", fmt_num(ss_writes / periods), "goal 0", ""],
+            ["steady state: controller GETs / period", fmt_num(ss_gets / periods), "",
+             f"LISTs + 1 signing-key read per pass; all verbs: {fmt_counts(ss_req)}"],
+            ["steady state: apiserver LISTs / period", fmt_num(sum(as_lists.values()) / periods), "",
+             f"apiserver_request_total verb=LIST: {fmt_counts(as_lists)}"],
+            ["steady state: controller CPU / period", fmt_seconds(ss_cpu / periods), "", ""],
+            ["controller peak RSS (VmHWM)", fmt_mib(hwm), f"goal ≤ {GOAL_RSS_MIB} MiB",
+             f"RSS at end {fmt_mib(rss_end)}; max sampled VmRSS {fmt_mib(ctl.peak_rss)}"],
+            ["controller exit on SIGTERM", str(code), "0", ""],
+        ]
+        return format_table(f"Replication benchmark ({scale_name})", ["metric", "measured", "baseline / goal",
+                                                                      "notes"], rows)
+    except BaseException:
+        if ctl is not None and ctl.log_tail():
+            progress("controller log tail:\n" + ctl.log_tail())
+        raise
+    finally:
+        if ctl is not None:
+            await ctl.stop()
+            ctl.cleanup_log()
+        with contextlib.suppress(Exception):
+            await api.close()

@@ -1,0 +1,303 @@
+"""Rollout at scale: rotation -> rolling VMI restarts under maxUnavailable, on the KubeVirt simulator.
+
+Fleet: tenant namespaces with one vgpu claim each and several VMs whose VMIs mount the license
+replica. The simulator (virt-controller's VM loop + VMI boot) and the restart proxy (virt-api's
+restart subresource) run inside this benchmark process; the controller runs as its own process
+and reaches the cluster through the proxy, so its CPU time is its own.
+
+Reported: time from the rotation write to the first restart the simulator accepted ("time to
+plan"), the whole rollout's duration and throughput, controller CPU per restart, controller API
+requests per restarted VMI, and whether maxUnavailable held. The simulator is one Python process
+doing real API writes; the table says when it, not the controller, was the limiting factor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes_asyncio.client import ApiClient, CoreV1Api
+
+from benchmarks.common import (
+    ControllerProcess,
+    MetricSnapshot,
+    cpu_seconds,
+    delta,
+    delta_by_label,
+    fmt_counts,
+    fmt_num,
+    fmt_seconds,
+    format_table,
+    make_client,
+    progress,
+    ratio,
+    run_bounded,
+    self_cpu_seconds,
+    spread,
+    tenant_tree,
+    wait_for,
+)
+from licensectl.devcluster import fleet
+from licensectl.devcluster.controlplane import ControlPlane, free_port
+from licensectl.devcluster.kubeapi import install_crds
+from licensectl.devcluster.simulator import KubevirtSimulator, RestartProxy, firmware_uuid
+from licensectl.kube.raw import RawApi
+from licensectl.render import replica_name
+from licensectl.rollout import RolloutSettings
+
+CONTROLLER_NS = "licensectl-system"
+SOURCE_NS = "hoster-licenses"
+SOURCE_NAME = "nls-token"
+CLASS = "vws"
+ROOT = "tenant-root"
+SEED_CONCURRENCY = 64
+MAX_UNAVAILABLE = "10%"
+READY_DELAY = 0.05
+SATURATED = 0.85  # a process using this share of one core for the whole rollout is the bottleneck
+
+
+@dataclass(frozen=True)
+class RolloutScale:
+    vmis: int
+    namespaces: int
+    timeout: float
+
+
+SCALES = {
+    "small": RolloutScale(vmis=200, namespaces=50, timeout=900.0),
+    "full": RolloutScale(vmis=2_000, namespaces=500, timeout=3600.0),
+}
+
+
+@dataclass
+class LoopLag:
+    """How late this process's event loop wakes up: the simulator's and proxy's health signal."""
+
+    samples: list[float] = field(default_factory=list)
+    _task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            t = time.monotonic()
+            await asyncio.sleep(0.1)
+            self.samples.append(max(0.0, time.monotonic() - t - 0.1))
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def p95(self) -> float:
+        if len(self.samples) < 2:
+            return 0.0
+        return statistics.quantiles(self.samples, n=20)[-1]
+
+
+async def seed(api: ApiClient, scale: RolloutScale, token: bytes) -> list[str]:
+    raw: Any = RawApi(CoreV1Api(api))
+    for ns in (CONTROLLER_NS, SOURCE_NS):
+        await raw.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    await fleet.put_source_secret(api, SOURCE_NS, SOURCE_NAME, token, gridd_conf="# hoster\nFeatureType=1\n")
+    await fleet.create_gpu_class(api, CLASS, mode="vgpu", secret=(SOURCE_NS, SOURCE_NAME), feature_type=1)
+    objs: dict[str, dict[str, Any]] = {ROOT: await fleet.create_tenant(api, ROOT, vgpu=True)}
+    tree = tenant_tree(scale.namespaces, 2, ROOT)
+    for depth in (1, 2):
+        def make(name: str, parent: str) -> Any:
+            async def job() -> None:
+                objs[name] = await fleet.create_tenant(api, name, parent=objs[parent], vgpu=True)
+            return job
+
+        await run_bounded(f"seed tenants depth {depth}", [make(t.name, t.parent) for t in tree if t.depth == depth],
+                          SEED_CONCURRENCY)
+    names = [t.name for t in tree]
+    def claim(ns: str) -> Callable[[], Awaitable[None]]:
+        return lambda: fleet.create_claim(api, ns, "gpu", CLASS)
+
+    await run_bounded("seed claims", [claim(ns) for ns in names], SEED_CONCURRENCY)
+    return names
+
+
+async def create_vms(api: ApiClient, namespaces: list[str], total: int) -> None:
+    jobs = []
+    for ns, count in zip(namespaces, spread(total, len(namespaces)), strict=True):
+        for i in range(count):
+            name = f"vm{i}"
+            # A preset firmware UUID spares the simulator one VM patch per VM (vm/firmware.go).
+            jobs.append(lambda ns=ns, name=name: fleet.create_vm(
+                api, ns, name, license_secret=replica_name(CLASS), firmware_uuid=firmware_uuid(name)))
+    await run_bounded("create VMs", jobs, SEED_CONCURRENCY)
+
+
+def _vmis(s: MetricSnapshot, state: str) -> float:
+    return s.value("licensectl_rollout_vmis", state=state)
+
+
+async def run(cp: ControlPlane, scale_name: str) -> str:
+    scale = SCALES[scale_name]
+    v, nss = scale.vmis, scale.namespaces
+    now = int(time.time())
+    token1 = fleet.fake_token(now + 86400 * 90, extra={"rotation": 1})
+    token2 = fleet.fake_token(now + 86400 * 180, extra={"rotation": 2})
+    api = await make_client(cp.kubeconfig_path, SEED_CONCURRENCY + 8)
+    sim_api = await make_client(cp.kubeconfig_path, 128)
+    sim: KubevirtSimulator | None = None
+    proxy: RestartProxy | None = None
+    ctl: ControllerProcess | None = None
+    lag = LoopLag()
+    try:
+        await install_crds(api)
+        progress(f"rollout[{scale_name}]: seeding {nss:,} tenants with claims")
+        names = await seed(api, scale, token1)
+        sim = KubevirtSimulator(sim_api, ready_delay=READY_DELAY)
+        await sim.start()
+        proxy = RestartProxy(sim, upstream=cp.server, ca_path=cp.ca_path, token=cp.admin_token)
+        await proxy.start()
+        ctl = ControllerProcess(str(proxy.kubeconfig_path), CONTROLLER_NS, free_port(),
+                                ["--settle-seconds", "0", "--max-unavailable", MAX_UNAVAILABLE])
+        await ctl.start()
+        progress("waiting for the replicas")
+
+        async def replicas_ready() -> bool:
+            s = await ctl.scrape()
+            return s is not None and s.value("licensectl_replicas", state="in_sync") == nss
+
+        await wait_for(replicas_ready, within=scale.timeout, what="replicas in sync")
+        t_vms = time.monotonic()
+        await create_vms(api, names, v)
+        last = [time.monotonic()]
+        record = sim.record
+
+        async def fleet_up() -> bool:
+            s = await ctl.scrape()
+            ready = len({(e.namespace, e.name) for e in record.vmi_events if e.kind == "ready"})
+            if time.monotonic() - last[0] > 10:
+                last[0] = time.monotonic()
+                progress(f"booting: {ready:,}/{v:,} VMIs ready (simulator), "
+                         f"{fmt_num(_vmis(s, 'current') if s else 0)} current (controller)")
+            return s is not None and ready >= v and _vmis(s, "current") == v
+
+        await wait_for(fleet_up, within=scale.timeout, interval=0.5, what="all VMIs running and current")
+        boot_seconds = time.monotonic() - t_vms
+        progress(f"fleet up: {v:,} VMIs ready in {boot_seconds:.0f}s")
+        await asyncio.sleep(2.0)
+
+        # -- the rotation -------------------------------------------------------------------
+        cp_pids = {k: p for k, p in cp.pids.items() if k in ("kube-apiserver", "etcd")}
+        before = await ctl.must_scrape()
+        ctl_cpu0, self_cpu0, cp_cpu0 = ctl.cpu_seconds(), self_cpu_seconds(), cpu_seconds(cp_pids)
+        n_records = len(record.restarts)
+        lag.start()
+        progress("rotation: replacing the source token")
+        t_rot = time.monotonic()
+        await fleet.put_source_secret(api, SOURCE_NS, SOURCE_NAME, token2, gridd_conf="# hoster\nFeatureType=1\n")
+        marks: dict[str, float] = {}
+        peak_restarting = [0.0]
+
+        async def rolled_out() -> bool:
+            s = await ctl.scrape()
+            if s is None:
+                return False
+            if "replicas" not in marks and delta(s, before, "licensectl_replica_writes_total",
+                                                 action="update", result="updated") >= nss:
+                marks["replicas"] = s.at
+            peak_restarting[0] = max(peak_restarting[0], _vmis(s, "restarting"))
+            done = delta(s, before, "licensectl_restarts_total", result="done")
+            if time.monotonic() - last[0] > 10:
+                last[0] = time.monotonic()
+                progress(f"rollout: {fmt_num(done)}/{v:,} restarts done, {fmt_num(_vmis(s, 'restarting'))} "
+                         f"restarting, {fmt_num(_vmis(s, 'stale'))} stale")
+            return (done >= v and _vmis(s, "current") == v and _vmis(s, "stale") == 0
+                    and _vmis(s, "restarting") == 0)
+
+        t_done = await wait_for(rolled_out, within=scale.timeout, interval=0.5, what="rollout complete")
+        after = await ctl.must_scrape()
+        ctl_cpu = ctl.cpu_seconds() - ctl_cpu0
+        self_cpu = self_cpu_seconds() - self_cpu0
+        cp_cpu1 = cpu_seconds(cp_pids)
+        await lag.stop()
+        mem = ctl.memory()
+        code = await ctl.stop()
+        progress(f"rollout complete in {t_done - t_rot:.1f}s; controller stopped (exit code {code})")
+
+        # -- report -------------------------------------------------------------------------
+        accepted = [r for r in record.restarts[n_records:] if r.status == 202]
+        rejected = [r for r in record.restarts[n_records:] if r.status != 202]
+        t_first = min((r.at for r in accepted), default=None)
+        wall = t_done - t_rot
+        restart_wall = t_done - t_first if t_first is not None else None
+        restarts = len(accepted)
+        req = delta_by_label(after, before, "licensectl_api_requests_total", "verb")
+        req_total = sum(req.values())
+        results = delta_by_label(after, before, "licensectl_restarts_total", "result")
+        passes = delta_by_label(after, before, "licensectl_reconcile_total", "controller")
+        limit = RolloutSettings(max_unavailable=MAX_UNAVAILABLE).unavailable_limit(v)
+        max_down = record.max_concurrent_unavailable()
+        shares = {"controller": ctl_cpu / wall, "benchmark process (simulator + proxy)": self_cpu / wall}
+        shares |= {k: (cp_cpu1[k] - cp_cpu0[k]) / wall for k in cp_cpu0}
+        busiest = max(shares, key=lambda k: shares[k])
+        if shares["benchmark process (simulator + proxy)"] >= SATURATED:
+            verdict = ("simulator/proxy process saturated one core: it, not the controller, bounds the "
+                       "restart throughput")
+        elif sum(shares.values()) >= SATURATED * (os.cpu_count() or 1):
+            verdict = "machine CPU-bound (all cores busy)"
+        elif shares["controller"] >= SATURATED:
+            verdict = "controller saturated one core: it bounds the restart throughput"
+        else:
+            verdict = f"no process saturated a core; busiest: {busiest}"
+        rows = [
+            ["fleet", f"{v:,} VMs/VMIs in {nss:,} tenant ns, 1 vgpu class", "",
+             f"simulator ready_delay {READY_DELAY:g}s; VMs up in {boot_seconds:.0f}s (not part of the result)"],
+            ["settings", f"maxUnavailable {MAX_UNAVAILABLE} (= {limit}), maxPerNamespace 1, settle 0s", "", ""],
+            ["rotation -> all replicas rewritten", fmt_seconds(marks["replicas"] - t_rot if "replicas" in marks
+                                                              else None), "", f"{nss:,} replicas"],
+            ["time to plan (rotation write -> first restart accepted)",
+             fmt_seconds(t_first - t_rot if t_first is not None else None), "", "restart proxy's record"],
+            ["rollout duration (rotation -> all VMIs current)", fmt_seconds(wall), "", ""],
+            ["restart throughput", f"{fmt_num(ratio(restarts, restart_wall or 0))} restarts/s", "",
+             f"{restarts:,} accepted restarts, {len(rejected)} rejected"],
+            ["max concurrently unavailable", f"{max_down}", f"limit {limit}", "simulator's record"],
+            ["controller CPU per restart", f"{ctl_cpu / max(restarts, 1) * 1000:.2f} ms",
+             "", f"{ctl_cpu:.1f}s CPU over the rollout (incl. {nss:,} replica rewrites)"],
+            ["API requests per restarted VMI", fmt_num(ratio(req_total, restarts)), "",
+             f"controller-side: {fmt_counts(req)}"],
+            ["reconcile passes during the rollout", fmt_counts(passes), "",
+             f"per restart: {', '.join(f'{k} {x / max(restarts, 1):.2f}' for k, x in sorted(passes.items()))}"],
+            ["restart results", fmt_counts(results), f"done {v:,}", "licensectl_restarts_total"],
+            ["controller RSS (VmHWM)", f"{mem.get('VmHWM', 0) / 1048576:.1f} MiB", "",
+             f"max sampled VmRSS {ctl.peak_rss / 1048576:.1f} MiB"],
+            ["CPU use during rollout (share of one core)",
+             ", ".join(f"{k} {s:.0%}" for k, s in shares.items()), "", ""],
+            ["benchmark-process event-loop lag", f"p95 {fmt_seconds(lag.p95())}, "
+                                                 f"max {fmt_seconds(max(lag.samples, default=0.0))}", "",
+             "simulator + proxy responsiveness"],
+            ["bottleneck", verdict, "", ""],
+            ["controller exit on SIGTERM", str(code), "0", ""],
+        ]
+        return format_table(f"Rollout benchmark ({scale_name})", ["metric", "measured", "baseline / goal", "notes"],
+                            rows)
+    except BaseException:
+        if ctl is not None and ctl.log_tail():
+            progress("controller log tail:\n" + ctl.log_tail())
+        raise
+    finally:
+        await lag.stop()
+        if ctl is not None:
+            await ctl.stop()
+            ctl.cleanup_log()
+        if proxy is not None:
+            await proxy.stop()
+        if sim is not None:
+            await sim.stop()
+        for c in (api, sim_api):
+            with contextlib.suppress(Exception):
+                await c.close()

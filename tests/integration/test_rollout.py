@@ -1,0 +1,308 @@
+"""Rotation rollouts against the real apiserver and the KubeVirt simulator."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
+
+from licensectl.devcluster import fleet
+from licensectl.devcluster.simulator import ANN_BOOT
+from licensectl.model import (
+    ANN_RESTART_POLICY,
+    ANN_RESTART_RESULT,
+    ANN_RESTART_REVISION,
+    ANN_REVISION,
+    ANN_ROLLOUT_PAUSED,
+    ANN_ROLLOUT_RESUMED_AT,
+)
+from licensectl.render import replica_name
+from licensectl.rollout import format_time
+
+from ..conftest import KubevirtEnv
+from .support import events_for, eventually, metric, read_secret, running_app, settings_for, unique
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+@dataclass
+class Fleet:
+    api: ApiClient
+    kv: KubevirtEnv
+    controller_ns: str
+    source_ns: str
+    root: dict[str, Any]
+    root_name: str
+    cls: str
+    tenants: list[str]
+
+    def settings(self, **kw: Any) -> Any:
+        base: dict[str, Any] = {"max_unavailable": "2", "max_per_namespace": 1, "restart_timeout_seconds": 30.0,
+                                "log_level": "info"}
+        base.update(kw)
+        return settings_for(self.kv.kubeconfig_path, self.controller_ns, root_tenant=self.root_name, **base)
+
+    @property
+    def replica(self) -> str:
+        return replica_name(self.cls)
+
+    async def vm(self, ns: str, name: str, **kw: Any) -> None:
+        await fleet.create_vm(self.api, ns, name, license_secret=self.replica, **kw)
+
+    async def vm_obj(self, ns: str, name: str) -> Any:
+        return await CustomObjectsApi(self.api).get_namespaced_custom_object(
+            "kubevirt.io", "v1", ns, "virtualmachines", name)
+
+    async def vmi_obj(self, ns: str, name: str) -> Any:
+        return await CustomObjectsApi(self.api).get_namespaced_custom_object(
+            "kubevirt.io", "v1", ns, "virtualmachineinstances", name)
+
+    async def ready(self, ns: str, name: str) -> bool:
+        try:
+            vmi = await self.vmi_obj(ns, name)
+        except Exception:
+            return False
+        conds = (vmi.get("status") or {}).get("conditions") or []
+        return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+
+    async def rotate(self, n: int) -> bytes:
+        """The hoster's rotation: patch the token in place (annotations such as the pause switch stay)."""
+        token = fleet.fake_token(int(time.time()) + 86400 * 200, extra={"rotation": n})
+        await CoreV1Api(self.api).patch_namespaced_secret("nls-token", self.source_ns, {"data": {
+            "client_configuration_token.tok": base64.b64encode(token).decode()}})
+        return token
+
+    async def replica_revision(self, ns: str) -> str | None:
+        s = await read_secret(self.api, ns, self.replica)
+        return s.metadata.annotations.get(ANN_REVISION) if s is not None else None
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def rig(api_client: ApiClient, kubevirt: KubevirtEnv, namespace_factory: Any, cleanup: Any
+              ) -> AsyncIterator[Fleet]:
+    controller_ns = await namespace_factory("ctl")
+    source_ns = await namespace_factory("src")
+    root_name = f"tenant-{unique('root')}"
+    root = await fleet.create_tenant(api_client, root_name, vgpu=True)
+    core = CoreV1Api(api_client)
+
+    async def drop_tree() -> None:
+        await core.delete_namespace(root_name, propagation_policy="Background")
+
+    cleanup(drop_tree)
+    cls = unique("vws")
+    await fleet.put_source_secret(api_client, source_ns, "nls-token", fleet.fake_token(int(time.time()) + 86400))
+    await fleet.create_gpu_class(api_client, cls, mode="vgpu", secret=(source_ns, "nls-token"))
+    cleanup(lambda: fleet.delete_gpu_class(api_client, cls))
+    tenants = []
+    for _ in range(3):
+        t = await fleet.create_tenant(api_client, fleet.tenant_child_name(root_name, unique("t"), root_name),
+                                      parent=root, vgpu=True)
+        tenants.append(t["metadata"]["name"])
+        await fleet.create_claim(api_client, tenants[-1], "gpu", cls)
+    yield Fleet(api_client, kubevirt, controller_ns, source_ns, root, root_name, cls, tenants)
+
+
+async def boot_fleet(f: Fleet, per_tenant: int) -> list[tuple[str, str]]:
+    """Replicas first (as in a real cluster, a VMI cannot start before its Secret exists), then VMs."""
+    for ns in f.tenants:
+        await eventually(lambda ns=ns: f.replica_revision(ns), what=f"replica in {ns}")
+    # Timestamps have one-second resolution; a VMI started in the revision's own second counts as
+    # stale (conservatively), so the fleet boots a moment after its replicas were written.
+    await _sleep(1.1)
+    vms = []
+    for ns in f.tenants:
+        for i in range(per_tenant):
+            await f.vm(ns, f"vm{i}")
+            vms.append((ns, f"vm{i}"))
+    for ns, name in vms:
+        await eventually(lambda ns=ns, name=name: f.ready(ns, name), what=f"{ns}/{name} ready")
+    return vms
+
+
+async def wait_done(f: Fleet, vms: list[tuple[str, str]], revision: str, timeout: float = 90.0) -> None:
+    async def all_done() -> bool:
+        for ns, name in vms:
+            ann = (await f.vm_obj(ns, name))["metadata"].get("annotations") or {}
+            if ann.get(ANN_RESTART_REVISION) != revision or ann.get(ANN_RESTART_RESULT) != "done":
+                return False
+        return True
+
+    await eventually(all_done, timeout=timeout, interval=0.25, what="every VM restarted and done")
+
+
+async def test_rotation_restarts_each_stale_vmi_once_within_limits(rig: Fleet) -> None:
+    f = rig
+    async with running_app(f.settings()) as app:
+        vms = await boot_fleet(f, per_tenant=3)
+        await eventually(lambda: metric(app, "licensectl_rollout_vmis", {"state": "current"}) == 9.0,
+                         what="all current before the rotation")
+        assert not f.kv.record.restarts
+        old_rev = await _rev_changed(f)
+        await f.rotate(2)
+        new_rev = await eventually(lambda: _rev_changed_from(f, old_rev), what="replicas rotated")
+        # A VM created after the rotation is current and must never be restarted.
+        late_ns = f.tenants[0]
+        await eventually(lambda: _all_rev(f, new_rev), what="all replicas at the new revision")
+        await _sleep(1.1)
+        await f.vm(late_ns, "late")
+        await wait_done(f, vms, new_rev)
+        await eventually(lambda: f.ready(late_ns, "late"), what="late VM ready")
+        await eventually(lambda: metric(app, "licensectl_rollout_vmis", {"state": "current"}) == 10.0,
+                         what="all current after the rollout")
+
+    rec = f.kv.record
+    for ns, name in vms:
+        assert len(rec.restarts_for(ns, name)) == 1, f"{ns}/{name} restarted {len(rec.restarts_for(ns, name))}x"
+    assert rec.restarts_for(late_ns, "late") == []
+    assert rec.max_concurrent_unavailable() <= 2
+    for ns in f.tenants:
+        assert rec.max_concurrent_unavailable(ns) <= 1
+    # Fairness: the first three restarts went to three different tenants.
+    first = sorted((r for r in rec.restarts if r.status == 202), key=lambda r: r.at)[:3]
+    assert len({r.namespace for r in first}) == 3
+    evs = await events_for(f.api, f.source_ns, "nls-token")
+    reasons = {e.reason for e in evs}
+    assert {"RolloutStarted", "RolloutCompleted"} <= reasons
+    vm_events = await events_for(f.api, vms[0][0], vms[0][1])
+    assert {"RestartIssued", "RestartDone"} <= {e.reason for e in vm_events}
+
+
+async def _rev_changed(f: Fleet) -> str | None:
+    revs = {await f.replica_revision(ns) for ns in f.tenants}
+    return revs.pop() if len(revs) == 1 else None
+
+
+async def _all_rev(f: Fleet, rev: str) -> bool:
+    return all([await f.replica_revision(ns) == rev for ns in f.tenants])
+
+
+async def test_standalone_vmi_blocked_and_manual_vm_pending_then_overdue(rig: Fleet) -> None:
+    f = rig
+    offset = [0.0]
+
+    def clock() -> dt.datetime:
+        return dt.datetime.now(dt.UTC) + dt.timedelta(seconds=offset[0])
+
+    ns = f.tenants[0]
+    async with running_app(f.settings(manual_deadline_seconds=3600.0), clock=clock) as app:
+        for t in f.tenants:
+            await eventually(lambda t=t: f.replica_revision(t), what="replica")
+        await _sleep(1.1)
+        await f.vm(ns, "manual", annotations={ANN_RESTART_POLICY: "manual"})
+        vmi_body = fleet.vm_body(ns, "lonely", license_secret=f.replica)["spec"]["template"]
+        await CustomObjectsApi(f.api).create_namespaced_custom_object(
+            "kubevirt.io", "v1", ns, "virtualmachineinstances",
+            {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+             "metadata": {"name": "lonely", "namespace": ns}, "spec": vmi_body["spec"]})
+        await eventually(lambda: f.ready(ns, "manual"), what="manual VM ready")
+        lonely_uid = (await f.vmi_obj(ns, "lonely"))["metadata"]["uid"]
+        await f.rotate(3)
+        await eventually(lambda: metric(app, "licensectl_rollout_vmis", {"state": "blocked"}) == 1.0,
+                         what="standalone VMI blocked")
+        await eventually(lambda: metric(app, "licensectl_rollout_vmis", {"state": "manual"}) == 1.0,
+                         what="manual VM pending")
+        assert metric(app, "licensectl_rollout_vmis", {"state": "overdue"}) == 0.0
+        # Two hours later the manual VM is overdue; nothing was restarted or deleted.
+        offset[0] = 7200.0
+        app._roll_trigger.set()
+        await eventually(lambda: metric(app, "licensectl_rollout_vmis", {"state": "overdue"}) == 1.0,
+                         what="manual VM overdue")
+        status = app.status()["rollout"]["vmis"]
+        manual = next(v for v in status if v["vmi"] == "manual")
+        assert manual["state"] == "manual" and manual["overdue"] is True
+        evs = await events_for(f.api, ns, "lonely")
+        assert any(e.reason == "RestartBlocked" for e in evs)
+    assert f.kv.record.restarts_for(ns, "manual") == []
+    assert (await f.vmi_obj(ns, "lonely"))["metadata"]["uid"] == lonely_uid
+
+
+async def test_failure_budget_pauses_then_resume_continues(rig: Fleet) -> None:
+    f = rig
+    async with running_app(f.settings(max_failures=2, restart_timeout_seconds=4.0, max_unavailable="1")) as app:
+        vms = await boot_fleet(f, per_tenant=2)
+        # From now on, restarted VMIs of tenant 0 and 1 hang in Scheduling (never Ready).
+        co = CustomObjectsApi(f.api)
+        for ns in f.tenants[:2]:
+            for i in range(2):
+                await co.patch_namespaced_custom_object(
+                    "kubevirt.io", "v1", ns, "virtualmachines", f"vm{i}",
+                    {"spec": {"template": {"metadata": {"annotations": {ANN_BOOT: "hang"}}}}},
+                    _content_type="application/merge-patch+json")
+        await f.rotate(4)
+        source = ("source_namespace", f.source_ns)
+        await eventually(lambda: metric(app, "licensectl_rollout_paused", {source[0]: source[1], "reason": "failures"})
+                         == 1.0, timeout=60, what="rollout paused by failures")
+        issued = len([r for r in f.kv.record.restarts if r.status == 202])
+        evs = await events_for(f.api, f.source_ns, "nls-token")
+        assert any(e.reason == "RolloutPaused" for e in evs)
+        # Paused: no new restarts while it stays paused.
+        await _sleep(3)
+        assert len([r for r in f.kv.record.restarts if r.status == 202]) == issued
+        # The hoster fixes the VMs and resumes.
+        for ns in f.tenants[:2]:
+            for i in range(2):
+                await co.patch_namespaced_custom_object(
+                    "kubevirt.io", "v1", ns, "virtualmachines", f"vm{i}",
+                    {"spec": {"template": {"metadata": {"annotations": {ANN_BOOT: None}}}}},
+                    _content_type="application/merge-patch+json")
+        await CoreV1Api(f.api).patch_namespaced_secret("nls-token", f.source_ns, {"metadata": {"annotations": {
+            ANN_ROLLOUT_RESUMED_AT: format_time(dt.datetime.now(dt.UTC))}}})
+        await eventually(lambda: metric(app, "licensectl_rollout_paused", {source[0]: source[1], "reason": "failures"})
+                         == 0.0, timeout=30, what="rollout resumed")
+        # The rest of the fleet is rolled out; the two hung guests stay failed for the hoster to look at.
+        await eventually(lambda: metric(app, "licensectl_rollout_vmis", {"state": "stale"}) == 0.0
+                         and metric(app, "licensectl_rollout_vmis", {"state": "restarting"}) == 0.0,
+                         timeout=120, what="rollout finishes the remaining VMs after resume")
+        assert metric(app, "licensectl_rollout_vmis", {"state": "failed"}) == 2.0
+        assert metric(app, "licensectl_rollout_vmis", {"state": "current"}) == float(len(vms) - 2)
+    for ns, name in vms:
+        assert len(f.kv.record.restarts_for(ns, name)) == 1, f"{ns}/{name}"
+
+
+async def test_manual_pause_switch_and_supersede(rig: Fleet) -> None:
+    f = rig
+    async with running_app(f.settings(max_unavailable="1")) as app:
+        vms = await boot_fleet(f, per_tenant=2)
+        core = CoreV1Api(f.api)
+        await core.patch_namespaced_secret("nls-token", f.source_ns,
+                                           {"metadata": {"annotations": {ANN_ROLLOUT_PAUSED: "true"}}})
+        await f.rotate(5)
+        await eventually(lambda: metric(app, "licensectl_rollout_paused",
+                                        {"source_namespace": f.source_ns, "reason": "manual"}) == 1.0,
+                         what="paused by the hoster")
+        await _sleep(3)
+        assert not [r for r in f.kv.record.restarts if r.status == 202]
+        # Unpause: the rollout runs; a second rotation mid-rollout supersedes the first.
+        await core.patch_namespaced_secret("nls-token", f.source_ns,
+                                           {"metadata": {"annotations": {ANN_ROLLOUT_PAUSED: None}}})
+        await eventually(lambda: len([r for r in f.kv.record.restarts if r.status == 202]) >= 1,
+                         what="first restart")
+        first_rev = await _rev_changed(f)
+        await f.rotate(6)
+        newest = await eventually(lambda: _rev_changed_from(f, first_rev), what="second rotation written")
+        await wait_done(f, vms, newest, timeout=120)
+    rec = f.kv.record
+    # Every VM is on the newest revision; none was restarted more than twice (once per revision).
+    for ns, name in vms:
+        assert 1 <= len(rec.restarts_for(ns, name)) <= 2
+
+
+async def _rev_changed_from(f: Fleet, old: str | None) -> str | None:
+    """The revision every tenant's replica agrees on, once it differs from `old`."""
+    rev = await _rev_changed(f)
+    return rev if rev != old else None
+
+
+async def _sleep(seconds: float) -> None:
+    import asyncio
+
+    await asyncio.sleep(seconds)

@@ -1,0 +1,159 @@
+"""The benchmarks' pure helpers: metric parsing and deltas, /proc parsing, fleet shapes, tables."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.common import (
+    MetricSnapshot,
+    delta,
+    delta_by_label,
+    fmt_mib,
+    fmt_num,
+    fmt_ratio,
+    fmt_seconds,
+    format_table,
+    level_sizes,
+    parse_metrics,
+    parse_proc_stat_cpu,
+    parse_proc_status,
+    ratio,
+    spread,
+    tenant_tree,
+)
+
+EXPOSITION = """\
+# HELP licensectl_api_requests_total Requests to the apiserver by verb and code.
+# TYPE licensectl_api_requests_total counter
+licensectl_api_requests_total{code="200",verb="GET"} 12.0
+licensectl_api_requests_total{code="404",verb="GET"} 3.0
+licensectl_api_requests_total{code="201",verb="POST"} 5.0
+# HELP licensectl_replicas Replica Secrets by state (in_sync, drifted, missing, conflict).
+# TYPE licensectl_replicas gauge
+licensectl_replicas{state="in_sync"} 4999.0
+licensectl_replicas{state="missing"} 1.0
+# HELP licensectl_source_revision_info Current license revision per source and class.
+# TYPE licensectl_source_revision_info gauge
+licensectl_source_revision_info{class="vws",revision="ab\\"c,d}e",source_name="n",source_namespace="s"} 1.0
+# HELP licensectl_ready 1 once every cache completed its initial sync.
+# TYPE licensectl_ready gauge
+licensectl_ready 1.0
+"""
+
+
+def test_parse_metrics_sums_matching_label_subsets() -> None:
+    s = parse_metrics(EXPOSITION, at=7.0)
+    assert s.at == 7.0
+    assert s.value("licensectl_api_requests_total") == 20.0
+    assert s.value("licensectl_api_requests_total", verb="GET") == 15.0
+    assert s.value("licensectl_api_requests_total", verb="GET", code="404") == 3.0
+    assert s.value("licensectl_replicas", state="in_sync") == 4999.0
+    assert s.value("licensectl_ready") == 1.0
+    assert s.value("licensectl_replicas", state="drifted") == 0.0
+    assert not s.has("licensectl_replicas", state="drifted")
+    assert s.has("licensectl_replicas", state="missing")
+
+
+def test_parse_metrics_keeps_escaped_label_values() -> None:
+    s = parse_metrics(EXPOSITION)
+    labels = [dict(ls) for (n, ls) in s.samples if n == "licensectl_source_revision_info"]
+    assert labels == [{"class": "vws", "revision": 'ab"c,d}e', "source_name": "n", "source_namespace": "s"}]
+
+
+def test_by_label_and_deltas() -> None:
+    before = parse_metrics(EXPOSITION)
+    after = parse_metrics(EXPOSITION.replace('verb="POST"} 5.0', 'verb="POST"} 9.0')
+                          + 'licensectl_api_requests_total{code="200",verb="PUT"} 2.0\n')
+    assert after.by_label("licensectl_api_requests_total", "verb") == {"GET": 15.0, "POST": 9.0, "PUT": 2.0}
+    assert delta(after, before, "licensectl_api_requests_total") == 6.0
+    assert delta(after, before, "licensectl_api_requests_total", verb="GET") == 0.0
+    # Unchanged verbs are left out; a series that appeared counts from zero.
+    assert delta_by_label(after, before, "licensectl_api_requests_total", "verb") == {"POST": 4.0, "PUT": 2.0}
+    assert delta_by_label(after, MetricSnapshot({}), "licensectl_replicas", "state") == {
+        "in_sync": 4999.0, "missing": 1.0}
+
+
+def test_parse_proc_status_in_bytes() -> None:
+    text = "Name:\tpython\nVmPeak:\t  300000 kB\nVmHWM:\t  153600 kB\nVmRSS:\t  102400 kB\nThreads:\t3\n"
+    mem = parse_proc_status(text)
+    assert mem["VmHWM"] == 150 * 1024 * 1024
+    assert mem["VmRSS"] == 100 * 1024 * 1024
+    assert "Threads" not in mem and "Name" not in mem
+
+
+def test_parse_proc_stat_cpu_handles_spaces_and_parens_in_comm() -> None:
+    # Fields after comm: state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime
+    rest = "S 1 2 3 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 3 0 12345"
+    assert parse_proc_stat_cpu(f"4242 (python) {rest}", 100) == pytest.approx(3.0)
+    assert parse_proc_stat_cpu(f"4242 (a (weird) name) {rest}", 100) == pytest.approx(3.0)
+    assert parse_proc_stat_cpu(f"4242 (x) {rest}", 250) == pytest.approx(1.2)
+
+
+@pytest.mark.parametrize(("count", "depth"), [(5000, 4), (500, 4), (50, 2), (3, 4), (1, 4), (7, 1)])
+def test_tenant_tree_shape(count: int, depth: int) -> None:
+    tree = tenant_tree(count, depth)
+    assert len(tree) == count
+    assert len({t.name for t in tree}) == count
+    assert max((t.depth for t in tree), default=0) <= depth
+    seen = {"tenant-root"}
+    by_name = {t.name: t for t in tree}
+    for t in tree:
+        assert t.parent in seen, "parents come before their children"
+        seen.add(t.name)
+        # Cozystack naming: the name is the parent's name plus one dash-free part.
+        expected_prefix = "tenant-" if t.parent == "tenant-root" else t.parent + "-"
+        assert t.name.startswith(expected_prefix)
+        assert "-" not in t.name[len(expected_prefix):]
+        assert t.depth == (1 if t.parent == "tenant-root" else by_name[t.parent].depth + 1)
+        assert len(t.name) <= 63
+
+
+def test_tenant_tree_full_scale_reaches_depth_four() -> None:
+    depths = [t.depth for t in tenant_tree(5000, 4)]
+    assert sorted(set(depths)) == [1, 2, 3, 4]
+    assert [depths.count(d) for d in (1, 2, 3, 4)] == level_sizes(5000, 4) == [500, 1000, 1500, 2000]
+
+
+def test_level_sizes_never_leave_a_gap() -> None:
+    for count in range(0, 40):
+        sizes = level_sizes(count, 4)
+        assert sum(sizes) == count
+        first_empty = next((i for i, s in enumerate(sizes) if s == 0), len(sizes))
+        assert all(s == 0 for s in sizes[first_empty:])
+    with pytest.raises(ValueError):
+        level_sizes(5, 0)
+
+
+def test_spread() -> None:
+    assert spread(2000, 500) == [4] * 500
+    assert spread(10, 4) == [3, 3, 2, 2]
+    assert spread(2, 4) == [1, 1, 0, 0]
+    with pytest.raises(ValueError):
+        spread(1, 0)
+
+
+def test_ratio_and_formatting() -> None:
+    assert ratio(30.0, 10.0) == 3.0
+    assert ratio(1.0, 0.0) is None
+    assert fmt_ratio(ratio(7.0, 2.0)) == "3.50x"
+    assert fmt_ratio(None) == "n/a"
+    assert fmt_seconds(0.0425) == "42 ms"
+    assert fmt_seconds(12.345) == "12.35 s"
+    assert fmt_seconds(900.0) == "900 s (15.0 min)"
+    assert fmt_seconds(None) == "n/a"
+    assert fmt_mib(150 * 1024 * 1024) == "150.0 MiB"
+    assert fmt_num(5000.0) == "5,000"
+    assert fmt_num(2.345) == "2.35"
+    assert fmt_num(None) == "n/a"
+
+
+def test_format_table_aligns_columns() -> None:
+    out = format_table("T", ["metric", "value"], [["a", "1"], ["longer name", "22"]])
+    lines = out.splitlines()
+    assert lines[0] == "T"
+    assert lines[1] == "| metric      | value |"
+    assert lines[2] == "|-------------|-------|"
+    assert lines[3] == "| a           | 1     |"
+    assert lines[4] == "| longer name | 22    |"
+    with pytest.raises(ValueError):
+        format_table("T", ["a", "b"], [["only one"]])
