@@ -1,4 +1,4 @@
-"""`python -m benchmarks [replication|rollout|all] [--scale small|full]`.
+"""`python -m benchmarks [replication|rollout|all] [--scale small|full]`, `python -m benchmarks reports ...`.
 
 Each benchmark gets a fresh local control plane (etcd + kube-apiserver + kube-controller-manager),
 so one cannot skew the other; everything is torn down at the end, also on errors and Ctrl-C.
@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from benchmarks import replication, rollout
+from benchmarks import replication, reports, rollout
 from benchmarks.common import format_table, machine_rows, progress
 from licensectl import logs
 from licensectl.devcluster.controlplane import ETCD_VERSION, ControlPlane
@@ -41,6 +41,9 @@ def run_one(name: str, scale: str) -> tuple[str, str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["reports"]:
+        return reports.main(argv[1:])  # no control plane: a loopback load on the report endpoint
     args = _parser().parse_args(argv)
     logs.configure("console", "warning", stream=sys.stderr)  # library logs must not mix with the tables
     names = list(BENCHMARKS) if args.which == "all" else [args.which]

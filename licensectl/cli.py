@@ -72,6 +72,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from licensectl.app import run
 
         return asyncio.run(run(settings))
+    if args.command in ("status", "rollout"):
+        from licensectl import logs
+
+        logs.configure("console", "warning")  # stdout is for the command's output
     if args.command == "status":
         from licensectl.status import status_main
 

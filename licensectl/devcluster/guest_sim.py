@@ -1,0 +1,167 @@
+"""Simulated vGPU guests: the *real* guest scripts, run against a fake guest filesystem.
+
+A GPU and a guest OS cannot run here, so each simulated guest is a directory tree standing in for
+the VM's root filesystem. The shipped `licensectl-install.sh` and `licensectl-probe.sh` run for
+real under `dash`, with the license disk filled from the VMI's replica Secret (what KubeVirt's ISO
+would hold), the SMBIOS UUID set to the VMI's firmware UUID, and a fake `nvidia-smi` that prints
+recorded real output from tests/fixtures/nvidia/. Derived variants (a different expiry date in the
+XML, say) are built here and named as derived; recorded fixtures are never edited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime as dt
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
+
+from licensectl.kube.raw import RawApi
+
+REPO = Path(__file__).resolve().parents[2]
+GUEST_DIR = REPO / "licensectl" / "guest"
+FIXTURES = REPO / "tests" / "fixtures" / "nvidia"
+
+# Guest profiles: what `nvidia-smi` prints in that guest.
+LICENSED_XML = "smi-qx-licensed-l40s-2q-trimmed.xml"
+UNLICENSED_TEXT = "smi-q-unlicensed-vcs.txt"
+RESTRICTED_TEXT = "smi-q-unlicensed-restricted-vcs.txt"
+GRIDD_LOG = "gridd-log-acquired-cls.txt"
+
+
+def derived_xml_with_expiry(expiry: dt.datetime) -> str:
+    """Derived from the recorded L40S-2Q XML: only the expiry in <license_status> is changed,
+    written the way the driver prints it (no zero padding, GMT)."""
+    xml = (FIXTURES / LICENSED_XML).read_text()
+    e = expiry.astimezone(dt.UTC)
+    stamp = f"{e.year}-{e.month}-{e.day} {e.hour}:{e.minute}:{e.second} GMT"
+    return re.sub(r"<license_status>[^<]*</license_status>",
+                  f"<license_status>Licensed (Expiry: {stamp})</license_status>", xml, count=1)
+
+
+@dataclass
+class GuestProfile:
+    """What the guest's driver reports: an XML document, or text output only (-q -x failing)."""
+
+    name: str
+    xml: str | None = None
+    text_fixture: str | None = None
+    silent: bool = False  # never reports (probe not installed / network blocked)
+
+    @classmethod
+    def licensed(cls, lease: dt.timedelta = dt.timedelta(days=1)) -> GuestProfile:
+        """The recorded licensed L40S-2Q output with a current lease (its recorded expiry is in the past)."""
+        return cls("licensed", xml=derived_xml_with_expiry(dt.datetime.now(dt.UTC) + lease))
+
+    @classmethod
+    def recorded(cls) -> GuestProfile:
+        """The recorded XML verbatim (its lease expired long ago: the guest reads as expired)."""
+        return cls("recorded", xml=(FIXTURES / LICENSED_XML).read_text())
+
+    @classmethod
+    def expiring(cls, expiry: dt.datetime) -> GuestProfile:
+        return cls("expiring", xml=derived_xml_with_expiry(expiry))
+
+    @classmethod
+    def unlicensed(cls) -> GuestProfile:
+        return cls("unlicensed", text_fixture=UNLICENSED_TEXT)
+
+    @classmethod
+    def restricted(cls) -> GuestProfile:
+        return cls("restricted", text_fixture=RESTRICTED_TEXT)
+
+    @classmethod
+    def quiet(cls) -> GuestProfile:
+        return cls("silent", silent=True)
+
+
+def _write_exe(path: Path, text: str) -> None:
+    path.write_text(text)
+    path.chmod(0o755)
+
+
+@dataclass
+class SimulatedGuest:
+    namespace: str
+    vmi: str
+    profile: GuestProfile
+    base: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="licensectl-guest-")))
+    last_rc: int | None = None
+    last_stderr: str = ""
+
+    def __post_init__(self) -> None:
+        self.root = self.base / "root"
+        self.disk = self.base / "disk"
+        self.bin = self.base / "bin"
+        for d in (self.root / "sys/class/dmi/id", self.disk, self.bin, self.base / "tmp", self.base / "mnt"):
+            d.mkdir(parents=True, exist_ok=True)
+        smi_xml = self.base / "smi.xml"
+        if self.profile.xml is not None:
+            smi_xml.write_text(self.profile.xml)
+        text = FIXTURES / (self.profile.text_fixture or UNLICENSED_TEXT)
+        xml_case = f'cat "{smi_xml}"' if self.profile.xml is not None else "exit 9"
+        _write_exe(self.bin / "nvidia-smi", f'#!/bin/sh\ncase "$*" in\n"-q -x") {xml_case} ;;\n'
+                                           f'"-q") cat "{text}" ;;\n*) exit 2 ;;\nesac\n')
+        _write_exe(self.bin / "systemctl", "#!/bin/sh\nexit 0\n")
+        journal = self.base / "journal.txt"
+        journal.write_text("".join(f"2026-04-02T{line[7:15]}+00:00{line[15:]}\n"
+                                   for line in (FIXTURES / GRIDD_LOG).read_text().splitlines()
+                                   if "nvidia-gridd[" in line))
+        _write_exe(self.bin / "journalctl", f'#!/bin/sh\ncat "{journal}"\n')
+
+    def env(self) -> dict[str, str]:
+        return {
+            "PATH": f"{self.bin}:/usr/local/bin:/usr/bin:/bin",
+            "HOME": str(self.base), "TMPDIR": str(self.base / "tmp"),
+            "LICENSECTL_ROOT": str(self.root), "LICENSECTL_ENV_FILE": str(self.base / "no-env-file"),
+            "LICENSECTL_DISK_DIR": str(self.disk), "LICENSECTL_DISK_WAIT": "0",
+            "JOURNALCTL": str(self.bin / "journalctl"), "LICENSECTL_BACKOFF": "1", "LICENSECTL_ATTEMPTS": "3",
+            "LICENSECTL_DEADLINE": "20",
+        }
+
+    async def _run(self, script: str) -> int:
+        shell = shutil.which("dash") or "/bin/sh"
+        proc = await asyncio.create_subprocess_exec(
+            shell, str(GUEST_DIR / script), env=self.env(), cwd=self.base,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+        _, err = await proc.communicate()
+        self.last_rc = proc.returncode
+        self.last_stderr = err.decode(errors="replace")[-2000:]
+        return proc.returncode if proc.returncode is not None else -1
+
+    async def boot(self, api: ApiClient, *, report_url: str | None = None) -> int:
+        """What KubeVirt + the boot unit do: expose the replica as the license disk, set the SMBIOS
+        UUID, run licensectl-install. `report_url` overrides the URL inside the disk (the demo's
+        controller listens on loopback, not on the in-cluster Service name)."""
+        vmi: dict[str, Any] = await RawApi(CustomObjectsApi(api)).get_namespaced_custom_object(
+            "kubevirt.io", "v1", self.namespace, "virtualmachineinstances", self.vmi)
+        uuid = (((vmi.get("spec") or {}).get("domain") or {}).get("firmware") or {}).get("uuid", "")
+        (self.root / "sys/class/dmi/id/product_uuid").write_text(str(uuid).upper() + "\n")
+        secret_name = next((v["secret"]["secretName"] for v in (vmi.get("spec") or {}).get("volumes", [])
+                            if isinstance(v, dict) and isinstance(v.get("secret"), dict)), None)
+        if secret_name is None:
+            return 2
+        secret = await RawApi(CoreV1Api(api)).read_namespaced_secret(secret_name, self.namespace)
+        for f in self.disk.iterdir():
+            f.unlink()
+        for key, value in (secret.get("data") or {}).items():
+            data = base64.b64decode(value)
+            if key == "report-url" and report_url:
+                data = report_url.encode()
+            (self.disk / key).write_bytes(data)
+        return await self._run("licensectl-install.sh")
+
+    async def probe(self) -> int:
+        if self.profile.silent:
+            return 0
+        return await self._run("licensectl-probe.sh")
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.base, ignore_errors=True)
+

@@ -1,0 +1,707 @@
+"""Seeded fault scenarios against the real control plane, each ending in the invariants check.
+
+A scenario is `async fn(env, seed, mode) -> Outcome`. The seed drives every random choice (kill
+points, fault kinds, burst sizes), so a failing (scenario, seed) pair can be re-run as is:
+`python -m tests.faults --only sigkill_rollout --seed 7`. `mode` is "short" (CI) or "long".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import dataclasses
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api, CustomObjectsApi
+
+from licensectl import config
+from licensectl.app import App
+from licensectl.devcluster import fleet
+from licensectl.devcluster.controlplane import ControlPlane
+from licensectl.kube.raw import RawApi
+from licensectl.render import RenderedLicense, replica_name
+
+from . import invariants as inv
+from .toolkit import (
+    ControllerProcess,
+    FaultProxy,
+    JumpClock,
+    KubevirtRig,
+    TcpProxy,
+    poll,
+    settings_args,
+    start_kubevirt,
+    write_kubeconfig,
+)
+
+SOURCE_NAME = "nls-token"
+Key = tuple[str, str]
+
+
+@dataclass
+class Env:
+    """What every scenario gets: the control plane, an admin client, a scratch directory."""
+
+    cp: ControlPlane
+    api: ApiClient
+    workdir: Path
+
+
+@dataclass
+class Outcome:
+    scenario: str
+    seed: int
+    verdict: inv.Verdict
+    seconds: float = 0.0
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex[:8]}"
+
+
+async def gather_bounded(jobs: Iterable[Awaitable[Any]], limit: int = 24) -> list[Any]:
+    sem = asyncio.Semaphore(limit)
+
+    async def one(j: Awaitable[Any]) -> Any:
+        async with sem:
+            return await j
+
+    return await asyncio.gather(*(one(j) for j in jobs))
+
+
+# ---------------------------------------------------------------------------------------------
+# A hoster world: controller namespace, source Secret, one vGPU class, a tenant tree
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class World:
+    api: ApiClient
+    controller_ns: str
+    source_ns: str
+    root: dict[str, Any]
+    root_name: str
+    cls: str
+    tenants: list[str] = field(default_factory=list)
+    extra_namespaces: list[str] = field(default_factory=list)
+    tokens: list[bytes] = field(default_factory=list)
+    decoys: list[Key] = field(default_factory=list)
+    vms: list[Key] = field(default_factory=list)
+
+    @property
+    def source(self) -> Key:
+        return (self.source_ns, SOURCE_NAME)
+
+    @property
+    def replica(self) -> str:
+        return replica_name(self.cls)
+
+    @property
+    def namespaces(self) -> list[str]:
+        return [self.controller_ns, self.source_ns, self.root_name, *self.tenants, *self.extra_namespaces]
+
+    def base_settings(self, **kw: Any) -> dict[str, Any]:
+        s: dict[str, Any] = {"root_tenant": self.root_name, "settle_seconds": 0, "resync_seconds": 30,
+                             "max_unavailable": "2", "max_per_namespace": 1, "restart_timeout_seconds": 90,
+                             "restart_reissue_seconds": 3, "log_level": "info",
+                             "report_url": "http://127.0.0.1:1/v1/reports"}
+        s.update(kw)
+        return s
+
+    async def add_tenant(self, parent: dict[str, Any] | None = None, *, vgpu: bool = True, claim: bool = True,
+                         decoy: bool = True) -> dict[str, Any]:
+        parent = parent or self.root
+        name = fleet.tenant_child_name(parent["metadata"]["name"], unique("t"), self.root_name)
+        t = await fleet.create_tenant(self.api, name, parent=parent, vgpu=vgpu)
+        self.tenants.append(name)
+        if claim:
+            await fleet.create_claim(self.api, name, "gpu", self.cls)
+        if decoy:
+            await CoreV1Api(self.api).create_namespaced_secret(name, {
+                "metadata": {"name": "tenant-own"}, "stringData": {"app.conf": "tenant data"}})
+            self.decoys.append((name, "tenant-own"))
+        return t
+
+    async def rotate(self, n: int) -> bytes:
+        token = fleet.fake_token(int(time.time()) + 86400 * 200, extra={"rotation": n, "nonce": uuid.uuid4().hex})
+        await CoreV1Api(self.api).patch_namespaced_secret(SOURCE_NAME, self.source_ns, {"data": {
+            fleet_token_key(): base64.b64encode(token).decode()}})
+        self.tokens.append(token)
+        return token
+
+    async def revision(self) -> str:
+        lic = await inv.expected_license(self.api, self.source, self.cls)
+        assert isinstance(lic, RenderedLicense), "source does not render"
+        return lic.revision
+
+    async def replicas_present(self, namespaces: Iterable[str]) -> bool:
+        have = await inv.owned_replicas(self.api, self.source)
+        return all((ns, self.replica) in have for ns in namespaces)
+
+    async def replicas_at(self, namespaces: Iterable[str], revision: str) -> bool:
+        have = await inv.owned_replicas(self.api, self.source)
+        for ns in namespaces:
+            r = have.get((ns, self.replica))
+            if r is None or ((r.get("metadata") or {}).get("annotations") or {}).get(
+                    "licensectl.io/revision") != revision:
+                return False
+        return True
+
+    async def create_vms(self, per_tenant: int, tenants: Sequence[str] | None = None) -> list[Key]:
+        made: list[Key] = []
+        for ns in tenants or self.tenants:
+            for i in range(per_tenant):
+                await fleet.create_vm(self.api, ns, f"vm{i}", license_secret=self.replica)
+                made.append((ns, f"vm{i}"))
+        self.vms.extend(made)
+        return made
+
+    async def vmis_ready(self, vms: Sequence[Key]) -> bool:
+        co = RawApi(CustomObjectsApi(self.api))
+        ready: set[Key] = set()
+        for ns in sorted({k[0] for k in vms}):
+            doc = await co.list_namespaced_custom_object("kubevirt.io", "v1", ns, "virtualmachineinstances")
+            for item in doc.get("items") or []:
+                meta = item.get("metadata") or {}
+                conds = (item.get("status") or {}).get("conditions") or []
+                if not meta.get("deletionTimestamp") and any(
+                        c.get("type") == "Ready" and c.get("status") == "True" for c in conds):
+                    ready.add((ns, meta["name"]))
+        return all(k in ready for k in vms)
+
+    async def vms_done(self, vms: Sequence[Key], revision: str) -> bool:
+        co = RawApi(CustomObjectsApi(self.api))
+        for ns in sorted({k[0] for k in vms}):
+            doc = await co.list_namespaced_custom_object("kubevirt.io", "v1", ns, "virtualmachines")
+            by_name = {i["metadata"]["name"]: i for i in doc.get("items") or []}
+            for k in vms:
+                if k[0] != ns:
+                    continue
+                ann = (by_name.get(k[1], {}).get("metadata") or {}).get("annotations") or {}
+                if ann.get("licensectl.io/restart-revision") != revision or \
+                        ann.get("licensectl.io/restart-result") != "done":
+                    return False
+        return await self.vmis_ready(vms)
+
+    async def teardown(self) -> None:
+        core = CoreV1Api(self.api)
+        for ns in (self.root_name, self.controller_ns, self.source_ns, *self.extra_namespaces):
+            with contextlib.suppress(ApiException):
+                await core.delete_namespace(ns, propagation_policy="Background")
+        with contextlib.suppress(ApiException):
+            await fleet.delete_gpu_class(self.api, self.cls)
+
+
+def fleet_token_key() -> str:
+    return inv.TOKEN_KEY
+
+
+async def build_world(api: ApiClient, *, tenants: int = 3) -> World:
+    core = CoreV1Api(api)
+    controller_ns, source_ns = unique("ctl"), unique("src")
+    for ns in (controller_ns, source_ns):
+        await core.create_namespace({"metadata": {"name": ns}})
+    root_name = f"tenant-{unique('root')}"
+    root = await fleet.create_tenant(api, root_name, vgpu=True)
+    cls = unique("vws")
+    token = fleet.fake_token(int(time.time()) + 86400 * 90, extra={"nonce": uuid.uuid4().hex})
+    await fleet.put_source_secret(api, source_ns, SOURCE_NAME, token)
+    await fleet.create_gpu_class(api, cls, mode="vgpu", secret=(source_ns, SOURCE_NAME), feature_type=1)
+    w = World(api, controller_ns, source_ns, root, root_name, cls, tokens=[token])
+    await core.create_namespaced_secret(source_ns, {"metadata": {"name": "hoster-other"},
+                                                    "stringData": {"x": "hoster data"}})
+    w.decoys.append((source_ns, "hoster-other"))
+    for _ in range(tenants):
+        await w.add_tenant()
+    return w
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared scenario plumbing
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Run:
+    """One scenario run's resources; `close()` tears everything down in reverse order."""
+
+    env: Env
+    seed: int
+    mode: str
+    name: str
+    rng: random.Random
+    verdict: inv.Verdict = field(default_factory=inv.Verdict)
+    world: World | None = None
+    rig: KubevirtRig | None = None
+    controllers: list[ControllerProcess] = field(default_factory=list)
+    proxies: list[Any] = field(default_factory=list)
+    apps: list[App] = field(default_factory=list)
+    notes: dict[str, Any] = field(default_factory=dict)
+    foreign_before: dict[Key, str] = field(default_factory=dict)
+
+    @property
+    def w(self) -> World:
+        assert self.world is not None
+        return self.world
+
+    def kubeconfig(self, name: str, server: str) -> Path:
+        return write_kubeconfig(self.env.workdir, name, server, self.env.cp.ca_pem, self.env.cp.admin_token)
+
+    def controller(self, kubeconfig: Path, *, name: str = "controller", **settings: Any) -> ControllerProcess:
+        c = ControllerProcess(kubeconfig, self.w.controller_ns, log_dir=self.env.workdir,
+                              args=settings_args(**self.w.base_settings(**settings)), name=name)
+        self.controllers.append(c)
+        return c
+
+    async def snapshot_foreign(self) -> None:
+        self.foreign_before = await inv.foreign_secrets(self.env.api, self.w.namespaces,
+                                                        exclude=[self.w.source])
+
+    async def finish(self, *, entitled: Iterable[str]) -> None:
+        """The common invariants: replicas, foreign Secrets, secrecy of everything captured."""
+        w = self.w
+        replicas = await inv.check_replicas(self.env.api, self.verdict, source=w.source, classes=[w.cls],
+                                            entitled=entitled)
+        after = await inv.foreign_secrets(self.env.api, w.namespaces, exclude=[w.source])
+        inv.check_foreign(self.verdict, self.foreign_before, after)
+        for c in self.controllers:
+            if c.alive():
+                await c.scrape()
+                await c.status()
+        texts: list[tuple[str, str]] = []
+        for c in self.controllers:
+            texts.extend((f"{c.name} log line {i + 1}", line) for i, line in enumerate(c.log_lines()))
+            texts.extend(c.http_bodies)
+        texts.extend(await inv.event_texts(self.env.api, [*w.namespaces, "default"]))
+        needles = [n for i, t in enumerate(w.tokens) for n in inv.token_needles(f"token #{i}", t)]
+        needles.extend(inv.credential_needles(replicas))
+        self.notes["texts_scanned"] = inv.scan(self.verdict, texts, needles)
+
+    async def close(self) -> None:
+        for c in self.controllers:
+            with contextlib.suppress(Exception):
+                await c.close()
+        for a in self.apps:
+            with contextlib.suppress(Exception):
+                await a.stop()
+        for p in reversed(self.proxies):
+            with contextlib.suppress(Exception):
+                await p.stop()
+        if self.rig is not None:
+            with contextlib.suppress(Exception):
+                await self.rig.stop()
+        if self.world is not None:
+            with contextlib.suppress(Exception):
+                await self.world.teardown()
+
+
+async def boot_fleet(run: Run, per_tenant: int, metrics_from: ControllerProcess | None = None) -> list[Key]:
+    """Replicas first, then (a second later: 1 s timestamps) the VMs; wait until all are Ready."""
+    w = run.w
+    await poll(lambda: w.replicas_present(w.tenants), timeout=60, what="replicas in every tenant")
+    await asyncio.sleep(1.1)
+    vms = await w.create_vms(per_tenant)
+    await poll(lambda: w.vmis_ready(vms), timeout=60, what="fleet Ready")
+    if metrics_from is not None:
+        async def all_current() -> bool:
+            s = await metrics_from.scrape()
+            return s is not None and s.value("licensectl_rollout_vmis", state="current") == len(vms)
+
+        await poll(all_current, timeout=30, what="controller sees the fleet current")
+    return vms
+
+
+async def rotate_and_wait_replicas(run: Run, n: int = 2) -> tuple[float, str]:
+    w = run.w
+    since = time.monotonic()
+    await w.rotate(n)
+    rev = await w.revision()
+    return since, rev
+
+
+async def rollout_checks(run: Run, vms: Sequence[Key], since: float, revision: str, *,
+                         max_unavailable: int, timeout: float = 180.0) -> None:
+    w = run.w
+    try:
+        await poll(lambda: w.vms_done(vms, revision), timeout=timeout, interval=0.5,
+                   what="every VM restarted and done")
+    except TimeoutError as e:
+        run.verdict.check("rollout_completes", False, str(e))
+    assert run.rig is not None
+    inv.check_restarts(run.verdict, run.rig.record, vms, since=since)
+    await inv.check_vms_done(run.env.api, run.verdict, vms, revision)
+    inv.check_unavailability(run.verdict, run.rig.record, w.tenants, max_unavailable=max_unavailable,
+                             max_per_namespace=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Scenarios
+# ---------------------------------------------------------------------------------------------
+async def sigkill_rollout(run: Run) -> None:
+    """SIGKILL the controller at random points of a rollout, restart it each time."""
+    long = run.mode == "long"
+    kills = 20 if long else 8
+    w = run.world = await build_world(run.env.api, tenants=4 if long else 3)
+    run.rig = await start_kubevirt(run.env.api, run.env.cp, ready_delay=run.rng.uniform(0.4, 1.2))
+    await run.snapshot_foreign()
+    limit = 2 if long else 1
+    ctl = run.controller(run.kubeconfig("kv", run.rig.proxy.url), max_unavailable=str(limit))
+    await ctl.start()
+    await ctl.wait_ready()
+    vms = await boot_fleet(run, 4 if long else 3, metrics_from=ctl)
+    since, rev = await rotate_and_wait_replicas(run)
+    mid = 0
+    for _ in range(kills):
+        await asyncio.sleep(run.rng.uniform(0.2, 3.0))
+        if not await w.vms_done(vms, rev):
+            mid += 1
+        await ctl.sigkill()
+        await asyncio.sleep(run.rng.choice([0.0, 0.0, run.rng.uniform(0.1, 1.5)]))
+        await ctl.start()
+    run.notes.update(kills=ctl.kills, kills_mid_rollout=mid)
+    await rollout_checks(run, vms, since, rev, max_unavailable=limit)
+    await run.finish(entitled=w.tenants)
+
+
+async def leader_failover(run: Run) -> None:
+    """Two replicas with leader election; SIGKILL the leader mid-rollout, the standby finishes."""
+    long = run.mode == "long"
+    w = run.world = await build_world(run.env.api, tenants=3)
+    run.rig = await start_kubevirt(run.env.api, run.env.cp, ready_delay=run.rng.uniform(0.5, 1.0))
+    await run.snapshot_foreign()
+    kube = run.kubeconfig("kv", run.rig.proxy.url)
+    lease = {"leader_elect": True, "lease_duration_seconds": 4, "renew_deadline_seconds": 3,
+             "retry_period_seconds": 0.5, "max_unavailable": "1"}
+    ctls = {n: run.controller(kube, name=f"replica-{n}", pod_name=n, **lease) for n in ("a", "b")}
+    for c in ctls.values():
+        await c.start()
+    for c in ctls.values():
+        await c.wait_ready()
+
+    async def leader() -> ControllerProcess | None:
+        for c in ctls.values():
+            s = await c.scrape() if c.alive() else None
+            if s is not None and s.value("licensectl_leader") == 1.0:
+                return c
+        return None
+
+    first = await poll(leader, timeout=30, what="a leader")
+    vms = await boot_fleet(run, 3, metrics_from=first)
+    since, rev = await rotate_and_wait_replicas(run)
+    assert run.rig is not None
+    rig = run.rig
+    failovers = 0
+    for _ in range(2 if long else 1):
+        await poll(lambda: any(r.at >= since and r.status == 202 for r in rig.record.restarts),
+                   timeout=60, what="first restart")
+        await asyncio.sleep(run.rng.uniform(0.0, 2.0))
+        old = await poll(leader, timeout=30, what="current leader")
+        await old.sigkill()
+        new = await poll(leader, timeout=30, what="a new leader")
+        failovers += int(new is not old)
+        await asyncio.sleep(run.rng.uniform(0.0, 1.0))
+        await old.start()  # comes back as the standby
+    run.notes.update(failovers=failovers)
+    run.verdict.check("leader_failover", failovers >= 1, "the standby never took over")
+    await rollout_checks(run, vms, since, rev, max_unavailable=1)
+    await run.finish(entitled=w.tenants)
+
+
+async def apiserver_restart(run: Run) -> None:
+    """Restart kube-apiserver in the middle of the initial sync, then change entitlements."""
+    n = 60 if run.mode == "long" else 20
+    w = run.world = await build_world(run.env.api, tenants=n)
+    await run.snapshot_foreign()
+    ctl = run.controller(run.kubeconfig("direct", run.env.cp.server))
+    await ctl.start()
+    await asyncio.sleep(run.rng.uniform(0.5, 3.0))
+    before = {k: r["metadata"]["uid"] for k, r in (await inv.owned_replicas(run.env.api, w.source)).items()}
+    await asyncio.to_thread(run.env.cp.restart_apiserver)
+    revoked = run.rng.choice(w.tenants)
+    await fleet.set_vgpu(run.env.api, revoked, False)
+    await w.add_tenant()
+    await w.rotate(2)
+    entitled = [t for t in w.tenants if t != revoked]
+    rev = await w.revision()
+    await poll(lambda: w.replicas_at(entitled, rev), timeout=90, what="convergence after the restart")
+    await poll(lambda: _gone(w, [revoked]), timeout=60, what="revoked replica removed")
+    await inv.check_replica_uids(run.env.api, run.verdict,
+                                 {k: u for k, u in before.items() if k[0] != revoked})
+    run.notes.update(replicas_before_restart=len(before))
+    await run.finish(entitled=entitled)
+
+
+async def _gone(w: World, namespaces: Iterable[str]) -> bool:
+    have = await inv.owned_replicas(w.api, w.source)
+    return all((ns, w.replica) not in have for ns in namespaces)
+
+
+async def etcd_restart(run: Run) -> None:
+    """Restart etcd in the middle of a rollout."""
+    w = run.world = await build_world(run.env.api, tenants=3)
+    run.rig = await start_kubevirt(run.env.api, run.env.cp, ready_delay=run.rng.uniform(0.5, 1.0))
+    await run.snapshot_foreign()
+    ctl = run.controller(run.kubeconfig("kv", run.rig.proxy.url), max_unavailable="1")
+    await ctl.start()
+    await ctl.wait_ready()
+    vms = await boot_fleet(run, 2, metrics_from=ctl)
+    since, rev = await rotate_and_wait_replicas(run)
+    await asyncio.sleep(run.rng.uniform(0.5, 4.0))
+    await asyncio.to_thread(run.env.cp.restart_etcd)
+    await rollout_checks(run, vms, since, rev, max_unavailable=1)
+    await run.finish(entitled=w.tenants)
+
+
+async def watch_cuts(run: Run) -> None:
+    """Cut every connection of the controller every few seconds during a rotation (plus stalls)."""
+    w = run.world = await build_world(run.env.api, tenants=3)
+    run.rig = await start_kubevirt(run.env.api, run.env.cp, ready_delay=run.rng.uniform(0.5, 1.0))
+    await run.snapshot_foreign()
+    tcp = TcpProxy(run.rig.proxy.port)
+    await tcp.start()
+    run.proxies.append(tcp)
+    ctl = run.controller(run.kubeconfig("tcp", tcp.url("https")), max_unavailable="2")
+    await ctl.start()
+    await ctl.wait_ready()
+    vms = await boot_fleet(run, 3, metrics_from=ctl)
+    since, rev = await rotate_and_wait_replicas(run)
+    cut_conns = 0
+    deadline = time.monotonic() + 150
+    while not await w.vms_done(vms, rev) and time.monotonic() < deadline:
+        await asyncio.sleep(run.rng.uniform(1.0, 3.0))
+        roll = run.rng.random()
+        if roll < 0.15:
+            tcp.stall(run.rng.uniform(0.5, 3.0))
+        elif roll < 0.25:
+            tcp.slow(run.rng.choice([0.0, 0.02, 0.1]))
+        cut_conns += tcp.cut()
+    tcp.slow(0.0)
+    run.notes.update(cuts=tcp.cuts, connections_cut=cut_conns)
+    await rollout_checks(run, vms, since, rev, max_unavailable=2)
+    await run.finish(entitled=w.tenants)
+
+
+async def http_error_bursts(run: Run) -> None:
+    """429/500/503 bursts on every verb, and forced watch expiry (410), during a rotation."""
+    w = run.world = await build_world(run.env.api, tenants=3)
+    run.rig = await start_kubevirt(run.env.api, run.env.cp, ready_delay=run.rng.uniform(0.5, 1.0))
+    await run.snapshot_foreign()
+    fp = FaultProxy(run.rig.proxy.url, run.env.cp.ca_path)
+    await fp.start()
+    run.proxies.append(fp)
+    ctl = run.controller(run.kubeconfig("faulty", fp.url), max_unavailable="2")
+    await ctl.start()
+    await ctl.wait_ready()
+    vms = await boot_fleet(run, 3, metrics_from=ctl)
+    since, rev = await rotate_and_wait_replicas(run)
+    added = False
+    deadline = time.monotonic() + 150
+    while not await w.vms_done(vms, rev) and time.monotonic() < deadline:
+        await asyncio.sleep(run.rng.uniform(0.3, 1.5))
+        kind = run.rng.random()
+        if kind < 0.2:
+            fp.expire_watches()
+        else:
+            fp.burst(run.rng.choice([429, 500, 503]), run.rng.randint(3, 25),
+                     methods=run.rng.choice([None, ["PUT"], ["PATCH"], ["GET"], ["POST", "PUT", "PATCH"]]))
+        if not added and run.rng.random() < 0.3:
+            await w.add_tenant()  # a new entitlement while the errors go on
+            added = True
+    fp.heal()
+    run.notes.update({k: v for k, v in fp.stats.items() if k.startswith(("burst", "watch"))})
+    await rollout_checks(run, vms, since, rev, max_unavailable=2)
+    await poll(lambda: w.replicas_at(w.tenants, rev), timeout=60, what="replicas everywhere")
+    await run.finish(entitled=w.tenants)
+
+
+async def list_fails_halfway(run: Run) -> None:
+    """Every paged LIST fails on its second page while watches are forced to relist: zero deletions."""
+    w = run.world = await build_world(run.env.api, tenants=12)
+    await run.snapshot_foreign()
+    fp = FaultProxy(run.env.cp.server, run.env.cp.ca_path, page_limit=3)
+    await fp.start()
+    run.proxies.append(fp)
+    ctl = run.controller(run.kubeconfig("paged", fp.url))
+    await ctl.start()
+    await ctl.wait_ready()
+    await poll(lambda: w.replicas_present(w.tenants), timeout=60, what="initial replicas")
+    before = {k: r["metadata"]["uid"] for k, r in (await inv.owned_replicas(run.env.api, w.source)).items()}
+    # Break it: LIST pages with a continue token fail, every watch ends with 410 (relist needed).
+    fp.fail_continue(None, status=run.rng.choice([500, 503, 410]))
+    fp.expire_watches()
+    revoked, unclaimed = run.rng.sample(w.tenants, 2)
+    await fleet.set_vgpu(run.env.api, revoked, False)
+    await fleet.delete_claim(run.env.api, unclaimed, "gpu")
+    restarted = run.rng.random() < 0.5
+    if restarted:  # a fresh process must not act on a partial first LIST either
+        await ctl.sigkill()
+        await ctl.start()
+    hold = time.monotonic() + run.rng.uniform(4.0, 8.0)
+    while time.monotonic() < hold:
+        fp.expire_watches()
+        await inv.check_replica_uids(run.env.api, run.verdict, before, invariant="zero_deletions_while_list_fails")
+        await asyncio.sleep(0.5)
+    run.notes.update(failed_pages=sum(v for k, v in fp.stats.items() if k.startswith("continue")),
+                     controller_restarted=restarted)
+    run.verdict.check("list_fault_injected", run.notes["failed_pages"] > 0, "no LIST page was failed")
+    fp.heal()
+    await ctl.wait_ready()
+    entitled = [t for t in w.tenants if t not in (revoked, unclaimed)]
+    await poll(lambda: _gone(w, [revoked, unclaimed]), timeout=60, what="deletions after healing")
+    await inv.check_replica_uids(run.env.api, run.verdict, {k: u for k, u in before.items()
+                                                            if k[0] not in (revoked, unclaimed)})
+    await run.finish(entitled=entitled)
+
+
+async def deletion_cap(run: Run) -> None:
+    """Revoke a middle tenant above many namespaces: the deletion cap engages, then it completes."""
+    long = run.mode == "long"
+    n, cap = (5000, 2000) if long else (300, 200)
+    w = run.world = await build_world(run.env.api, tenants=1)
+    sibling = w.tenants[0]
+    mid = await w.add_tenant(decoy=False, claim=False)
+    mid_name = mid["metadata"]["name"]
+    children: list[str] = []
+
+    async def child() -> None:
+        name = fleet.tenant_child_name(mid_name, unique("c"), w.root_name)
+        await fleet.create_tenant(run.env.api, name, parent=mid, vgpu=True)
+        await fleet.create_claim(run.env.api, name, "gpu", w.cls)
+        children.append(name)
+
+    await gather_bounded((child() for _ in range(n)), limit=32)
+    w.tenants.extend(children)
+    run.foreign_before = await inv.foreign_secrets(run.env.api, [w.source_ns, sibling], exclude=[w.source])
+    ctl = run.controller(run.kubeconfig("direct", run.env.cp.server), deletions_per_minute=cap,
+                         log_level="warning")
+    await ctl.start()
+    await ctl.wait_ready(timeout=180)
+    expected = [sibling, *children]
+    await poll(lambda: w.replicas_present(expected), timeout=600 if long else 120, interval=1.0,
+               what="every replica created")
+    have = await inv.owned_replicas(run.env.api, w.source)
+    sibling_uid = have[(sibling, w.replica)]["metadata"]["uid"]
+    # Revoke the middle tenant; record when each replica disappears.
+    gone_at: dict[str, float] = {}
+    t0 = time.monotonic()
+    await fleet.set_vgpu(run.env.api, mid_name, False)
+    cap_hits = 0.0
+    deadline = t0 + (900 if long else 240)
+    while time.monotonic() < deadline:
+        have = await inv.owned_replicas(run.env.api, w.source)
+        now = time.monotonic()
+        for c in children:
+            if c not in gone_at and (c, w.replica) not in have:
+                gone_at[c] = now
+        s = await ctl.scrape()
+        if s is not None:
+            cap_hits = max(cap_hits, s.value("licensectl_deletion_cap_hits_total"))
+        if len(gone_at) == len(children):
+            break
+        await asyncio.sleep(0.5)
+    seconds = time.monotonic() - t0
+    run.verdict.check("revocation_completes", len(gone_at) == len(children),
+                      f"{len(children) - len(gone_at)} replicas still present after {seconds:.0f}s")
+    run.verdict.check("deletion_cap_metric", cap_hits > 0, "licensectl_deletion_cap_hits_total stayed 0")
+    evs = await CoreV1Api(run.env.api).list_namespaced_event(
+        w.source_ns, field_selector=f"involvedObject.name={SOURCE_NAME}")
+    run.verdict.check("deletion_cap_event", any(e.reason == "DeletionCapHit" for e in evs.items),
+                      "no DeletionCapHit Event on the source Secret")
+    # No 58 s window holds more than the cap (observation lags deletion by at most one poll).
+    times = sorted(gone_at.values())
+    worst = max((sum(1 for u in times if t <= u < t + 58.0) for t in times), default=0)
+    run.verdict.check("deletion_rate_within_cap", worst <= cap, f"{worst} deletions within 58 s (cap {cap})")
+    await inv.check_replica_uids(run.env.api, run.verdict, {(sibling, w.replica): sibling_uid})
+    run.notes.update(namespaces=n, cap_per_minute=cap, deletion_seconds=round(seconds, 1),
+                     cap_hits=int(cap_hits), worst_window=worst)
+    w.tenants = [sibling, mid_name]  # the secrecy/event scan covers the namespaces that matter
+    await run.finish(entitled=[sibling])
+
+
+async def clock_jumps(run: Run) -> None:
+    """In-process controller whose clock steps forward and back (NTP steps) during a rollout."""
+    w = run.world = await build_world(run.env.api, tenants=3)
+    run.rig = await start_kubevirt(run.env.api, run.env.cp, ready_delay=run.rng.uniform(0.5, 1.0))
+    await run.snapshot_foreign()
+    clock = JumpClock()
+    kube = run.kubeconfig("kv-inproc", run.rig.proxy.url)
+    base = w.base_settings(max_unavailable="1")
+    base.pop("log_level")
+    settings = dataclasses.replace(config.Settings(), kubeconfig=str(kube), namespace=w.controller_ns,
+                                   metrics_address="127.0.0.1:0", reports_address="127.0.0.1:0",
+                                   **{k: (str(v) if k in ("max_unavailable",) else v) for k, v in base.items()})
+    app = App(settings, clock=clock)
+    await app.start()
+    run.apps.append(app)
+    vms = await boot_fleet(run, 2)
+    await poll(lambda: app.rollout.plan is not None and sum(
+        1 for s in app.rollout.plan.vmi_states.values() if s.state.value == "current") == len(vms),
+        timeout=30, what="in-process controller sees the fleet current")
+    since, rev = await rotate_and_wait_replicas(run)
+    jumps = 0
+    deadline = time.monotonic() + 120
+    while not await w.vms_done(vms, rev) and time.monotonic() < deadline:
+        await asyncio.sleep(run.rng.uniform(0.5, 2.0))
+        clock.jump(run.rng.choice([-1, 1]) * run.rng.uniform(1.0, 10.0))
+        jumps += 1
+        app._roll_trigger.set()
+        app._repl_trigger.set()
+    clock.offset = 0.0
+    run.notes.update(clock_jumps=jumps)
+    await rollout_checks(run, vms, since, rev, max_unavailable=1)
+    await run.finish(entitled=w.tenants)
+
+
+# ---------------------------------------------------------------------------------------------
+# Registry
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    fn: Callable[[Run], Awaitable[None]]
+    short_seeds: tuple[int, ...]
+    long_seeds: tuple[int, ...]
+    what: str
+
+
+SCENARIOS: dict[str, Spec] = {s.name: s for s in (
+    Spec("sigkill_rollout", sigkill_rollout, (1, 2), tuple(range(1, 11)),
+         "controller SIGKILLed at random points mid-rollout, restarted each time"),
+    Spec("leader_failover", leader_failover, (1,), tuple(range(1, 6)),
+         "two replicas, leader SIGKILLed mid-rollout, standby finishes"),
+    Spec("apiserver_restart", apiserver_restart, (1,), (1, 2, 3),
+         "kube-apiserver restarted mid-sync, entitlement changes and rotation"),
+    Spec("etcd_restart", etcd_restart, (1,), (1, 2, 3), "etcd restarted mid-rollout"),
+    Spec("watch_cuts", watch_cuts, (1,), tuple(range(1, 6)),
+         "all connections cut every 1-3 s during a rotation, stalls, latency"),
+    Spec("http_error_bursts", http_error_bursts, (1,), tuple(range(1, 6)),
+         "429/500/503 bursts on every verb, forced 410 watch expiry"),
+    Spec("list_fails_halfway", list_fails_halfway, (1,), tuple(range(1, 6)),
+         "paged LISTs fail on page 2 while watches relist: zero deletions"),
+    Spec("deletion_cap", deletion_cap, (1,), (1,),
+         "middle-tenant revocation above 300 (long: 5,000) namespaces under the deletion cap"),
+    Spec("clock_jumps", clock_jumps, (1,), (1, 2, 3), "controller clock steps +-1..10 s during a rollout"),
+)}
+
+
+async def run_scenario(env: Env, spec: Spec, seed: int, mode: str) -> Outcome:
+    """Run one (scenario, seed); an exception is a violation, teardown always happens."""
+    rng = random.Random(f"{spec.name}:{seed}")
+    run = Run(env, seed, mode, spec.name, rng)
+    started = time.monotonic()
+    try:
+        await spec.fn(run)
+    except Exception as e:
+        run.verdict.check("scenario_completes", False, f"{type(e).__name__}: {e}"[:2000])
+    finally:
+        await run.close()
+    return Outcome(spec.name, seed, run.verdict, time.monotonic() - started, run.notes)
+
+
+@contextlib.asynccontextmanager
+async def scenario_env(cp: ControlPlane, api: ApiClient, workdir: Path) -> AsyncIterator[Env]:
+    yield Env(cp, api, workdir)

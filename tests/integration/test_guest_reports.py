@@ -1,0 +1,115 @@
+"""End to end: replica carries the credential -> the real probe script posts -> metrics show the state."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import time
+from typing import Any
+
+import aiohttp
+import pytest
+from kubernetes_asyncio.client import ApiClient, CoreV1Api
+
+from licensectl.devcluster import fleet
+from licensectl.devcluster.guest_sim import GuestProfile, SimulatedGuest
+from licensectl.model import KEY_REPORT_CREDENTIAL
+from licensectl.render import replica_name
+
+from ..conftest import KubevirtEnv
+from .support import eventually, metric, read_secret, running_app, secret_bytes, settings_for, unique
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+async def test_probe_reports_become_metrics_and_forgeries_are_rejected(
+        api_client: ApiClient, kubevirt: KubevirtEnv, namespace_factory: Any, cleanup: Any) -> None:
+    controller_ns = await namespace_factory("ctl")
+    source_ns = await namespace_factory("src")
+    root_name = f"tenant-{unique('root')}"
+    root = await fleet.create_tenant(api_client, root_name, vgpu=True)
+
+    async def drop() -> None:
+        await CoreV1Api(api_client).delete_namespace(root_name, propagation_policy="Background")
+
+    cleanup(drop)
+    cls = unique("vws")
+    await fleet.put_source_secret(api_client, source_ns, "nls-token", fleet.fake_token(int(time.time()) + 86400))
+    await fleet.create_gpu_class(api_client, cls, mode="vgpu", secret=(source_ns, "nls-token"))
+    cleanup(lambda: fleet.delete_gpu_class(api_client, cls))
+    tenants = []
+    for _ in range(2):
+        t = await fleet.create_tenant(api_client, fleet.tenant_child_name(root_name, unique("t"), root_name),
+                                      parent=root, vgpu=True)
+        tenants.append(t["metadata"]["name"])
+        await fleet.create_claim(api_client, tenants[-1], "gpu", cls)
+    ns, other_ns = tenants
+
+    offset = [0.0]
+
+    def clock() -> dt.datetime:
+        return dt.datetime.now(dt.UTC) + dt.timedelta(seconds=offset[0])
+
+    settings = settings_for(kubevirt.kubeconfig_path, controller_ns, root_tenant=root_name,
+                            report_interval_seconds=60.0)
+    profiles = {"good": GuestProfile.licensed(), "bad": GuestProfile.unlicensed(),
+                "soon": GuestProfile.expiring(dt.datetime.now(dt.UTC) + dt.timedelta(days=3)),
+                "mute": GuestProfile.quiet()}
+    guests: list[SimulatedGuest] = []
+    async with running_app(settings, clock=clock) as app:
+        url = f"http://127.0.0.1:{app.reports_port}/v1/reports"
+        await eventually(lambda: read_secret(api_client, ns, replica_name(cls)), what="replica")
+        await eventually(lambda: read_secret(api_client, other_ns, replica_name(cls)), what="replica 2")
+        await asyncio.sleep(1.1)
+        for name in profiles:
+            await fleet.create_vm(api_client, ns, name, license_secret=replica_name(cls))
+
+        async def vmi_ready(name: str) -> bool:
+            return any(v.name == name and v.ready and v.firmware_uuid
+                       for v in (app.caches.vmis.cache.values() if app.caches.vmis else []))
+
+        for name, profile in profiles.items():
+            await eventually(lambda name=name: vmi_ready(name), what=f"{name} ready")
+            g = SimulatedGuest(ns, name, profile)
+            guests.append(g)
+            assert await g.boot(api_client, report_url=url) == 0, g.last_stderr
+            assert await g.probe() == 0, g.last_stderr
+
+        def state(vmi: str, s: str) -> float | None:
+            return metric(app, "licensectl_guest_license_state", {"namespace": ns, "vmi": vmi, "state": s})
+
+        await eventually(lambda: state("good", "licensed") == 1.0, what="licensed guest")
+        assert state("bad", "unlicensed") == 1.0
+        assert state("soon", "licensed") == 1.0
+        assert state("mute", "unknown") == 1.0  # never reported
+        assert metric(app, "licensectl_guest_token_current", {"vmi": "good"}) == 1.0
+        expiry = metric(app, "licensectl_guest_license_expiry_timestamp_seconds", {"vmi": "soon"})
+        assert expiry is not None and 2 * 86400 < expiry - time.time() < 4 * 86400
+        assert metric(app, "licensectl_reports_total", {"result": "accepted"}) == 3.0
+
+        # Forgeries: another namespace's credential, a made-up one, and an unknown SMBIOS UUID.
+        other_cred = secret_bytes(await read_secret(api_client, other_ns, replica_name(cls)),
+                                  KEY_REPORT_CREDENTIAL).decode()
+        own_cred = secret_bytes(await read_secret(api_client, ns, replica_name(cls)), KEY_REPORT_CREDENTIAL).decode()
+        body = b"licensectl-report: 1\nuuid: 00000000-0000-0000-0000-000000000000\nhostname: x\nclock: %d\n" \
+               b"token-sha256: none\nprobe-version: t\n--- end\n" % int(time.time())
+        async with aiohttp.ClientSession() as http:
+            for cred, expect in ((other_cred, 401), ("A" * 43, 401), (own_cred, 403)):
+                async with http.post(url, data=body, headers={
+                        "Authorization": f"Bearer {cred}", "X-Licensectl-Namespace": ns,
+                        "Content-Type": "text/plain; charset=utf-8"}) as resp:
+                    text = await resp.text()
+                    assert resp.status == expect, (resp.status, text)
+                    assert cred not in text and own_cred not in text
+        assert (metric(app, "licensectl_reports_total", {"result": "unauthorized"}) or 0) >= 2.0
+
+        # Three missed intervals later every guest is unknown; a deleted VMI's series disappear.
+        offset[0] = 4 * 60.0
+        assert state("good", "unknown") == 1.0 and state("good", "licensed") == 0.0
+        from kubernetes_asyncio.client import CustomObjectsApi
+        co = CustomObjectsApi(api_client)
+        await co.delete_namespaced_custom_object("kubevirt.io", "v1", ns, "virtualmachines", "bad")
+        await co.delete_namespaced_custom_object("kubevirt.io", "v1", ns, "virtualmachineinstances", "bad")
+        await eventually(lambda: state("bad", "unknown") is None, what="deleted VMI series gone")
+    for g in guests:
+        g.cleanup()
