@@ -29,7 +29,7 @@ lint: $(VENV)/.installed
 	$(BIN)/mypy --strict licensectl
 
 demo: setup
-	$(BIN)/licensectl demo --duration 150
+	$(BIN)/licensectl demo --duration 120 --prometheus
 
 bench: setup
 	$(BIN)/python -m benchmarks

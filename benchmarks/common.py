@@ -264,6 +264,7 @@ def machine_rows(apiserver_version: str, etcd_version: str) -> list[list[str]]:
         ["etcd", etcd_version],
         ["licensectl", __version__],
         ["kernel", platform.release()],
+        ["load average (1/5/15 min) at the end", " / ".join(f"{x:.2f}" for x in os.getloadavg())],
     ]
 
 

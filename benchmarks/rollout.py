@@ -103,6 +103,30 @@ class LoopLag:
         return statistics.quantiles(self.samples, n=20)[-1]
 
 
+SIM = "benchmark process (simulator + proxy)"
+
+
+def bottleneck(shares: dict[str, float], cores: int, max_down: int, limit: int, lag_p95: float) -> str:
+    """A one-line reading of where the rollout's time went, from CPU shares of one core."""
+    parts: list[str] = []
+    if shares.get(SIM, 0.0) >= SATURATED:
+        parts.append("the simulator/proxy process saturated one core: it, not the controller, bounds throughput")
+    elif shares.get("controller", 0.0) >= SATURATED:
+        parts.append("the controller saturated one core: it bounds throughput")
+    elif sum(shares.values()) >= SATURATED * cores:
+        parts.append("the machine is CPU-bound (all cores busy)")
+    else:
+        busiest = max(shares, key=lambda k: shares[k])
+        parts.append(f"CPU-idle: no process saturated a core (busiest {busiest} {shares[busiest]:.0%}), "
+                     "so the rollout is latency-bound")
+    if max_down < limit:
+        parts.append(f"maxUnavailable never reached ({max_down} of {limit})")
+    if lag_p95 > 0.1:
+        parts.append(f"simulator/proxy event loop lagged (p95 {lag_p95 * 1000:.0f} ms), adding latency to "
+                     "every proxied request")
+    return "; ".join(parts)
+
+
 async def seed(api: ApiClient, scale: RolloutScale, token: bytes) -> list[str]:
     raw: Any = RawApi(CoreV1Api(api))
     for ns in (CONTROLLER_NS, SOURCE_NS):
@@ -242,18 +266,9 @@ async def run(cp: ControlPlane, scale_name: str) -> str:
         passes = delta_by_label(after, before, "licensectl_reconcile_total", "controller")
         limit = RolloutSettings(max_unavailable=MAX_UNAVAILABLE).unavailable_limit(v)
         max_down = record.max_concurrent_unavailable()
-        shares = {"controller": ctl_cpu / wall, "benchmark process (simulator + proxy)": self_cpu / wall}
+        shares = {"controller": ctl_cpu / wall, SIM: self_cpu / wall}
         shares |= {k: (cp_cpu1[k] - cp_cpu0[k]) / wall for k in cp_cpu0}
-        busiest = max(shares, key=lambda k: shares[k])
-        if shares["benchmark process (simulator + proxy)"] >= SATURATED:
-            verdict = ("simulator/proxy process saturated one core: it, not the controller, bounds the "
-                       "restart throughput")
-        elif sum(shares.values()) >= SATURATED * (os.cpu_count() or 1):
-            verdict = "machine CPU-bound (all cores busy)"
-        elif shares["controller"] >= SATURATED:
-            verdict = "controller saturated one core: it bounds the restart throughput"
-        else:
-            verdict = f"no process saturated a core; busiest: {busiest}"
+        verdict = bottleneck(shares, os.cpu_count() or 1, max_down, limit, lag.p95())
         rows = [
             ["fleet", f"{v:,} VMs/VMIs in {nss:,} tenant ns, 1 vgpu class", "",
              f"simulator ready_delay {READY_DELAY:g}s; VMs up in {boot_seconds:.0f}s (not part of the result)"],

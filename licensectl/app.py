@@ -43,10 +43,6 @@ LEADER_LABEL = f"{DOMAIN}/leader"
 Clock = Callable[[], dt.datetime]
 
 
-def default_report_url(namespace: str) -> str:
-    return f"http://licensectl-reports.{namespace}.svc:8443/v1/reports"
-
-
 class App:
     def __init__(self, settings: config.Settings, *, api_client: ApiClient | None = None,
                  clock: Clock | None = None, identity: str | None = None) -> None:
@@ -100,7 +96,7 @@ class App:
 
         self.replication = ReplicationController(
             self.caches, SecretWriter(CoreV1Api(self.api), dry_run=s.dry_run), self.events, self.metrics, s,
-            credential_for=self._credential_for, report_url=s.report_url or default_report_url(s.namespace),
+            credential_for=self._credential_for, report_url=config.report_url_for(s),
             clock=self.clock, gpu_class_api_version=f"{s.gpu_group}/{s.gpu_version}")
         self.rollout = RolloutController(
             self.caches, KubevirtClient(self.api, dry_run=s.dry_run, fallback_delete=s.restart_fallback_delete),
@@ -120,6 +116,10 @@ class App:
 
         self.caches.start()
         if s.leader_elect:
+            # A container restarted after a crash keeps its pod, and the pod keeps the leader label
+            # its previous run set: clear it before campaigning, or the reports Service would keep
+            # routing guests to this (now standby) replica.
+            await self._label_pod(False)
             self.elector = LeaderElector(self.api, LeaseConfig(
                 s.namespace, s.lease_name, self.identity, s.lease_duration_seconds, s.renew_deadline_seconds,
                 s.retry_period_seconds), on_change=self._leadership_changed)

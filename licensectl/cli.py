@@ -35,6 +35,8 @@ def _parser() -> argparse.ArgumentParser:
     rs = rsub.add_parser("status", help="print progress; exit 0 when complete, non-zero when paused/failed")
     rs.add_argument("--watch", "-w", action="store_true")
     rs.add_argument("--timeout", type=float, default=0.0, help="give up after this many seconds (0: never)")
+    rs.add_argument("--url", default=None,
+                    help="controller internal URL: use its view (with guest evidence) instead of the cluster's")
     for verb in ("pause", "resume"):
         v = rsub.add_parser(verb, help=f"{verb} the rollout of a source Secret")
         v.add_argument("source", help="NAMESPACE/NAME of the source Secret")

@@ -90,6 +90,11 @@ class Settings:
     dry_run: bool = False
 
 
+def report_url_for(s: Settings) -> str:
+    """The URL written into replicas: the configured one, else the in-cluster reports Service."""
+    return s.report_url or f"http://licensectl-reports.{s.namespace}.svc:8443/v1/reports"
+
+
 @dataclass(frozen=True)
 class Option:
     field: str

@@ -192,7 +192,8 @@ class ReplicationController:
         observed = ObservedMeta(existing.namespace, existing.name, existing.resource_version, existing.labels,
                                 existing.annotations)
         res = await self.writer.update(self._body(d), observed)
-        rotated = existing.annotations.get(ANN_REVISION) != d.revision
+        # A rotation changes the content; a tenant editing only the revision annotation is drift.
+        rotated = existing.annotations.get(ANN_REVISION) != d.revision and existing.data_digest != d.data_digest
         await self._after_write("rotate" if rotated else "update", d, res)
 
     async def _after_write(self, action: str, d: DesiredReplica, res: WriteResult) -> None:

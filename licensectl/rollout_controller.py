@@ -32,6 +32,7 @@ from licensectl.rollout import (
     VmiState,
     plan_rollout,
 )
+from licensectl.rollout_view import rollout_json
 
 log = logs.get(__name__)
 
@@ -213,14 +214,8 @@ class RolloutController:
             return {"synced": False}
         return {
             "synced": True,
-            "sources": {str(ref): {
-                "phase": st.phase.value, "revision": st.revisions[-1][:12] if st.revisions else None,
-                "affected": st.affected, "unavailable": st.unavailable, "max_unavailable": st.max_unavailable,
-                "failures": st.failures, "pause_reason": st.pause_reason.value if st.pause_reason else None,
-                "counts": {_bucket(k): 0 for k in VmiState} | _merge_counts(st.counts),
-                "overdue": st.overdue, "message": st.message,
-                "settles_at": st.settles_at.isoformat() if st.settles_at else None,
-            } for ref, st in sorted(plan.sources.items(), key=lambda kv: str(kv[0]))},
+            "sources": {str(ref): rollout_json(st)
+                        for ref, st in sorted(plan.sources.items(), key=lambda kv: str(kv[0]))},
             "vmis": [{"namespace": ns, "vmi": vmi, "state": st.state.value, "revision": st.revision[:12],
                       "overdue": st.overdue, "reason": st.reason}
                      for (ns, vmi), st in sorted(plan.vmi_states.items())],
@@ -230,10 +225,3 @@ class RolloutController:
 def _bucket(state: VmiState) -> str:
     """Metric buckets: a VMI restarted and done for the current revision is simply current."""
     return "current" if state is VmiState.DONE else state.value
-
-
-def _merge_counts(counts: Any) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for k, v in counts.items():
-        out[_bucket(k)] = out.get(_bucket(k), 0) + int(v)
-    return out

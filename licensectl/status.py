@@ -15,7 +15,6 @@ import datetime as dt
 import json
 import sys
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -40,15 +39,14 @@ from licensectl.model import (
 )
 from licensectl.replication import ReplicationInputs, ReplicationPlan, plan_replication
 from licensectl.rollout import (
-    Phase,
     ReplicaRevision,
     RolloutPlan,
     RolloutSettings,
-    RolloutStatus,
     SourceControl,
     format_time,
     plan_rollout,
 )
+from licensectl.rollout_view import progress_line, rollout_exit, rollout_json
 
 Projection = Callable[[Mapping[str, Any]], Any]
 
@@ -107,7 +105,7 @@ async def read_cluster(api: ApiClient, settings: config.Settings, now: dt.dateti
         namespaces={n.name: n for n in namespaces}, classes={c.name: c for c in classes}, claims=claims,
         sources=sources, replicas={(r.namespace, r.name): r for r in replicas}, conflicts=frozenset(),
         credential_for=(lambda ns: ring.credential(ns)) if ring else (lambda ns: ""),
-        report_url=settings.report_url, token_key=settings.token_key,
+        report_url=config.report_url_for(settings), token_key=settings.token_key,
         tenant=TenantSettings.from_settings(settings), now=now))
     rollout = plan_rollout(
         [r for r in (ReplicaRevision.from_secret(s) for s in replicas) if r], vmis, vms, {},
@@ -134,16 +132,6 @@ def status_json(view: ClusterView, guests: Mapping[str, Any] | None) -> dict[str
                                                                        key=lambda kv: str(kv[0]))},
         "guests": guests,
     }
-
-
-def rollout_json(st: RolloutStatus) -> dict[str, Any]:
-    counts = Counter({k.value: v for k, v in st.counts.items()})
-    return {"phase": st.phase.value, "revision": st.revisions[-1][:12] if st.revisions else None,
-            "affected": st.affected, "current": counts["current"] + counts["done"], "stale": counts["stale"],
-            "restarting": counts["restarting"], "failed": counts["failed"], "blocked": counts["blocked"],
-            "manual": counts["manual"], "overdue": st.overdue, "unavailable": st.unavailable,
-            "max_unavailable": st.max_unavailable, "pause_reason": st.pause_reason.value if st.pause_reason else None,
-            "message": st.message}
 
 
 def table(rows: list[list[str]]) -> str:
@@ -205,28 +193,6 @@ async def status_main(args: Any) -> int:
 
 
 # -- rollout --------------------------------------------------------------------------------------
-def progress_line(src: str, r: Mapping[str, Any], tty: bool) -> str:
-    done, total = r["current"], max(r["affected"], 1)
-    head = f"{src} {r['phase']} rev {r['revision'] or '-'}: {done}/{r['affected']} current"
-    tail = (f", {r['restarting']} restarting, {r['stale']} stale, {r['failed']} failed, {r['blocked']} blocked, "
-            f"{r['manual']} manual")
-    if tty:
-        width = 24
-        filled = int(width * done / total)
-        return f"[{'#' * filled}{'.' * (width - filled)}] {head}{tail}"
-    return head + tail
-
-
-def rollout_exit(rollouts: Mapping[str, Mapping[str, Any]]) -> int | None:
-    """0 complete, 1 paused or failed, None still going (like kubectl rollout status)."""
-    phases = [r["phase"] for r in rollouts.values()]
-    if any(p == Phase.PAUSED.value for p in phases) or any(r["failed"] for r in rollouts.values()):
-        return 1 if all(p in (Phase.PAUSED.value, Phase.COMPLETE.value, Phase.IDLE.value) for p in phases) else None
-    if all(p in (Phase.COMPLETE.value, Phase.IDLE.value) for p in phases):
-        return 0
-    return None
-
-
 async def rollout_main(args: Any) -> int:
     settings = _with_conn(config.settings_from(None), args)
     api = await make_api_client(settings)
@@ -260,9 +226,15 @@ async def _rollout_status(api: ApiClient, settings: config.Settings, args: Any) 
     deadline = time.monotonic() + args.timeout if args.timeout else None
     last = ""
     while True:
-        view = await read_cluster(api, settings)
-        rollouts = {str(ref): rollout_json(st) for ref, st in view.rollout.sources.items()
-                    if not args.source or str(ref) == args.source}
+        if args.url:  # the controller's own view, including guest evidence for the done gate
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http, \
+                    http.get(args.url.rstrip("/") + "/v1/status") as resp:
+                resp.raise_for_status()
+                all_rollouts = ((await resp.json()).get("rollout") or {}).get("sources") or {}
+        else:
+            view = await read_cluster(api, settings)
+            all_rollouts = {str(ref): rollout_json(st) for ref, st in view.rollout.sources.items()}
+        rollouts = {src: r for src, r in all_rollouts.items() if not args.source or src == args.source}
         if args.source and not rollouts:
             print(f"no rollout found for source {args.source}", file=sys.stderr)
             return 1

@@ -53,11 +53,18 @@ class GuestProfile:
     xml: str | None = None
     text_fixture: str | None = None
     silent: bool = False  # never reports (probe not installed / network blocked)
+    lease: dt.timedelta | None = None  # renewing: every probe sees expiry = now + lease, as gridd renews
 
     @classmethod
     def licensed(cls, lease: dt.timedelta = dt.timedelta(days=1)) -> GuestProfile:
-        """The recorded licensed L40S-2Q output with a current lease (its recorded expiry is in the past)."""
-        return cls("licensed", xml=derived_xml_with_expiry(dt.datetime.now(dt.UTC) + lease))
+        """The recorded licensed L40S-2Q output with a current, renewing lease (the recorded expiry is
+        in the past)."""
+        return cls("licensed", xml=derived_xml_with_expiry(dt.datetime.now(dt.UTC) + lease), lease=lease)
+
+    def current_xml(self) -> str | None:
+        if self.lease is not None:
+            return derived_xml_with_expiry(dt.datetime.now(dt.UTC).replace(microsecond=0) + self.lease)
+        return self.xml
 
     @classmethod
     def recorded(cls) -> GuestProfile:
@@ -160,6 +167,9 @@ class SimulatedGuest:
     async def probe(self) -> int:
         if self.profile.silent:
             return 0
+        xml = self.profile.current_xml()
+        if xml is not None:
+            (self.base / "smi.xml").write_text(xml)
         return await self._run("licensectl-probe.sh")
 
     def cleanup(self) -> None:

@@ -30,6 +30,7 @@ class RestartResult(StrEnum):
     NOT_FOUND = "not_found"  # VM gone
     UNSUPPORTED = "unsupported"  # no restart subresource and no fallback allowed
     CONFLICT = "conflict"  # KubeVirt refused (e.g. restart already pending): retried later
+    STALE_TARGET = "stale_target"  # the planned VMI is already gone or replaced: nothing to restart
     ERROR = "error"
 
 
@@ -61,6 +62,12 @@ class KubevirtClient:
         if self._dry_run:
             return RestartResult.ISSUED
         try:
+            if not await self._target_running(namespace, vm, vmi_uid):
+                return RestartResult.STALE_TARGET
+        except ApiException as e:
+            log.warning("restart target check failed", namespace=namespace, vm=vm, status=e.status)
+            return RestartResult.ERROR
+        try:
             await checked(self._api_client.call_api(
                 RESTART_PATH, "PUT", path_params={"namespace": namespace, "name": vm},
                 header_params={"Content-Type": "application/json", "Accept": "application/json"},
@@ -78,6 +85,25 @@ class KubevirtClient:
                 return RestartResult.CONFLICT
             log.warning("restart failed", namespace=namespace, vm=vm, status=e.status)
             return RestartResult.ERROR
+
+    async def _target_running(self, namespace: str, name: str, vmi_uid: str) -> bool:
+        """Whether the VMI the plan targeted still runs, read live (not from the watch cache).
+
+        The restart subresource has no UID precondition: virt-api stops whatever VMI runs *now*
+        (kubevirt pkg/virt-api/rest/lifecycle.go, RestartVMRequestHandler, takes the current VMI's
+        UID). A plan made from a lagging watch cache (e.g. a re-issue while the VMI watch was cut)
+        would otherwise restart the VMI that already replaced the target: a second restart."""
+        if not vmi_uid:
+            return True
+        try:
+            vmi = await self._custom.get_namespaced_custom_object(KUBEVIRT_GROUP, KUBEVIRT_VERSION, namespace,
+                                                                  "virtualmachineinstances", name)
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+        meta = vmi.get("metadata") or {}
+        return bool(meta.get("uid") == vmi_uid and not meta.get("deletionTimestamp"))
 
     async def _vm_exists(self, namespace: str, vm: str) -> bool:
         try:

@@ -30,7 +30,8 @@ from licensectl.guest_report import render_report
 from licensectl.model import KEY_REPORT_CREDENTIAL, KEY_TOKEN
 from licensectl.render import replica_name
 
-from ..integration.support import metric, read_secret, running_app, settings_for
+from ..integration.support import metric, running_app, settings_for
+from ..integration.support import read_secret as _read_secret
 from . import invariants as inv
 from .scenarios import SOURCE_NAME, World, build_world, unique
 from .toolkit import poll
@@ -56,9 +57,11 @@ class Ctx:
         """A second class (and its source Secret) claimed by a second tenant; returns (class, tenant)."""
         cls = unique("bad")
         if data is not None or token is not None:
-            body = {"metadata": {"name": "bad-src"}, "data": {k: base64.b64encode(v).decode() for k, v in
-                                                              (data if data is not None else {KEY_TOKEN: token}).items()}}
-            await CoreV1Api(self.api).create_namespaced_secret(self.world.source_ns, body)
+            raw = data if data is not None else {KEY_TOKEN: token or b""}
+            body = {"metadata": {"name": "bad-src"},
+                    "data": {k: base64.b64encode(v).decode() for k, v in raw.items()}}
+            core: Any = CoreV1Api(self.api)
+            await core.create_namespaced_secret(self.world.source_ns, body)
         await fleet.create_gpu_class(self.api, cls, mode=mode, feature_type=feature_type,
                                      secret=(self.world.source_ns, secret) if secret else None)
         self.extra_classes.append(cls)
@@ -79,6 +82,11 @@ class Ctx:
 
 
 Check = Callable[[Ctx], Awaitable[Any]]
+
+
+async def read_secret(api: ApiClient, namespace: str, name: str) -> Any:
+    """The Secret (typed model) or None; Any, because each caller checks what it needs."""
+    return await _read_secret(api, namespace, name)
 
 
 @dataclass(frozen=True)
@@ -238,7 +246,8 @@ async def _tamper_delete_handled(c: Ctx) -> bool:
 async def _squat_replica_name(c: Ctx) -> None:
     t = await c.world.add_tenant(claim=False)
     ns = t["metadata"]["name"]
-    await CoreV1Api(c.api).create_namespaced_secret(ns, {"metadata": {"name": c.world.replica},
+    core: Any = CoreV1Api(c.api)
+    await core.create_namespaced_secret(ns, {"metadata": {"name": c.world.replica},
                                                          "stringData": {"mine": "tenant data"}})
     c.state["tenant"] = ns
     c.state["rv"] = (await read_secret(c.api, ns, c.world.replica)).metadata.resource_version

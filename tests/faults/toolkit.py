@@ -146,8 +146,8 @@ class ControllerProcess:
             self._log = self.log_path.open("ab")
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
-        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                     cwd=REPO_ROOT, preexec_fn=_die_with_parent)
+        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT,  # noqa: ASYNC220
+                                     env=env, cwd=REPO_ROOT, preexec_fn=_die_with_parent)
         self.incarnations += 1
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
@@ -372,9 +372,10 @@ class Burst:
     methods: frozenset[str] | None = None
     path_contains: str | None = None
     include_watches: bool = True
+    until: float = float("inf")  # time.monotonic() after which the burst is over
 
     def matches(self, request: web.Request, is_watch: bool) -> bool:
-        if is_watch and not self.include_watches:
+        if time.monotonic() >= self.until or (is_watch and not self.include_watches):
             return False
         if self.methods is not None and request.method not in self.methods:
             return False
@@ -432,10 +433,11 @@ class FaultProxy:
 
     # -- fault controls --------------------------------------------------------------------
     def burst(self, status: int, n: int, *, methods: Sequence[str] | None = None, path_contains: str | None = None,
-              include_watches: bool = True) -> None:
-        """Answer the next `n` matching requests with `status` (a metav1.Status body)."""
+              include_watches: bool = True, seconds: float | None = None) -> None:
+        """Answer the next `n` matching requests (within `seconds`, if given) with `status`."""
+        until = time.monotonic() + seconds if seconds is not None else float("inf")
         self._bursts.append(Burst(status, n, frozenset(methods) if methods else None, path_contains,
-                                  include_watches))
+                                  include_watches, until))
 
     def fail_continue(self, n: int | None = None, status: int = 500) -> None:
         """Fail the next `n` LIST requests that carry a continue token (None: until heal())."""
@@ -481,7 +483,8 @@ class FaultProxy:
                 self.stats[f"burst_{b.status}"] += 1
                 headers = {"Retry-After": "1"} if b.status in (429, 503) else {}
                 return web.json_response(status_body(b.status), status=b.status, headers=headers)
-        self._bursts = [b for b in self._bursts if b.remaining > 0]
+        now = time.monotonic()
+        self._bursts = [b for b in self._bursts if b.remaining > 0 and now < b.until]
         return None
 
     def _upstream_path(self, request: web.Request, is_watch: bool) -> str:

@@ -42,7 +42,7 @@ async def running_app(settings: config.Settings, **kw: Any) -> AsyncIterator[App
         await app.stop()
 
 
-async def eventually(check: Callable[[], Awaitable[T]] | Callable[[], T], timeout: float = 20.0,  # noqa: ASYNC109
+async def eventually(check: Callable[[], Awaitable[T]] | Callable[[], T], timeout: float = 20.0,
                      interval: float = 0.1, what: str = "condition") -> T:
     """Poll a check (sync or async) until it returns a truthy value; fail with the last value."""
     deadline = time.monotonic() + timeout

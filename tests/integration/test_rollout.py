@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import datetime as dt
 import json
 import os
 import sys
-import datetime as dt
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -131,7 +131,7 @@ async def boot_fleet(f: Fleet, per_tenant: int) -> list[tuple[str, str]]:
     return vms
 
 
-async def wait_done(f: Fleet, vms: list[tuple[str, str]], revision: str, timeout: float = 90.0) -> None:  # noqa: ASYNC109
+async def wait_done(f: Fleet, vms: list[tuple[str, str]], revision: str, timeout: float = 90.0) -> None:
     async def all_done() -> bool:
         for ns, name in vms:
             ann = (await f.vm_obj(ns, name))["metadata"].get("annotations") or {}

@@ -21,6 +21,7 @@ from benchmarks.common import (
     spread,
     tenant_tree,
 )
+from benchmarks.rollout import SIM, bottleneck
 
 EXPOSITION = """\
 # HELP licensectl_api_requests_total Requests to the apiserver by verb and code.
@@ -157,3 +158,16 @@ def test_format_table_aligns_columns() -> None:
     assert lines[4] == "| longer name | 22    |"
     with pytest.raises(ValueError):
         format_table("T", ["a", "b"], [["only one"]])
+
+
+def test_bottleneck_reading() -> None:
+    sat = bottleneck({"controller": 0.2, SIM: 0.95, "etcd": 0.1}, 2, 200, 200, 0.01)
+    assert sat.startswith("the simulator/proxy process saturated one core")
+    assert "never reached" not in sat and "lagged" not in sat
+    ctl = bottleneck({"controller": 0.97, SIM: 0.3}, 2, 10, 200, 0.5)
+    assert ctl.startswith("the controller saturated one core")
+    assert "never reached (10 of 200)" in ctl and "p95 500 ms" in ctl
+    machine = bottleneck({"controller": 0.8, SIM: 0.8, "kube-apiserver": 0.6}, 2, 200, 200, 0.0)
+    assert machine.startswith("the machine is CPU-bound")
+    idle = bottleneck({"controller": 0.26, SIM: 0.42, "kube-apiserver": 0.36}, 2, 96, 200, 0.0)
+    assert idle.startswith(f"CPU-idle: no process saturated a core (busiest {SIM} 42%)")

@@ -1,0 +1,316 @@
+"""licensectl runs as its ServiceAccount, with exactly the RBAC of manifests/base.
+
+The base's Namespace, ServiceAccount and RBAC are rendered with kustomize and applied to the real
+apiserver (renamed to a fresh namespace and fresh ClusterRole names, so the test never collides
+with another test or a previous run). A TokenRequest mints the ServiceAccount's token; the
+controller process talks through a recording proxy to the KubeVirt restart proxy, which forwards
+the caller's own credential (and authorizes the restart subresource with a SelfSubjectAccessReview
+as virt-api does). A full replication, rotation, rollout and deletion then has to work with zero
+403s, and every granted permission has to have been used, or be allow-listed below with a reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pprint
+import subprocess
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi, RbacAuthorizationV1Api
+
+from licensectl.devcluster import fleet
+from licensectl.devcluster.controlplane import ControlPlane
+
+from ..conftest import KubevirtFactory
+from ..integration.support import eventually, unique
+from .support import (
+    ApiRequest,
+    RecordingProxy,
+    controllers,
+    create_pod,
+    leader_pods,
+    make_fleet,
+    start_controller,
+    value,
+    wait_metric,
+)
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE = ROOT / "manifests" / "base"
+RBAC_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+
+# Granted permissions a normal run does not exercise, each with the reason it is still granted.
+# Keys are (verb, api group, resource[/subresource]).
+ALLOWED_UNUSED: dict[tuple[str, str, str], str] = {
+    # The Lease already exists after the first leader ever ran; a run can only show `create` once
+    # per namespace, which this test does (fresh namespace), so nothing is listed for leases.
+}
+
+# Cluster-wide grants that this run happened to use only in licensectl's own namespace.
+ALLOWED_OWN_NAMESPACE_ONLY: dict[tuple[str, str, str], str] = {}
+
+
+@dataclass(frozen=True)
+class Grant:
+    """One (verb, group, resource) a ServiceAccount holds through one binding."""
+
+    role: str
+    verb: str
+    group: str
+    resource: str  # "resource" or "resource/subresource"
+    names: frozenset[str]  # resourceNames; empty = any
+    namespace: str | None  # None: cluster-wide (ClusterRoleBinding); else the RoleBinding's namespace
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.verb, self.group, self.resource)
+
+    def allows(self, r: ApiRequest) -> bool:
+        """RBAC's rule matching (kubernetes plugin/pkg/auth/authorizer/rbac/rbac.go RuleAllows)."""
+        resource = f"{r.resource}/{r.subresource}" if r.subresource else r.resource
+        return (self.verb in (r.verb, "*") and self.group in (r.group, "*") and self.resource in (resource, "*")
+                and (not self.names or r.name in self.names)
+                and (self.namespace is None or self.namespace == r.namespace))
+
+
+def grants_for(objs: Iterable[dict[str, Any]], sa_namespace: str, sa_name: str) -> list[Grant]:
+    roles = {(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]): o.get("rules") or []
+             for o in objs if o["kind"] in ("ClusterRole", "Role")}
+    out: list[Grant] = []
+    for b in objs:
+        if b["kind"] not in ("ClusterRoleBinding", "RoleBinding"):
+            continue
+        if not any(s.get("kind") == "ServiceAccount" and s.get("name") == sa_name
+                   and s.get("namespace") == sa_namespace for s in b.get("subjects") or []):
+            continue
+        scope = None if b["kind"] == "ClusterRoleBinding" else b["metadata"]["namespace"]
+        ref = b["roleRef"]
+        rules = roles[(ref["kind"], None if ref["kind"] == "ClusterRole" else scope, ref["name"])]
+        for rule in rules:
+            for verb in rule["verbs"]:
+                for group in rule.get("apiGroups") or []:
+                    for res in rule.get("resources") or []:
+                        out.append(Grant(f"{ref['kind']}/{ref['name']}", verb, group, res,
+                                         frozenset(rule.get("resourceNames") or ()), scope))
+    return out
+
+
+def unused_grants(grants: list[Grant], used: list[ApiRequest]) -> list[Grant]:
+    return [g for g in grants if not any(g.allows(r) for r in used)]
+
+
+def too_broad(grants: list[Grant], used: list[ApiRequest], own_namespace: str) -> list[Grant]:
+    """Cluster-wide grants only ever used in licensectl's own namespace: a Role would do."""
+    out = []
+    for g in grants:
+        hits = [r for r in used if g.allows(r)]
+        if g.namespace is None and hits and all(r.namespace == own_namespace for r in hits):
+            out.append(g)
+    return out
+
+
+def render_base(kubectl: str, namespace: str, suffix: str) -> list[dict[str, Any]]:
+    """manifests/base's RBAC objects, moved to `namespace`, cluster-scoped names suffixed."""
+    res = subprocess.run([kubectl, "kustomize", str(BASE)], capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert res.returncode == 0, res.stderr
+    objs = [d for d in yaml.safe_load_all(res.stdout) if d and d["kind"] in RBAC_KINDS]
+    assert {o["kind"] for o in objs} == RBAC_KINDS
+    original = next(o["metadata"]["name"] for o in objs if o["kind"] == "Namespace")
+    for o in objs:
+        meta = o["metadata"]
+        if o["kind"] == "Namespace":
+            meta["name"] = namespace
+        elif o["kind"] in ("ClusterRole", "ClusterRoleBinding"):
+            meta["name"] = f"{meta['name']}-{suffix}"
+        else:
+            assert meta.get("namespace") == original
+            meta["namespace"] = namespace
+        for s in o.get("subjects") or []:
+            assert s.get("namespace") == original
+            s["namespace"] = namespace
+        ref = o.get("roleRef")
+        if ref and ref["kind"] == "ClusterRole":
+            ref["name"] = f"{ref['name']}-{suffix}"
+    return objs
+
+
+async def kubectl_apply(cp: ControlPlane, objs: list[dict[str, Any]], *extra: str) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        str(cp.kubectl), f"--kubeconfig={cp.kubeconfig_path}", "apply", "--server-side",
+        "--field-manager=licensectl-e2e", *extra, "-f", "-", stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    _, err = await proc.communicate(yaml.safe_dump_all(objs).encode())
+    assert proc.returncode == 0, err.decode()
+
+
+def test_grant_comparison_flags_unused_and_too_broad_rules() -> None:
+    """The comparison itself can fail: an extra rule, and a cluster-wide one used only at home."""
+    objs: list[dict[str, Any]] = [
+        {"kind": "ClusterRole", "metadata": {"name": "c"}, "rules": [
+            {"apiGroups": [""], "resources": ["secrets"], "verbs": ["list", "delete"]},
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get"]}]},
+        {"kind": "ClusterRoleBinding", "metadata": {"name": "c"}, "roleRef": {"kind": "ClusterRole", "name": "c"},
+         "subjects": [{"kind": "ServiceAccount", "name": "sa", "namespace": "home"}]},
+        {"kind": "Role", "metadata": {"name": "r", "namespace": "home"}, "rules": [
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"], "resourceNames": ["p"]}]},
+        {"kind": "RoleBinding", "metadata": {"name": "r", "namespace": "home"},
+         "roleRef": {"kind": "Role", "name": "r"},
+         "subjects": [{"kind": "ServiceAccount", "name": "sa", "namespace": "home"}]},
+    ]
+    used = [ApiRequest("list", "", "secrets", "", "", "", 200),
+            ApiRequest("get", "coordination.k8s.io", "leases", "", "home", "x", 200),
+            ApiRequest("patch", "", "pods", "", "home", "p", 200),
+            ApiRequest("patch", "", "pods", "", "elsewhere", "p", 403)]
+    g = grants_for(objs, "home", "sa")
+    assert [x.key for x in unused_grants(g, used)] == [("delete", "", "secrets")]
+    assert [x.key for x in too_broad(g, used, "home")] == [("get", "coordination.k8s.io", "leases")]
+    assert not any(x.allows(used[3]) for x in g)
+
+
+async def test_full_lifecycle_as_the_service_account_with_exactly_the_shipped_rbac(
+        api_client: ApiClient, control_plane: ControlPlane, kubevirt_factory: KubevirtFactory,
+        namespace_factory: Any, cleanup: Any, tmp_path: Path) -> None:
+    suffix = unique("e2e")
+    home = f"lsys-{suffix}"
+    objs = render_base(str(control_plane.kubectl), home, suffix)
+    sa = next(o["metadata"]["name"] for o in objs if o["kind"] == "ServiceAccount")
+    rbac = RbacAuthorizationV1Api(api_client)
+    core = CoreV1Api(api_client)
+
+    async def drop() -> None:
+        for o in objs:
+            if o["kind"] == "ClusterRoleBinding":
+                await rbac.delete_cluster_role_binding(o["metadata"]["name"])
+            elif o["kind"] == "ClusterRole":
+                await rbac.delete_cluster_role(o["metadata"]["name"])
+        await core.delete_namespace(home)
+
+    cleanup(drop)
+    await kubectl_apply(control_plane, [o for o in objs if o["kind"] == "Namespace"])
+    await kubectl_apply(control_plane, [o for o in objs if o["kind"] != "Namespace"])
+    # The pod whose name the controller gets (downward API in the Deployment): it labels it as leader.
+    await create_pod(api_client, "licensectl-0", home, service_account=sa)
+    token = (await core.create_namespaced_service_account_token(
+        sa, home, {"spec": {"expirationSeconds": 3600}})).status.token
+
+    kv = await kubevirt_factory(ready_delay=0.3)
+    fl = await make_fleet(api_client, namespace_factory, cleanup, controller_ns=home)
+    # A second class whose source is missing (an invalid source: Events on the class) and a
+    # standalone VMI (never restarted, only reported: RestartBlocked Event).
+    broken = unique("broken")
+    await fleet.create_gpu_class(api_client, broken, mode="vgpu", secret=(fl.source_ns, "missing"))
+    cleanup(lambda: fleet.delete_gpu_class(api_client, broken))
+
+    proxy = RecordingProxy(kv.proxy.url, control_plane.ca_path)
+    await proxy.start()
+    kubeconfig = tmp_path / "sa.kubeconfig"
+    kubeconfig.write_text(proxy.kubeconfig(token))
+    kubeconfig.chmod(0o600)
+    settings = {"pod_name": "licensectl-0", "leader_elect": True, "lease_duration_seconds": 4,
+                "renew_deadline_seconds": 3, "retry_period_seconds": 0.5, "root_tenant": fl.root_name,
+                "report_url": "http://127.0.0.1:1/v1/reports", "max_unavailable": "2",
+                "restart_timeout_seconds": 60}
+    try:
+        async with controllers() as started:
+            c = await start_controller("sa-1", kubeconfig, home, tmp_path, **settings)
+            started.append(c)
+            await wait_metric(c, "licensectl_leader", 1)
+            vms = await fl.boot(per_tenant=2)
+            lonely = fleet.vm_body(fl.tenants[0], "lonely", license_secret=fl.replica)["spec"]["template"]
+            await CustomObjectsApi(api_client).create_namespaced_custom_object(
+                "kubevirt.io", "v1", fl.tenants[0], "virtualmachineinstances",
+                {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+                 "metadata": {"name": "lonely", "namespace": fl.tenants[0]}, "spec": lonely["spec"]})
+            assert await leader_pods(api_client, home) == ["licensectl-0"]
+
+            # Rotation -> replicas updated -> rolling restart through the restart subresource.
+            old = await fl.revision()
+            await fl.rotate(1)
+            await eventually(lambda: _new_revision(fl, old), timeout=30, what="replicas rotated")
+            new = await fl.revision()
+            assert new is not None
+            await eventually(lambda: fl.all_done(vms, new), timeout=90, interval=0.25, what="rollout done")
+            assert all(len(kv.record.restarts_for(ns, n)) == 1 for ns, n in vms)
+
+            # A tenant loses its claim: its replica is deleted.
+            gone = fl.tenants[-1]
+            await fleet.delete_claim(api_client, gone, "gpu")
+            await eventually(lambda: _missing(fl, gone), timeout=30, what="replica deleted")
+            s = await c.scrape()
+            assert value(s, "licensectl_replica_writes_total", action="delete") >= 1
+            assert await c.terminate() == 0
+
+            # The pod restarts: same Lease (get/update by name), Events of persisting problems bumped.
+            c2 = await start_controller("sa-2", kubeconfig, home, tmp_path, **settings)
+            started.append(c2)
+            await wait_metric(c2, "licensectl_leader", 1, timeout=20)
+            # Checked with the RBAC findings below, so one run reports every problem at once.
+            bumped = await _within(lambda: _event_bumped(api_client), 20)
+            # A cluster without virt-api's restart subresource: the 404 makes licensectl read the VM
+            # to tell a missing VM from a missing subresource (and, without the fallback, give up).
+            kv.proxy.restart_enabled = False
+            await fl.rotate(2)
+            await eventually(lambda: _vm_read(proxy.requests), timeout=30, what="a VM read after a 404 restart")
+            s2 = await c2.scrape()
+            assert await c2.terminate() == 0
+    finally:
+        await proxy.stop()
+
+    used = proxy.requests
+    grants = grants_for(objs, home, sa)
+    problems: dict[str, Any] = {
+        "403 Forbidden": sorted({(r.verb, r.group, r.resource, r.subresource, r.namespace)
+                                 for r in used if r.status == 403}),
+        "licensectl_api_requests_total{code=403}": [value(x, "licensectl_api_requests_total", code="403")
+                                                     for x in (s, s2)],
+        "requests outside the shipped RBAC": sorted({(r.verb, r.group, r.resource, r.subresource) for r in used
+                                                     if not any(g.allows(r) for g in grants)}),
+        "granted but never used (remove, or allow-list with a reason)": sorted(
+            {g.key for g in unused_grants(grants, used)} - set(ALLOWED_UNUSED)),
+        "cluster-wide grants used only in licensectl's namespace (a Role would do)": sorted(
+            {g.key for g in too_broad(grants, used, home)} - set(ALLOWED_OWN_NAMESPACE_ONLY)),
+        "no repeated Event was bumped": [] if bumped else ["events are not written or not bumped"],
+    }
+    problems["licensectl_api_requests_total{code=403}"] = [v for v in problems[
+        "licensectl_api_requests_total{code=403}"] if v]
+    bad = {k: v for k, v in problems.items() if v}
+    assert not bad, pprint.pformat(bad, width=110)
+    assert value(s, "licensectl_api_requests_total") > 0 and value(s2, "licensectl_api_requests_total") > 0
+
+
+async def _within(check: Any, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if await check():
+            return True
+        await asyncio.sleep(0.25)
+    return False
+
+
+async def _new_revision(fl: Any, old: str | None) -> bool:
+    rev = await fl.revision()
+    return rev is not None and rev != old
+
+
+def _vm_read(requests: list[ApiRequest]) -> bool:
+    return any(r.verb == "get" and r.resource == "virtualmachines" and r.group == "kubevirt.io" for r in requests)
+
+
+async def _missing(fl: Any, ns: str) -> bool:
+    return await fl.replica_revision(ns) is None
+
+
+async def _event_bumped(api: ApiClient) -> bool:
+    """An Event licensectl recorded in the first run and bumped (count > 1) in the second."""
+    evs = await CoreV1Api(api).list_event_for_all_namespaces()
+    return any((e.count or 0) > 1 for e in evs.items if e.source and e.source.component == "licensectl")
+
