@@ -22,7 +22,7 @@ from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api
 
 from licensectl import __version__, config, logs
 from licensectl.caches import Caches
-from licensectl.controller import ReplicationController
+from licensectl.controller import CONFLICT_RECHECK_SECONDS, ReplicationController
 from licensectl.guest_report import GuestState
 from licensectl.guests import GuestStore
 from licensectl.kube import client as kclient
@@ -188,7 +188,9 @@ class App:
         if self.keys.keyring is None:
             return 1.0  # no credential to write yet: replicas would be unusable for reports
         await self.replication.reconcile(leader=leader)
-        return self.replication.retry_after
+        waits = [w for w in (self.replication.retry_after,
+                             CONFLICT_RECHECK_SECONDS if self.replication.status.conflicts else None) if w]
+        return min(waits) if waits else None
 
     async def _roll(self) -> float | None:
         plan = await self.rollout.reconcile(leader=self.is_leader)

@@ -27,6 +27,8 @@ from licensectl.replication import ReplicationInputs, ReplicationPlan, plan_repl
 
 log = logs.get(__name__)
 
+CONFLICT_RECHECK_SECONDS = 60.0
+
 
 class DeletionBudget:
     """At most `per_minute` deletions in any sliding 60 s window (in memory: a rate, not state)."""
@@ -64,7 +66,10 @@ class ReplicationStatus:
 
     plan: ReplicationPlan | None = None
     deferred_deletions: int = 0
-    conflicts: dict[tuple[str, str], str] = field(default_factory=dict)  # key -> foreign Secret uid
+    # Names held by foreign Secrets -> when that was last seen (monotonic). Foreign Secrets are not
+    # watched (only licensectl's own are), so a conflict is re-checked by a write attempt after
+    # CONFLICT_RECHECK_SECONDS: once the tenant removes the Secret, the replica appears.
+    conflicts: dict[tuple[str, str], float] = field(default_factory=dict)
     token_expiry: dict[ObjectRef, dt.datetime | None] = field(default_factory=dict)
     last_pass: dt.datetime | None = None
 
@@ -102,7 +107,8 @@ class ReplicationController:
             claims=list(c.claims.snapshot().values()),
             sources=c.source_states(),
             replicas=c.replicas.snapshot(),
-            conflicts=frozenset(self.status.conflicts),
+            conflicts=frozenset(k for k, seen in self.status.conflicts.items()
+                                if time.monotonic() - seen < CONFLICT_RECHECK_SECONDS),
             credential_for=self.credential_for,
             report_url=self.report_url,
             token_key=self.settings.token_key,
@@ -200,7 +206,7 @@ class ReplicationController:
         self.metrics.replica_writes.labels("create" if action == "create" else "update", res.value).inc()
         obj = secret_object(d.namespace, d.name)
         if res is WriteResult.CONFLICT:
-            self.status.conflicts[(d.namespace, d.name)] = ""
+            self.status.conflicts[(d.namespace, d.name)] = time.monotonic()
             self.metrics.conflicts_total.inc()
             await self.events.emit(obj, "Warning", "ReplicaConflict",
                                    f"Secret {d.namespace}/{d.name} exists but is not managed by licensectl; "

@@ -247,6 +247,8 @@ async def test_full_lifecycle_as_the_service_account_with_exactly_the_shipped_rb
             await eventually(lambda: _missing(fl, gone), timeout=30, what="replica deleted")
             s = await c.scrape()
             assert value(s, "licensectl_replica_writes_total", action="delete") >= 1
+            # The standalone VMI was reported (an Event) and stays blocked across the restart below.
+            recorded = await _within(lambda: _events_with(api_client, "RestartBlocked", 1), 15)
             assert await c.terminate() == 0
 
             # The pod restarts: same Lease (get/update by name), Events of persisting problems bumped.
@@ -254,7 +256,7 @@ async def test_full_lifecycle_as_the_service_account_with_exactly_the_shipped_rb
             started.append(c2)
             await wait_metric(c2, "licensectl_leader", 1, timeout=20)
             # Checked with the RBAC findings below, so one run reports every problem at once.
-            bumped = await _within(lambda: _event_bumped(api_client), 20)
+            bumped = recorded and await _within(lambda: _events_with(api_client, "RestartBlocked", 2), 20)
             # A cluster without virt-api's restart subresource: the 404 makes licensectl read the VM
             # to tell a missing VM from a missing subresource (and, without the fallback, give up).
             kv.proxy.restart_enabled = False
@@ -309,8 +311,7 @@ async def _missing(fl: Any, ns: str) -> bool:
     return await fl.replica_revision(ns) is None
 
 
-async def _event_bumped(api: ApiClient) -> bool:
-    """An Event licensectl recorded in the first run and bumped (count > 1) in the second."""
-    evs = await CoreV1Api(api).list_event_for_all_namespaces()
-    return any((e.count or 0) > 1 for e in evs.items if e.source and e.source.component == "licensectl")
-
+async def _events_with(api: ApiClient, reason: str, count: int) -> bool:
+    """An Event licensectl recorded with this reason, bumped to at least `count`."""
+    evs = await CoreV1Api(api).list_event_for_all_namespaces(field_selector=f"reason={reason}")
+    return any((e.count or 0) >= count for e in evs.items if e.source and e.source.component == "licensectl")

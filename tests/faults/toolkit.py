@@ -382,7 +382,7 @@ class Burst:
         return self.path_contains is None or self.path_contains in request.path
 
 
-@dataclass
+@dataclass(eq=False)
 class _Stream:
     action: asyncio.Event = field(default_factory=asyncio.Event)
     kind: str = ""  # expire | cut
@@ -497,7 +497,7 @@ class FaultProxy:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         assert self._session is not None
         self.stats["requests"] += 1
-        is_watch = request.rel_url.query.get("watch") in ("true", "1")
+        is_watch = request.rel_url.query.get("watch", "").lower() in ("true", "1")
         injected = self._injected(request, is_watch)
         if injected is not None:
             return injected

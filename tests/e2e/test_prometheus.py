@@ -1,0 +1,301 @@
+"""A real Prometheus scrapes a real `licensectl run` driving a fleet; every dashboard query returns data.
+
+The fleet has what every panel needs: tenants with licensed, unlicensed, expiring and silent guests
+(the real probe script reporting through the real endpoint), a completed rotation rollout, a second
+source whose rollout is in progress and paused, an invalid source, a broken tenant link and a watch
+interrupted mid-stream. Prometheus loads the shipped alert rules (the PrometheusRule's `.spec`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import datetime as dt
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
+
+from licensectl.devcluster import fleet
+from licensectl.devcluster.controlplane import ControlPlane
+from licensectl.devcluster.guest_sim import GuestProfile, SimulatedGuest
+from licensectl.devcluster.simulator import ANN_BOOT
+from licensectl.model import ANN_ROLLOUT_PAUSED
+from licensectl.render import replica_name
+
+from ..conftest import KubevirtFactory
+from ..integration.support import eventually, unique
+from .support import (
+    Prometheus,
+    RecordingProxy,
+    controllers,
+    make_fleet,
+    start_controller,
+    start_prometheus,
+    value,
+    wait_metric,
+)
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+ROOT = Path(__file__).resolve().parents[2]
+DASHBOARD = ROOT / "dashboards" / "licensectl.json"
+RULE = ROOT / "manifests" / "components" / "monitoring" / "prometheusrule.yaml"
+REPORT_INTERVAL = 5.0
+# Grafana's $__rate_interval is max($__interval + scrape interval, 4 x scrape interval); with a 1 s
+# scrape and a short test, a few scrape intervals. $__range: the whole test fits in it.
+GRAFANA_VARS = {"__rate_interval": "10s", "__range": "10m", "__interval": "1s"}
+
+
+def panel_queries() -> list[tuple[str, str]]:
+    dash = json.loads(DASHBOARD.read_text())
+
+    def walk(panels: list[dict[str, Any]]) -> Any:
+        for p in panels:
+            yield p
+            yield from walk(p.get("panels", []))
+
+    return [(f"{p.get('title')} [{t.get('refId')}]", t["expr"]) for p in walk(dash["panels"])
+            for t in p.get("targets", []) if t.get("expr")]
+
+
+def template_queries() -> dict[str, tuple[str, str]]:
+    """Query variables: name -> (metric, label) of their label_values() query."""
+    dash = json.loads(DASHBOARD.read_text())
+    out = {}
+    for v in dash["templating"]["list"]:
+        if v["type"] == "query":
+            m = re.fullmatch(r"label_values\((\w+),\s*(\w+)\)", v["query"]["query"])
+            assert m, v["query"]
+            out[v["name"]] = (m.group(1), m.group(2))
+    return out
+
+
+def substitute(expr: str, values: dict[str, str]) -> str:
+    def repl(m: re.Match[str]) -> str:
+        name = m.group(1) or m.group(2)
+        assert name in values, f"unknown template variable ${name} in {expr}"
+        return values[name]
+
+    out = re.sub(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)", repl, expr)
+    return out
+
+
+def alert_names() -> set[str]:
+    spec = yaml.safe_load(RULE.read_text())["spec"]
+    return {r["alert"] for g in spec["groups"] for r in g["rules"] if "alert" in r}
+
+
+def write_prometheus_config(directory: Path, metrics_port: int, namespace: str) -> Path:
+    rules = directory / "licensectl.rules.yaml"
+    doc = yaml.safe_load(RULE.read_text())
+    assert doc["kind"] == "PrometheusRule"
+    rules.write_text(yaml.safe_dump(doc["spec"], sort_keys=False))
+    cfg = directory / "prometheus.yml"
+    # The labels the ServiceMonitor's scrape would attach (namespace, pod, job containing "licensectl").
+    cfg.write_text(yaml.safe_dump({
+        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(rules)],
+        "scrape_configs": [{"job_name": "licensectl-metrics", "static_configs": [{
+            "targets": [f"127.0.0.1:{metrics_port}"],
+            "labels": {"namespace": namespace, "pod": "licensectl-0", "container": "licensectl"}}]}],
+    }, sort_keys=False))
+    return cfg
+
+
+async def probe_forever(guests: list[SimulatedGuest], stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        await asyncio.gather(*(g.probe() for g in guests))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 1.5)
+
+
+async def rules_healthy(prom: Prometheus, names: set[str]) -> bool:
+    groups = (await prom.get("/api/v1/rules"))["groups"]
+    rules = [r for g in groups for r in g["rules"] if r["type"] == "alerting"]
+    return {r["name"] for r in rules} == names and all(r["health"] == "ok" for r in rules)
+
+
+async def test_every_dashboard_panel_and_alert_rule_works_against_a_live_controller(
+        api_client: ApiClient, control_plane: ControlPlane, kubevirt_factory: KubevirtFactory,
+        namespace_factory: Any, cleanup: Any, tmp_path: Path) -> None:
+    binary = shutil.which("prometheus")
+    assert binary is not None, "prometheus not installed: run scripts/install-system-deps"
+    kv = await kubevirt_factory(ready_delay=0.3)
+    fl = await make_fleet(api_client, namespace_factory, cleanup)
+    co = CustomObjectsApi(api_client)
+    guest_ns, hang_ns = fl.tenants[0], fl.tenants[2]
+
+    # A second source, claimed by one tenant, whose rollout will hang and be paused.
+    cls_b = unique("vcs")
+    await fleet.put_source_secret(api_client, fl.source_ns, "nls-b", fleet.fake_token(int(dt.datetime.now(
+        dt.UTC).timestamp()) + 86400 * 10))
+    await fleet.create_gpu_class(api_client, cls_b, mode="vgpu", secret=(fl.source_ns, "nls-b"))
+    cleanup(lambda: fleet.delete_gpu_class(api_client, cls_b))
+    await fleet.create_claim(api_client, hang_ns, "gpu-b", cls_b)
+    # An invalid source, and a namespace that looks like a tenant but has no parent link.
+    cls_bad = unique("bad")
+    await fleet.create_gpu_class(api_client, cls_bad, mode="vgpu", secret=(fl.source_ns, "does-not-exist"))
+    cleanup(lambda: fleet.delete_gpu_class(api_client, cls_bad))
+    await fleet.create_claim(api_client, fl.tenants[1], "gpu-bad", cls_bad)
+    orphan = await namespace_factory(name=f"tenant-{unique('orphan')}", labels={
+        f"{fleet.TENANT_LABEL_PREFIX}{fl.root_name}": "", fleet.VGPU_LABEL: "true"})
+    await fleet.create_claim(api_client, orphan, "gpu", fl.cls)
+
+    proxy = RecordingProxy(kv.proxy.url, control_plane.ca_path)
+    await proxy.start()
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(proxy.kubeconfig(control_plane.admin_token))
+    kubeconfig.chmod(0o600)
+    guests: list[SimulatedGuest] = []
+    stop_probes = asyncio.Event()
+    prom: Prometheus | None = None
+    try:
+        async with controllers() as started:
+            c = await start_controller("licensectl-0", kubeconfig, fl.controller_ns, tmp_path,
+                                       leader_elect=True, root_tenant=fl.root_name, max_unavailable="2",
+                                       report_url="http://127.0.0.1:1/v1/reports",
+                                       report_interval_seconds=REPORT_INTERVAL)
+            started.append(c)
+            await wait_metric(c, "licensectl_leader", 1)
+            data = tmp_path / "prometheus"
+            data.mkdir()
+            prom = await start_prometheus(binary, write_prometheus_config(tmp_path, c.metrics_port,
+                                                                          fl.controller_ns), data / "tsdb")
+            await eventually(lambda: rules_healthy(prom, alert_names()), timeout=30,
+                             what="every shipped alert rule loaded and evaluated")
+
+            # The fleet: four guests of source A in one tenant, one VM of source B in another.
+            await eventually(fl.revision, timeout=30, what="replicas")
+            await eventually(lambda: _replica(api_client, hang_ns, cls_b), timeout=30, what="replica B")
+            await asyncio.sleep(1.1)
+            profiles = {
+                "licensed": GuestProfile.expiring(dt.datetime.now(dt.UTC) + dt.timedelta(days=20)),
+                "unlicensed": GuestProfile.unlicensed(),
+                "expiring": GuestProfile.expiring(dt.datetime.now(dt.UTC) + dt.timedelta(hours=6)),
+                "silent": GuestProfile.quiet(),
+            }
+            for name in profiles:
+                await fleet.create_vm(api_client, guest_ns, name, license_secret=fl.replica)
+            await fleet.create_vm(api_client, hang_ns, "hang", license_secret=replica_name(cls_b))
+            for name in profiles:
+                await eventually(lambda name=name: fl.ready(guest_ns, name), timeout=30, what=f"{name} ready")
+            await eventually(lambda: fl.ready(hang_ns, "hang"), timeout=30, what="hang ready")
+
+            async def boot_guests() -> None:
+                for g in guests:
+                    assert await g.boot(api_client, report_url=c.reports_url) == 0, g.last_stderr
+
+            guests.extend(SimulatedGuest(guest_ns, name, p) for name, p in profiles.items())
+            await boot_guests()
+            prober = asyncio.create_task(probe_forever(guests, stop_probes))
+            await wait_metric(c, "licensectl_guest_license_state", 1, namespace=guest_ns, vmi="unlicensed",
+                              state="unlicensed")
+
+            # A watch cut mid-stream (a load balancer or apiserver restart): informers resume.
+            assert proxy.sever() > 0
+            # Rotation of source A: a rollout that completes while Prometheus watches.
+            old = await fl.revision()
+            await fl.rotate(1)
+            new = await eventually(lambda: _changed(fl, old), timeout=30, what="replicas rotated")
+            vms = [(guest_ns, n) for n in profiles]
+            await eventually(lambda: fl.all_done(vms, new), timeout=60, interval=0.25, what="rollout A done")
+            await boot_guests()  # the restarted guests install the new token at boot
+
+            # Source B: its only VM hangs when restarted; the hoster pauses that rollout.
+            await co.patch_namespaced_custom_object(
+                "kubevirt.io", "v1", hang_ns, "virtualmachines", "hang",
+                {"spec": {"template": {"metadata": {"annotations": {ANN_BOOT: "hang"}}}}},
+                _content_type="application/merge-patch+json")
+            token_b = fleet.fake_token(int(dt.datetime.now(dt.UTC).timestamp()) + 86400 * 300)
+            await CoreV1Api(api_client).patch_namespaced_secret("nls-b", fl.source_ns, {"data": {
+                "client_configuration_token.tok": base64.b64encode(token_b).decode()}})
+            await eventually(lambda: kv.record.restarts_for(hang_ns, "hang"), timeout=30,
+                             what="restart of the hanging VM issued")
+            await CoreV1Api(api_client).patch_namespaced_secret("nls-b", fl.source_ns, {
+                "metadata": {"annotations": {ANN_ROLLOUT_PAUSED: "true"}}})
+            await wait_metric(c, "licensectl_rollout_paused", 1, timeout=20, source_name="nls-b", reason="manual")
+            await asyncio.sleep(2)
+            assert proxy.sever() > 0  # a second cut, so the restart counter really increases
+            await wait_metric(c, "licensectl_guest_token_current", 1, timeout=20, namespace=guest_ns,
+                              vmi="licensed")
+            s = await c.scrape()
+            assert value(s, "licensectl_watch_restarts_total") >= 2
+            assert value(s, "licensectl_tenant_problems") >= 1
+            await asyncio.sleep(12)  # a few rate windows of samples
+
+            # Every panel query returns data, with "All" selected and with one tenant/source picked.
+            tenants = await prom.get("/api/v1/label/tenant/values", **{"match[]": "licensectl_guests"})
+            assert guest_ns in tenants
+            variables = {}
+            for var, (metric, label) in template_queries().items():
+                values = await prom.get(f"/api/v1/label/{label}/values", **{"match[]": metric})
+                assert values, f"template variable ${var}: label_values({metric}, {label}) is empty"
+                variables[var] = values
+            empty: list[str] = []
+            nan: list[str] = []
+            for pick in ("all", "one"):
+                chosen = {v: ".*" if pick == "all" else (guest_ns if v == "tenant" else "nls-token")
+                          for v in variables}
+                for title, expr in panel_queries():
+                    q = substitute(expr, {**GRAFANA_VARS, **chosen})
+                    result = await prom.query(q)
+                    if not result:
+                        empty.append(f"{pick}: {title}: {q}")
+                    elif all(r["value"][1] == "NaN" for r in result):
+                        nan.append(f"{pick}: {title}: {q}")
+            assert empty == [], "panels without data:\n" + "\n".join(empty)
+            assert nan == [], "panels with only NaN:\n" + "\n".join(nan)
+
+            # The numbers are the fleet's: two licensed guests, one unlicensed, two not reporting
+            # (the silent one and the hung VM), one leader, one paused rollout, one invalid source.
+            async def scalar(expr: str) -> float:
+                r = await prom.query(substitute(expr, {**GRAFANA_VARS, "tenant": ".*", "source": ".*"}))
+                assert len(r) == 1, (expr, r)
+                return float(r[0]["value"][1])
+
+            by_title = {t.split(" [")[0]: e for t, e in panel_queries()}
+            assert await scalar(by_title["Licensed guests"]) == 2
+            assert await scalar(by_title["Unlicensed guests"]) == 1
+            assert await scalar(by_title["Not reporting"]) == 2
+            assert await scalar(by_title["Leaders"]) == 1
+            assert await scalar(by_title["Targets up"]) == 1
+            assert await scalar(by_title["Rollouts paused"]) == 1
+            assert await scalar(by_title["Invalid sources"]) == 1
+            assert await scalar(by_title["Broken tenant links"]) >= 1
+
+            # The shipped alerts evaluate against the live series: the right ones are pending.
+            active = {a["labels"]["alertname"] for a in (await prom.get("/api/v1/alerts"))["alerts"]
+                      if a["state"] in ("pending", "firing")}
+            assert {"LicensectlGuestUnlicensed", "LicensectlGuestNotReporting", "LicensectlSourceInvalid",
+                    "LicensectlTenantLinkBroken", "LicensectlRolloutPaused"} <= active, active
+            assert "LicensectlDown" not in active
+            stop_probes.set()
+            await prober
+            assert await c.terminate() == 0
+    finally:
+        stop_probes.set()
+        if prom is not None:
+            await prom.stop()
+        await proxy.stop()
+        for g in guests:
+            g.cleanup()
+
+
+async def _replica(api: ApiClient, ns: str, cls: str) -> bool:
+    try:
+        await CoreV1Api(api).read_namespaced_secret(replica_name(cls), ns)
+        return True
+    except Exception:
+        return False
+
+
+async def _changed(fl: Any, old: str | None) -> str | None:
+    rev: str | None = await fl.revision()
+    return rev if rev is not None and rev != old else None
