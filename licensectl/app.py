@@ -185,7 +185,7 @@ class App:
         leader = self.is_leader
         if self.keys.keyring is None or leader:
             await self.keys.refresh(create=leader)
-        if self.keys.keyring is None:
+        if self.keys.keyring is None and not self.settings.dry_run:
             return 1.0  # no credential to write yet: replicas would be unusable for reports
         await self.replication.reconcile(leader=leader)
         waits = [w for w in (self.replication.retry_after,

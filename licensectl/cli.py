@@ -45,6 +45,13 @@ def _parser() -> argparse.ArgumentParser:
         r.add_argument("--context", default=None)
     rs.add_argument("source", nargs="?", help="NAMESPACE/NAME of the source Secret (default: all)")
 
+    keys = sub.add_parser("keys", help="the guest-report signing key")
+    ksub = keys.add_subparsers(dest="keys_command", metavar="VERB", required=True)
+    kr = ksub.add_parser("rotate", help="new signing key; the previous one stays valid for the grace period")
+    kr.add_argument("--kubeconfig", default=None)
+    kr.add_argument("--context", default=None)
+    kr.add_argument("--namespace", default=None, help="licensectl's namespace (default: LICENSECTL_NAMESPACE)")
+
     demo = sub.add_parser("demo", help="run a demo fleet on an embedded local control plane")
     demo.add_argument("--duration", type=float, default=0.0,
                       help="stop after this many seconds (0: run until Ctrl-C)")
@@ -74,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from licensectl.app import run
 
         return asyncio.run(run(settings))
-    if args.command in ("status", "rollout"):
+    if args.command in ("status", "rollout", "keys"):
         from licensectl import logs
 
         logs.configure("console", "warning")  # stdout is for the command's output
@@ -86,6 +93,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from licensectl.status import rollout_main
 
         return asyncio.run(rollout_main(args))
+    if args.command == "keys":
+        from licensectl.status import keys_main
+
+        return asyncio.run(keys_main(args))
     if args.command == "demo":
         from licensectl.demo import demo_main
 

@@ -140,43 +140,39 @@ class ReplicationController:
             self.metrics.reconcile_duration.labels("replication").observe(time.monotonic() - start)
 
     async def _act(self, plan: ReplicationPlan) -> None:
-        dry = self.settings.dry_run
-        jobs: list[Any] = []
-        for d in plan.creates:
-            jobs.append(self._guarded(self._create(d)))
-        for existing, d in plan.updates:
-            jobs.append(self._guarded(self._update(existing, d)))
-        deletes = list(plan.deletes)
-        self.retry_after = None
-        if deletes and not self.caches.core_healthy():
-            log.warning("deletions held: a cache is not synced and healthy", pending=len(deletes))
-            self.status.deferred_deletions = len(deletes)
-            deletes = []
-        elif deletes:
-            allowed = self.budget.take(len(deletes), time.monotonic())
-            deferred = deletes[allowed:]
-            deletes = deletes[:allowed]
-            self.status.deferred_deletions = len(deferred)
-            if deferred:
-                self.metrics.deletion_cap_hits.inc()
-                self.retry_after = max(1.0, self.budget.next_free(time.monotonic()))
-                await self._deletion_cap_events(deferred)
-        else:
-            self.status.deferred_deletions = 0
-        for r in deletes:
-            jobs.append(self._guarded(self._delete(r)))
-        if dry:
+        deletes = await self._admit_deletes(list(plan.deletes))
+        if self.settings.dry_run:
             for d in plan.creates:
                 log.info("dry-run: would create replica", namespace=d.namespace, name=d.name, revision=d.revision[:12])
             for _, d in plan.updates:
                 log.info("dry-run: would update replica", namespace=d.namespace, name=d.name, revision=d.revision[:12])
             for r in deletes:
                 log.info("dry-run: would delete replica", namespace=r.namespace, name=r.name)
-            for j in jobs:
-                j.close()
             return
+        jobs = [self._guarded(self._create(d)) for d in plan.creates]
+        jobs += [self._guarded(self._update(existing, d)) for existing, d in plan.updates]
+        jobs += [self._guarded(self._delete(r)) for r in deletes]
         if jobs:
             await asyncio.gather(*jobs)
+
+    async def _admit_deletes(self, deletes: list[ReplicaSecret]) -> list[ReplicaSecret]:
+        """Deletions only on complete, healthy caches, and never faster than the per-minute cap."""
+        self.retry_after = None
+        self.status.deferred_deletions = 0
+        if not deletes:
+            return []
+        if not self.caches.core_healthy():
+            log.warning("deletions held: a cache is not synced and healthy", pending=len(deletes))
+            self.status.deferred_deletions = len(deletes)
+            return []
+        allowed = self.budget.take(len(deletes), time.monotonic())
+        deferred = deletes[allowed:]
+        self.status.deferred_deletions = len(deferred)
+        if deferred:
+            self.metrics.deletion_cap_hits.inc()
+            self.retry_after = max(1.0, self.budget.next_free(time.monotonic()))
+            await self._deletion_cap_events(deferred)
+        return deletes[:allowed]
 
     async def _guarded(self, coro: Any) -> None:
         async with self._sem:

@@ -28,7 +28,7 @@ from licensectl.entitlement import TenantSettings
 from licensectl.kube import contract, projections
 from licensectl.kube.client import make_api_client
 from licensectl.kube.raw import RawApi, checked
-from licensectl.kube.signing_key import SECRET_NAME
+from licensectl.kube.signing_key import SECRET_NAME, SigningKeyStore
 from licensectl.model import (
     ANN_ROLLOUT_PAUSED,
     ANN_ROLLOUT_RESUMED_AT,
@@ -254,3 +254,26 @@ async def _rollout_status(api: ApiClient, settings: config.Settings, args: Any) 
             print("timed out waiting for the rollout", file=sys.stderr)
             return 2
         await asyncio.sleep(1.0)
+
+
+# -- keys -----------------------------------------------------------------------------------------
+async def keys_main(args: Any) -> int:
+    """Rotate the report signing key. The controller rewrites every replica's credential (no
+    revision change, so no VM restart); guests keep reporting with the previous credential until
+    their next restart, accepted for LICENSECTL_KEY_GRACE_SECONDS."""
+    settings = _with_conn(config.settings_from(None), args)
+    if args.namespace:
+        settings = dataclasses.replace(settings, namespace=args.namespace)
+    api = await make_api_client(settings)
+    try:
+        store = SigningKeyStore(api, settings.namespace, grace=dt.timedelta(seconds=settings.key_grace_seconds))
+        try:
+            ring = await store.rotate()
+        except (RuntimeError, ApiException, ValueError) as e:
+            print(f"licensectl keys rotate: {e}", file=sys.stderr)
+            return 1
+        print(f"signing key rotated in {settings.namespace}/{SECRET_NAME} at {ring.rotated_at:%Y-%m-%dT%H:%M:%SZ}; "
+              f"the previous key is accepted for {settings.key_grace_seconds:g} s")
+        return 0
+    finally:
+        await api.close()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import datetime as dt
+import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -286,3 +289,46 @@ async def test_apiserver_restart_mid_sync_converges_without_deletions(env: Env, 
         after = {ns: (await replica(env, ns)).metadata.uid for ns in before}
         assert after == before
         assert app.ready()
+
+
+async def test_signing_key_rotation_rewrites_credentials_without_a_new_revision(env: Env) -> None:
+    t = await env.tenant(env.root, vgpu=True)
+    ns = t["metadata"]["name"]
+    await fleet.create_claim(env.api, ns, "gpu", env.cls)
+    async with running_app(env.settings()) as app:
+        before = await eventually(lambda: replica(env, ns), what="replica")
+        old_cred = secret_bytes(before, KEY_REPORT_CREDENTIAL).decode()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "licensectl", "keys", "rotate", "--kubeconfig", str(env.kubeconfig),
+            "--namespace", env.controller_ns, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await proc.communicate()
+        assert proc.returncode == 0, err.decode()
+        assert old_cred not in out.decode() + err.decode()
+
+        async def rewritten() -> Any:
+            s = await replica(env, ns)
+            return s if secret_bytes(s, KEY_REPORT_CREDENTIAL).decode() != old_cred else None
+
+        after = await eventually(rewritten, what="credential rewritten with the new key")
+        # Same license content: same revision and revision time, so no VM restart is due.
+        for ann in (ANN_REVISION, ANN_REVISION_TIME):
+            assert after.metadata.annotations[ann] == before.metadata.annotations[ann]
+        ring = app.keys.keyring
+        assert ring is not None and ring.previous is not None
+        now = dt.datetime.now(dt.UTC)
+        grace = dt.timedelta(seconds=app.settings.key_grace_seconds)
+        assert ring.verify(ns, old_cred, now, grace), "guests keep reporting with the previous credential"
+        assert not ring.verify(ns, old_cred, now + grace + dt.timedelta(seconds=1), grace)
+
+
+async def test_dry_run_writes_nothing(env: Env) -> None:
+    t = await env.tenant(env.root, vgpu=True)
+    ns = t["metadata"]["name"]
+    await fleet.create_claim(env.api, ns, "gpu", env.cls)
+    async with running_app(env.settings(dry_run=True)) as app:
+        await eventually(lambda: app.replication.status.plan is not None, what="a planning pass")
+        await eventually(lambda: (ns, replica_name(env.cls)) in app.replication.status.plan.states,
+                         what="the namespace planned")
+        assert app.replication.status.plan.states[(ns, replica_name(env.cls))] == "missing"
+        await asyncio.sleep(1)
+        assert await replica(env, ns) is None
