@@ -59,6 +59,7 @@ class EventRecorder:
         self._min_interval = min_interval
         self._clock = clock or (lambda: dt.datetime.now(dt.UTC))
         self._last: dict[str, dt.datetime] = {}
+        self._counts: dict[str, int] = {}
         self.emitted: list[tuple[InvolvedObject, str, str, str]] = []  # recent, for tests and status
 
     async def emit(self, obj: InvolvedObject, type_: str, reason: str, message: str) -> None:
@@ -71,6 +72,7 @@ class EventRecorder:
         self._last[name] = now
         if len(self._last) > 50_000:  # bounded memory under a storm of distinct problems
             self._last.clear()
+            self._counts.clear()
         self.emitted.append((obj, type_, reason, message))
         del self.emitted[:-1000]
         log.info("event", kind=obj.kind, namespace=obj.namespace, name=obj.name, type=type_, reason=reason,
@@ -90,20 +92,22 @@ class EventRecorder:
 
     async def _bump_or_create(self, ns: str, name: str, obj: InvolvedObject, type_: str, reason: str,
                               message: str, ts: str) -> None:
+        """Create; if an Event of that name exists (re-emitted, or written before a restart), bump its
+        count with a patch. Needs only create + patch on events, like client-go's recorder."""
+        count = self._counts.get(name, 0) + 1
+        self._counts[name] = count
+        body = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": name, "namespace": ns},
+            "involvedObject": obj.as_dict(), "type": type_, "reason": reason, "message": message,
+            "source": {"component": self._component}, "reportingComponent": self._component,
+            "reportingInstance": self._component,
+            "firstTimestamp": ts, "lastTimestamp": ts, "count": 1,
+        }
         try:
-            existing = await self._api.read_namespaced_event(name, ns)
-        except ApiException as e:
-            if e.status != 404:
-                raise
-            body = {
-                "apiVersion": "v1", "kind": "Event",
-                "metadata": {"name": name, "namespace": ns},
-                "involvedObject": obj.as_dict(), "type": type_, "reason": reason, "message": message,
-                "source": {"component": self._component}, "reportingComponent": self._component,
-                "reportingInstance": self._component,
-                "firstTimestamp": ts, "lastTimestamp": ts, "count": 1,
-            }
             await self._api.create_namespaced_event(ns, body)
             return
-        count = int(existing.get("count") or 1) + 1
-        await self._api.patch_namespaced_event(name, ns, {"count": count, "lastTimestamp": ts})
+        except ApiException as e:
+            if e.status != 409:
+                raise
+        await self._api.patch_namespaced_event(name, ns, {"count": max(count, 2), "lastTimestamp": ts})

@@ -83,3 +83,12 @@ def metric(app: App, name: str, labels: dict[str, str] | None = None) -> float |
 async def events_for(api: ApiClient, namespace: str, name: str) -> list[Any]:
     ev = await CoreV1Api(api).list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}")
     return list(ev.items)
+
+
+async def wait_event(api: ApiClient, namespace: str, name: str, *reasons: str, timeout: float = 20.0) -> list[Any]:
+    """Events are written after the action they describe: wait until all `reasons` are there."""
+    async def check() -> list[Any] | None:
+        evs = await events_for(api, namespace, name)
+        return evs if set(reasons) <= {e.reason for e in evs} else None
+
+    return await eventually(check, timeout=timeout, what=f"events {reasons} on {namespace}/{name}")

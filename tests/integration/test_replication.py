@@ -20,7 +20,17 @@ from licensectl.devcluster.controlplane import ControlPlane
 from licensectl.model import ANN_REVISION, ANN_REVISION_TIME, KEY_GRIDD_CONF, KEY_REPORT_CREDENTIAL, KEY_TOKEN
 from licensectl.render import replica_name
 
-from .support import events_for, eventually, metric, read_secret, running_app, secret_bytes, settings_for, unique
+from .support import (
+    events_for,
+    eventually,
+    metric,
+    read_secret,
+    running_app,
+    secret_bytes,
+    settings_for,
+    unique,
+    wait_event,
+)
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -103,8 +113,11 @@ async def test_entitlement_matrix_and_middle_revocation(env: Env) -> None:
             return all([await replica(env, ns) is None for ns in (a_ns, b_ns, c_ns)])
 
         await eventually(all_gone, what="copies removed below the revoked tenant")
-        evs = await events_for(env.api, a_ns, a_ns)
-        assert any(e.reason == "ReplicaDeleted" for e in evs)
+
+        async def deleted_event() -> bool:
+            return any(e.reason == "ReplicaDeleted" for e in await events_for(env.api, a_ns, a_ns))
+
+        await eventually(deleted_event, what="ReplicaDeleted event on the namespace")
 
 
 async def test_claim_added_removed_and_class_switched(env: Env) -> None:
@@ -183,7 +196,7 @@ async def test_drift_reverted_deleted_replica_recreated_and_foreign_secret_untou
         after = await read_secret(env.api, ns2, replica_name(env.cls))
         assert after.metadata.resource_version == foreign.metadata.resource_version
         assert after.data == foreign.data
-        evs = await events_for(env.api, ns2, replica_name(env.cls))
+        evs = await wait_event(env.api, ns2, replica_name(env.cls), "ReplicaConflict")
         assert any(e.reason == "ReplicaConflict" and e.type == "Warning" for e in evs)
 
 
@@ -200,8 +213,7 @@ async def test_source_deleted_keeps_replicas_and_reports(env: Env) -> None:
         assert metric(app, "licensectl_source_valid", {"class": env.cls}) == 0.0
         kept = await replica(env, ns)
         assert kept is not None and kept.metadata.resource_version == before.metadata.resource_version
-        evs = await events_for(env.api, env.source_ns, "nls-token")
-        assert any(e.reason == "LicenseSourceInvalid" for e in evs)
+        await wait_event(env.api, env.source_ns, "nls-token", "LicenseSourceInvalid")
 
 
 async def test_invalid_feature_type_and_empty_token_keep_replicas(env: Env) -> None:
@@ -258,8 +270,7 @@ async def test_rotation_updates_every_replica(env: Env) -> None:
             return all(g is not None and secret_bytes(g, KEY_TOKEN) == new for g in got)
 
         await eventually(rotated, what="all replicas rotated")
-        evs = await events_for(env.api, namespaces[0], replica_name(env.cls))
-        assert any(e.reason == "ReplicaRotated" for e in evs)
+        await wait_event(env.api, namespaces[0], replica_name(env.cls), "ReplicaRotated")
 
 
 async def test_apiserver_restart_mid_sync_converges_without_deletions(env: Env, control_plane: ControlPlane

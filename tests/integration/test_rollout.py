@@ -31,7 +31,7 @@ from licensectl.render import replica_name
 from licensectl.rollout import format_time
 
 from ..conftest import KubevirtEnv
-from .support import events_for, eventually, metric, read_secret, running_app, settings_for, unique
+from .support import eventually, metric, read_secret, running_app, settings_for, unique, wait_event
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -184,11 +184,8 @@ async def test_rotation_restarts_each_stale_vmi_once_within_limits(rig: Fleet) -
     firsts = [order.index(ns) for ns in f.tenants]
     thirds = [i for i, ns in enumerate(order) if order[: i + 1].count(ns) == 3]
     assert max(firsts) < min(thirds), order
-    evs = await events_for(f.api, f.source_ns, "nls-token")
-    reasons = {e.reason for e in evs}
-    assert {"RolloutStarted", "RolloutCompleted"} <= reasons
-    vm_events = await events_for(f.api, vms[0][0], vms[0][1])
-    assert {"RestartIssued", "RestartDone"} <= {e.reason for e in vm_events}
+    await wait_event(f.api, f.source_ns, "nls-token", "RolloutStarted", "RolloutCompleted")
+    await wait_event(f.api, vms[0][0], vms[0][1], "RestartIssued", "RestartDone")
 
 
 async def _rev_changed(f: Fleet) -> str | None:
@@ -234,8 +231,7 @@ async def test_standalone_vmi_blocked_and_manual_vm_pending_then_overdue(rig: Fl
         status = app.status()["rollout"]["vmis"]
         manual = next(v for v in status if v["vmi"] == "manual")
         assert manual["state"] == "manual" and manual["overdue"] is True
-        evs = await events_for(f.api, ns, "lonely")
-        assert any(e.reason == "RestartBlocked" for e in evs)
+        await wait_event(f.api, ns, "lonely", "RestartBlocked")
     assert f.kv.record.restarts_for(ns, "manual") == []
     assert (await f.vmi_obj(ns, "lonely"))["metadata"]["uid"] == lonely_uid
 
@@ -257,8 +253,7 @@ async def test_failure_budget_pauses_then_resume_continues(rig: Fleet) -> None:
         await eventually(lambda: metric(app, "licensectl_rollout_paused", {source[0]: source[1], "reason": "failures"})
                          == 1.0, timeout=60, what="rollout paused by failures")
         issued = len([r for r in f.kv.record.restarts if r.status == 202])
-        evs = await events_for(f.api, f.source_ns, "nls-token")
-        assert any(e.reason == "RolloutPaused" for e in evs)
+        await wait_event(f.api, f.source_ns, "nls-token", "RolloutPaused")
         # Paused: no new restarts while it stays paused.
         await _sleep(3)
         assert len([r for r in f.kv.record.restarts if r.status == 202]) == issued
