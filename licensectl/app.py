@@ -75,11 +75,17 @@ class App:
     def is_leader(self) -> bool:
         return True if self.elector is None else self.elector.is_leader
 
+    # Which loop reads which cache: an event wakes only the loops whose inputs it changed.
+    REPLICATION_INPUTS = frozenset({"namespaces", "gpuclasses", "gpuclaims", "replicas", "source"})
+    ROLLOUT_INPUTS = frozenset({"replicas", "source", "virtualmachines", "virtualmachineinstances"})
+
     def _changed(self, kind: str) -> None:
         if kind == "virtualmachineinstances":
             self._uuid_index = None
-        self._repl_trigger.set()
-        self._roll_trigger.set()
+        if kind in self.REPLICATION_INPUTS:
+            self._repl_trigger.set()
+        if kind in self.ROLLOUT_INPUTS:
+            self._roll_trigger.set()
 
     async def start(self) -> None:
         s = self.settings

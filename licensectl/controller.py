@@ -175,25 +175,27 @@ class ReplicationController:
         return deletes[:allowed]
 
     async def _guarded(self, coro: Any) -> None:
-        async with self._sem:
-            try:
-                await coro
-            except Exception as e:  # one failed write must not stop the others; the next pass retries
-                log.warning("replica write failed", error=type(e).__name__, status=getattr(e, "status", None))
-                self.metrics.replica_writes.labels("write", "error").inc()
+        try:
+            await coro
+        except Exception as e:  # one failed write must not stop the others; the next pass retries
+            log.warning("replica write failed", error=type(e).__name__, status=getattr(e, "status", None))
+            self.metrics.replica_writes.labels("write", "error").inc()
 
     @staticmethod
     def _body(d: DesiredReplica) -> SecretBody:
         return SecretBody(d.namespace, d.name, d.labels, d.annotations, d.data)
 
+    # Writes hold a concurrency slot; the Event about them is written after the slot is released.
     async def _create(self, d: DesiredReplica) -> None:
-        res = await self.writer.create(self._body(d))
+        async with self._sem:
+            res = await self.writer.create(self._body(d))
         await self._after_write("create", d, res)
 
     async def _update(self, existing: ReplicaSecret, d: DesiredReplica) -> None:
         observed = ObservedMeta(existing.namespace, existing.name, existing.resource_version, existing.labels,
                                 existing.annotations)
-        res = await self.writer.update(self._body(d), observed)
+        async with self._sem:
+            res = await self.writer.update(self._body(d), observed)
         # A rotation changes the content; a tenant editing only the revision annotation is drift.
         rotated = existing.annotations.get(ANN_REVISION) != d.revision and existing.data_digest != d.data_digest
         await self._after_write("rotate" if rotated else "update", d, res)
@@ -218,7 +220,8 @@ class ReplicationController:
                                    f"License replica for class {d.class_name} {what} (revision {d.revision[:12]})")
 
     async def _delete(self, r: ReplicaSecret) -> None:
-        res = await self.writer.delete(r.namespace, r.name, r.uid)
+        async with self._sem:
+            res = await self.writer.delete(r.namespace, r.name, r.uid)
         self.metrics.replica_writes.labels("delete", res.value).inc()
         if res is WriteResult.DELETED:
             await self.events.emit(namespace_object(r.namespace), "Normal", "ReplicaDeleted",

@@ -9,6 +9,7 @@ ReplicaSet controller does), so a stale cache can never plan past maxUnavailable
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import time
 from collections.abc import Callable, Iterable
@@ -37,6 +38,7 @@ from licensectl.rollout_view import rollout_json
 log = logs.get(__name__)
 
 EXPECTATION_TIMEOUT = 15.0
+ACT_CONCURRENCY = 16
 
 
 def vm_object(namespace: str, name: str, uid: str = "") -> InvolvedObject:
@@ -63,6 +65,7 @@ class RolloutController:
         self._expect: dict[tuple[str, str], tuple[str, float]] = {}  # vm -> (rv we wrote over, since)
         self._phases: dict[ObjectRef, Phase] = {}
         self._progress_at: dict[ObjectRef, dt.datetime] = {}
+        self._revisions: dict[tuple[str, str], tuple[str, ReplicaRevision | None]] = {}
 
     def _expectations_met(self) -> bool:
         vms = self.caches.vms
@@ -79,11 +82,28 @@ class RolloutController:
         c = self.caches
         if c.vms is None or c.vmis is None or not (c.core_synced() and c.kubevirt_healthy()):
             return None
-        replicas = [r for r in (ReplicaRevision.from_secret(s) for s in c.replicas.snapshot().values()) if r]
+        replicas = self._replica_revisions()
         sources = {ref: SourceControl.from_annotations(s.annotations)
                    for ref, s in c.source_states().items() if s is not None}
         return plan_rollout(replicas, list(c.vmis.snapshot().values()), list(c.vms.snapshot().values()),
                             self.guests.gates(), sources, self.rollout_settings, self.clock())
+
+    def _replica_revisions(self) -> list[ReplicaRevision]:
+        """Parsed revisions of all replicas, re-parsed only for replicas whose resourceVersion changed
+        (a rotation touches every replica; the passes between touch few)."""
+        out: list[ReplicaRevision] = []
+        live = self.caches.replicas.cache
+        for key, secret in live.items():
+            hit = self._revisions.get(key)
+            if hit is None or hit[0] != secret.resource_version:
+                hit = (secret.resource_version, ReplicaRevision.from_secret(secret))
+                self._revisions[key] = hit
+            if hit[1] is not None:
+                out.append(hit[1])
+        if len(self._revisions) > len(live):
+            for key in [k for k in self._revisions if k not in live]:
+                del self._revisions[key]
+        return out
 
     async def reconcile(self, *, leader: bool = True) -> RolloutPlan | None:
         if not self._expectations_met():
@@ -111,12 +131,19 @@ class RolloutController:
             self.metrics.reconcile_duration.labels("rollout").observe(time.monotonic() - start)
 
     async def _act(self, plan: RolloutPlan) -> None:
-        vms = self.caches.vms
-        assert vms is not None
-        for rec in plan.results:
-            await self._record(rec)
-        for r in plan.restarts:
-            await self._restart(r)
+        """Results, then restarts, each batch concurrently: the plan already respects every limit,
+        and each VM gets at most one action per pass."""
+        sem = asyncio.Semaphore(ACT_CONCURRENCY)
+
+        async def bounded(coro: Any) -> None:
+            async with sem:
+                try:
+                    await coro
+                except Exception as e:  # one VM's trouble must not stop the others; next pass retries
+                    log.warning("rollout action failed", error=type(e).__name__, status=getattr(e, "status", None))
+
+        await asyncio.gather(*(bounded(self._record(rec)) for rec in plan.results))
+        await asyncio.gather(*(bounded(self._restart(r)) for r in plan.restarts))
         for (ns, vmi), st in plan.vmi_states.items():
             if st.state is VmiState.BLOCKED:
                 await self.events.emit(vmi_object(ns, vmi), "Warning", "RestartBlocked",

@@ -11,6 +11,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+import aiohttp
 import structlog
 from kubernetes_asyncio import config as kconfig
 from kubernetes_asyncio.client import ApiClient, Configuration
@@ -81,6 +82,18 @@ def instrument(api: ApiClient) -> None:
     _instrumented.add(rest)
 
 
+def _without_env_lookups(api: ApiClient) -> None:
+    """kubernetes-asyncio opens its session with trust_env=True, which makes aiohttp read ~/.netrc and
+    the proxy environment in a thread on *every* request (measured: ~13% of controller CPU). The
+    apiserver address and any proxy come from the kubeconfig (`proxy-url`), so the environment is not
+    consulted: swap in a session on the same connector with trust_env=False."""
+    rest: Any = api.rest_client
+    old: aiohttp.ClientSession = rest.pool_manager
+    connector = old.connector
+    old.detach()
+    rest.pool_manager = aiohttp.ClientSession(connector=connector, trust_env=False, read_bufsize=2**21)
+
+
 def _in_cluster_available() -> bool:
     return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and bool(os.environ.get("KUBERNETES_SERVICE_PORT"))
 
@@ -102,6 +115,7 @@ async def make_api_client(settings: config.Settings) -> ApiClient:
         source = "default-kubeconfig"
     cfg.connection_pool_maxsize = POOL_MAXSIZE
     api = ApiClient(configuration=cfg)
+    _without_env_lookups(api)
     instrument(api)
     log.info("client.configured", source=source, host=cfg.host, context=settings.context or None)
     return api

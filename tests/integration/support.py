@@ -16,6 +16,7 @@ from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api
 
 from licensectl import config
 from licensectl.app import App
+from licensectl.devcluster import fleet
 
 T = TypeVar("T")
 
@@ -92,3 +93,41 @@ async def wait_event(api: ApiClient, namespace: str, name: str, *reasons: str, t
         return evs if set(reasons) <= {e.reason for e in evs} else None
 
     return await eventually(check, timeout=timeout, what=f"events {reasons} on {namespace}/{name}")
+
+
+@dataclasses.dataclass
+class World:
+    """One test's hoster: a controller namespace, a license source Secret, a unique tenant root
+    (so concurrent or leftover trees of other tests never count as ours) and a vGPU class."""
+
+    api: ApiClient
+    controller_ns: str
+    source_ns: str
+    root: dict[str, Any]
+    root_name: str
+    cls: str
+    token: bytes
+
+    async def tenant(self, parent: dict[str, Any] | None = None, vgpu: bool | None = True) -> dict[str, Any]:
+        parent = parent or self.root
+        name = fleet.tenant_child_name(parent["metadata"]["name"], unique("t"), self.root_name)
+        return await fleet.create_tenant(self.api, name, parent=parent, vgpu=vgpu)
+
+
+async def make_world(api: ApiClient, namespace_factory: Any, cleanup: Any, *, gridd_conf: str | None = None,
+                     token_days: int = 90) -> World:
+    controller_ns = await namespace_factory("ctl")
+    source_ns = await namespace_factory("src")
+    root_name = f"tenant-{unique('root')}"
+    root = await fleet.create_tenant(api, root_name, vgpu=True)
+
+    async def drop_tree() -> None:
+        await CoreV1Api(api).delete_namespace(root_name, propagation_policy="Background")
+
+    cleanup(drop_tree)
+    cls = unique("vws")
+    token = fleet.fake_token(int(time.time()) + 86400 * token_days)
+    await fleet.put_source_secret(api, source_ns, "nls-token", token, gridd_conf=gridd_conf)
+    await fleet.create_gpu_class(api, cls, mode="vgpu", secret=(source_ns, "nls-token"), feature_type=1)
+    cleanup(lambda: fleet.delete_gpu_class(api, cls))
+    return World(api, controller_ns, source_ns, root, root_name, cls, token)

@@ -21,8 +21,10 @@ from licensectl.model import ANN_REVISION, ANN_REVISION_TIME, KEY_GRIDD_CONF, KE
 from licensectl.render import replica_name
 
 from .support import (
+    World,
     events_for,
     eventually,
+    make_world,
     metric,
     read_secret,
     running_app,
@@ -36,43 +38,18 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
 @dataclass
-class Env:
-    api: ApiClient
-    kubeconfig: Path
-    controller_ns: str
-    source_ns: str
-    root: dict[str, Any]
-    root_name: str
-    cls: str
-    token: bytes
+class Env(World):
+    kubeconfig: Path = Path()
 
     def settings(self, **kw: Any) -> Any:
         return settings_for(self.kubeconfig, self.controller_ns, root_tenant=self.root_name, **kw)
-
-    async def tenant(self, parent: dict[str, Any], vgpu: bool | None) -> dict[str, Any]:
-        name = fleet.tenant_child_name(parent["metadata"]["name"], unique("t"), self.root_name)
-        return await fleet.create_tenant(self.api, name, parent=parent, vgpu=vgpu)
 
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def env(api_client: ApiClient, kubeconfig_path: Path, namespace_factory: Any, cleanup: Any
               ) -> AsyncIterator[Env]:
-    controller_ns = await namespace_factory("ctl")
-    source_ns = await namespace_factory("src")
-    root_name = f"tenant-{unique('root')}"
-    root = await fleet.create_tenant(api_client, root_name, vgpu=True)
-    core = CoreV1Api(api_client)
-
-    async def drop_tree() -> None:
-        await core.delete_namespace(root_name, propagation_policy="Background")
-
-    cleanup(drop_tree)
-    cls = unique("vws")
-    token = fleet.fake_token(int(time.time()) + 86400 * 90)
-    await fleet.put_source_secret(api_client, source_ns, "nls-token", token, gridd_conf="# hoster\nFeatureType=4\n")
-    await fleet.create_gpu_class(api_client, cls, mode="vgpu", secret=(source_ns, "nls-token"), feature_type=1)
-    cleanup(lambda: fleet.delete_gpu_class(api_client, cls))
-    yield Env(api_client, kubeconfig_path, controller_ns, source_ns, root, root_name, cls, token)
+    w = await make_world(api_client, namespace_factory, cleanup, gridd_conf="# hoster\nFeatureType=4\n")
+    yield Env(**vars(w), kubeconfig=kubeconfig_path)
 
 
 async def replica(env: Env, ns: str, cls: str | None = None) -> Any:

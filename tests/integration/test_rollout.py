@@ -31,7 +31,7 @@ from licensectl.render import replica_name
 from licensectl.rollout import format_time
 
 from ..conftest import KubevirtEnv
-from .support import eventually, metric, read_secret, running_app, settings_for, unique, wait_event
+from .support import eventually, make_world, metric, read_secret, running_app, settings_for, wait_event
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -91,27 +91,12 @@ class Fleet:
 @pytest_asyncio.fixture(loop_scope="session")
 async def rig(api_client: ApiClient, kubevirt: KubevirtEnv, namespace_factory: Any, cleanup: Any
               ) -> AsyncIterator[Fleet]:
-    controller_ns = await namespace_factory("ctl")
-    source_ns = await namespace_factory("src")
-    root_name = f"tenant-{unique('root')}"
-    root = await fleet.create_tenant(api_client, root_name, vgpu=True)
-    core = CoreV1Api(api_client)
-
-    async def drop_tree() -> None:
-        await core.delete_namespace(root_name, propagation_policy="Background")
-
-    cleanup(drop_tree)
-    cls = unique("vws")
-    await fleet.put_source_secret(api_client, source_ns, "nls-token", fleet.fake_token(int(time.time()) + 86400))
-    await fleet.create_gpu_class(api_client, cls, mode="vgpu", secret=(source_ns, "nls-token"))
-    cleanup(lambda: fleet.delete_gpu_class(api_client, cls))
+    w = await make_world(api_client, namespace_factory, cleanup, token_days=1)
     tenants = []
     for _ in range(3):
-        t = await fleet.create_tenant(api_client, fleet.tenant_child_name(root_name, unique("t"), root_name),
-                                      parent=root, vgpu=True)
-        tenants.append(t["metadata"]["name"])
-        await fleet.create_claim(api_client, tenants[-1], "gpu", cls)
-    yield Fleet(api_client, kubevirt, controller_ns, source_ns, root, root_name, cls, tenants)
+        tenants.append((await w.tenant())["metadata"]["name"])
+        await fleet.create_claim(api_client, tenants[-1], "gpu", w.cls)
+    yield Fleet(api_client, kubevirt, w.controller_ns, w.source_ns, w.root, w.root_name, w.cls, tenants)
 
 
 async def boot_fleet(f: Fleet, per_tenant: int) -> list[tuple[str, str]]:
