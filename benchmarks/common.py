@@ -417,6 +417,16 @@ class ControllerProcess:
             return None
         return parse_metrics(text, time.monotonic())
 
+    async def scrape_cost(self) -> tuple[float, int, int]:
+        """(seconds, bytes, series) of one /metrics scrape: what a Prometheus scrape costs the controller."""
+        assert self._session is not None
+        t = time.monotonic()
+        async with self._session.get(f"http://127.0.0.1:{self.metrics_port}/metrics") as r:
+            body = await r.read()
+        seconds = time.monotonic() - t
+        series = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
+        return seconds, len(body), series
+
     async def must_scrape(self, within: float = 60.0) -> MetricSnapshot:
         deadline = time.monotonic() + within
         while True:

@@ -288,6 +288,7 @@ async def run(cp: ControlPlane, scale_name: str) -> str:
         ss_cpu = ctl.cpu_seconds() - ss_cpu_before
         periods = (ss_after.at - ss_before.at) / scale.resync_seconds
 
+        cost = await ctl.scrape_cost()
         mem = ctl.memory()
         hwm = mem.get("VmHWM", 0)
         rss_end = mem.get("VmRSS", 0)
@@ -351,6 +352,8 @@ async def run(cp: ControlPlane, scale_name: str) -> str:
             ["steady state: apiserver LISTs / period", fmt_num(sum(as_lists.values()) / periods), "",
              f"apiserver_request_total verb=LIST: {fmt_counts(as_lists)}"],
             ["steady state: controller CPU / period", fmt_seconds(ss_cpu / periods), "", ""],
+            ["one /metrics scrape at steady state", f"{fmt_seconds(cost[0])}, {cost[2]:,} series, "
+                                                    f"{cost[1] / 1024:.0f} KiB", "", "polled every 0.25s while timing"],
             ["controller peak RSS (VmHWM)", fmt_mib(hwm), f"goal ≤ {GOAL_RSS_MIB} MiB",
              f"RSS at end {fmt_mib(rss_end)}; max sampled VmRSS {fmt_mib(ctl.peak_rss)}"],
             ["controller exit on SIGTERM", str(code), "0", ""],

@@ -19,7 +19,7 @@ import ssl
 import sys
 import time
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -62,11 +62,6 @@ def value(samples: Samples, name: str, **labels: str) -> float:
                if n == name and all(dict(lbls).get(k) == want for k, want in labels.items()))
 
 
-def present(samples: Samples, name: str, **labels: str) -> bool:
-    return any(n == name and all(dict(lbls).get(k) == want for k, want in labels.items())
-               for (n, lbls) in samples)
-
-
 # -- controller processes --------------------------------------------------------------------------
 @dataclass
 class Controller:
@@ -105,13 +100,6 @@ class Controller:
             return await self.scrape()
         except (aiohttp.ClientError, OSError):
             return None
-
-    async def status(self) -> dict[str, Any]:
-        async with aiohttp.ClientSession() as http, http.get(
-                f"http://{LOOPBACK}:{self.metrics_port}/v1/status") as r:
-            r.raise_for_status()
-            doc: dict[str, Any] = await r.json()
-            return doc
 
     def log_events(self) -> list[dict[str, Any]]:
         """The JSON log lines (event + keys) the process wrote so far."""
@@ -299,6 +287,7 @@ class ApiRequest:
     namespace: str
     name: str
     status: int
+    cause: str = ""  # for errors: the Status' first cause type, else its reason
     started: float = 0.0  # time.monotonic() when the request arrived
     finished: float = 0.0  # ... and when its response (or watch stream) ended
 
@@ -338,6 +327,23 @@ def request_attributes(method: str, path: str, query: Mapping[str, list[str]], s
     return ApiRequest(verb, group, resource, subresource, namespace, name, status)
 
 
+def _cause(body: bytes | None) -> str:
+    """A Status' first cause (e.g. NamespaceTerminating: a create in a namespace being
+    deleted is refused with 403 whatever the RBAC says), else its reason."""
+    if not body:
+        return ""
+    try:
+        status = json.loads(body)
+    except ValueError:
+        return ""
+    if not isinstance(status, dict):
+        return ""
+    causes = (status.get("details") or {}).get("causes") or []
+    if causes and isinstance(causes[0], dict) and causes[0].get("reason"):
+        return str(causes[0]["reason"])  # StatusCause.Type is serialized as "reason"
+    return str(status.get("reason") or "")
+
+
 class RecordingProxy:
     """Plain-HTTP reverse proxy on loopback in front of an HTTPS upstream (the apiserver or the
     KubeVirt restart proxy). Forwards the caller's own Authorization header, records the
@@ -372,6 +378,7 @@ class RecordingProxy:
         await web.TCPSite(self._runner, LOOPBACK, self.port).start()
 
     async def stop(self) -> None:
+        self.sever()  # open watches would otherwise hold the shutdown
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -408,11 +415,17 @@ class RecordingProxy:
         async with self._session.request(request.method, self.upstream + request.raw_path, headers=headers,
                                          data=body or None, allow_redirects=False) as up:
             info = request_attributes(request.method, url.path, parse_qs(url.query), up.status)
-            index = len(self.requests)
+            error_body: bytes | None = None
+            if up.status >= 400:
+                error_body = await up.read()
+            index = len(self.requests)  # no await between this and the append
             if info is not None:
-                info = dataclasses.replace(info, started=started)
+                info = dataclasses.replace(info, started=started, cause=_cause(error_body))
                 self.requests.append(info)
             try:
+                if error_body is not None:
+                    return web.Response(status=up.status, body=error_body, headers={
+                        k: v for k, v in up.headers.items() if k.lower() not in _HOP_BY_HOP})
                 return await self._stream(request, up)
             finally:
                 if info is not None:
@@ -440,7 +453,6 @@ class Prometheus:
     proc: asyncio.subprocess.Process
     port: int
     log_path: Path
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def url(self) -> str:

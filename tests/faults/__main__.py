@@ -68,7 +68,7 @@ def load_figure(mode: str) -> str:
     if out.returncode != 0:
         return f"n/a (benchmark exited {out.returncode})"
     lines = [ln for ln in out.stdout.splitlines() if ln.strip()]
-    return "\n".join(lines[-12:]) if lines else "n/a (no output)"
+    return "\n".join(lines[-60:]) if lines else "n/a (no output)"
 
 
 async def run_all(cp: ControlPlane, args: argparse.Namespace, workdir: Path) -> tuple[list[Outcome],

@@ -169,5 +169,8 @@ def test_bottleneck_reading() -> None:
     assert "never reached (10 of 200)" in ctl and "p95 500 ms" in ctl
     machine = bottleneck({"controller": 0.8, SIM: 0.8, "kube-apiserver": 0.6}, 2, 200, 200, 0.0)
     assert machine.startswith("the machine is CPU-bound")
-    idle = bottleneck({"controller": 0.26, SIM: 0.42, "kube-apiserver": 0.36}, 2, 96, 200, 0.0)
-    assert idle.startswith(f"CPU-idle: no process saturated a core (busiest {SIM} 42%)")
+    idle = bottleneck({"controller": 0.26, SIM: 0.42, "kube-apiserver": 0.36}, 2, 96, 200, 0.0, host_load=1.5)
+    assert idle.startswith(f"no benchmarked process saturated a core (busiest {SIM} 42%)")
+    assert "oversubscribed" not in idle
+    busy_host = bottleneck({"controller": 0.26, SIM: 0.42}, 2, 200, 200, 0.0, host_load=6.5)
+    assert busy_host.endswith("host oversubscribed (load 6.5 on 2 cores): part of the latency is waiting for a CPU")
