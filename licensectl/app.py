@@ -29,6 +29,7 @@ from licensectl.kube import client as kclient
 from licensectl.kube.events import EventRecorder
 from licensectl.kube.kubevirt import KubevirtClient
 from licensectl.kube.lease import LeaderElector, LeaseConfig
+from licensectl.kube.server_clock import SERVER_CLOCK
 from licensectl.kube.signing_key import SigningKeyStore
 from licensectl.kube.watch import InformerHooks
 from licensectl.metrics import GaugeSample, Metrics
@@ -47,7 +48,8 @@ class App:
     def __init__(self, settings: config.Settings, *, api_client: ApiClient | None = None,
                  clock: Clock | None = None, identity: str | None = None) -> None:
         self.settings = settings
-        self.clock: Clock = clock or (lambda: dt.datetime.now(dt.UTC))
+        # Revision times and VMI start times must be judged on one clock: the apiserver's.
+        self.clock: Clock = clock or SERVER_CLOCK.now
         self._api_client = api_client
         self._own_client = api_client is None
         self.identity = identity or settings.pod_name or socket.gethostname()

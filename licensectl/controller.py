@@ -44,6 +44,14 @@ class DeletionBudget:
         self._times.extend([now] * allowed)
         return allowed
 
+    def settle(self, count: int, now: float) -> None:
+        """Re-stamp the newest `count` deletions with `now`, once they have been carried out.
+
+        A large batch admitted at t can take tens of seconds to execute; counting it from its
+        completion keeps the deletions actually made within the cap in any 60 s window."""
+        for i in range(max(0, len(self._times) - count), len(self._times)):
+            self._times[i] = max(self._times[i], now)
+
     def next_free(self, now: float) -> float:
         """Seconds until the window admits another deletion."""
         if len(self._times) < self.per_minute or not self._times:
@@ -154,6 +162,8 @@ class ReplicationController:
         jobs += [self._guarded(self._delete(r)) for r in deletes]
         if jobs:
             await asyncio.gather(*jobs)
+        if deletes:
+            self.budget.settle(len(deletes), time.monotonic())
 
     async def _admit_deletes(self, deletes: list[ReplicaSecret]) -> list[ReplicaSecret]:
         """Deletions only on complete, healthy caches, and never faster than the per-minute cap."""

@@ -7,6 +7,7 @@ account, else the default kubeconfig (~/.kube/config or $KUBECONFIG).
 from __future__ import annotations
 
 import os
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +19,7 @@ from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from licensectl import config
+from licensectl.kube.server_clock import SERVER_CLOCK
 
 log = structlog.get_logger(__name__)
 
@@ -58,6 +60,17 @@ def _verb(method: str, query_params: Any) -> str:
     return method.upper()
 
 
+def _observe_date(resp: Any) -> None:
+    """Feed the apiserver's Date header to the server clock (raw aiohttp or preloaded response)."""
+    headers = getattr(resp, "headers", None)
+    if headers is not None and hasattr(headers, "get"):
+        date = headers.get("Date")
+    else:
+        getheader = getattr(resp, "getheader", None)
+        date = getheader("Date") if getheader is not None else None
+    SERVER_CLOCK.observe(date if isinstance(date, str) else None, time.time())
+
+
 def instrument(api: ApiClient) -> None:
     """Wrap the REST client's request method so every request reports (verb, code)."""
     rest = api.rest_client
@@ -76,6 +89,7 @@ def instrument(api: ApiClient) -> None:
             _notify(verb, 0)
             raise
         _notify(verb, int(getattr(resp, "status", 0) or 0))
+        _observe_date(resp)
         return resp
 
     rest.request = request  # type: ignore[method-assign]

@@ -18,7 +18,7 @@ import signal
 import ssl
 import sys
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -138,6 +138,7 @@ def _flag(field_name: str) -> str:
 
 
 async def start_controller(name: str, kubeconfig: Path, namespace: str, log_dir: Path,
+                           wrapper: Sequence[str] = (), extra_env: Mapping[str, str] | None = None,
                            **settings: Any) -> Controller:
     """`python -m licensectl run` with JSON logs; `settings` are Settings field names -> values."""
     metrics_port, reports_port = free_port(), free_port()
@@ -145,13 +146,14 @@ async def start_controller(name: str, kubeconfig: Path, namespace: str, log_dir:
                             "log_level": "info", "metrics_address": f"{LOOPBACK}:{metrics_port}",
                             "reports_address": f"{LOOPBACK}:{reports_port}", "settle_seconds": 0}
     args.update(settings)
-    argv = [sys.executable, "-m", "licensectl", "run"]
+    argv = [*wrapper, sys.executable, "-m", "licensectl", "run"]
     for k, v in args.items():
         argv += [_flag(k), str(v).lower() if isinstance(v, bool) else str(v)]
     # Only flags configure it: no LICENSECTL_* or in-cluster variables leak in from the test runner.
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("LICENSECTL_", "KUBERNETES_SERVICE_")) and k != "KUBECONFIG"}
     env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra_env or {})
     log_path = log_dir / f"{name}.log"
     with log_path.open("wb") as out:
         proc = await asyncio.create_subprocess_exec(*argv, cwd=REPO, env=env, stdout=out, stderr=out,

@@ -78,6 +78,12 @@ async def run_all(cp: ControlPlane, args: argparse.Namespace, workdir: Path) -> 
     outcomes: list[Outcome] = []
     bad: list[tuple[str, bool, str]] = []
     async with admin_client(cp) as api:
+        if not args.skip_bad_inputs and not args.only:
+            progress("bad-inputs catalogue ...")
+            bad = await run_catalogue(api, cp.kubeconfig_path)
+            for name, ok, detail in bad:
+                if not ok:
+                    progress(f"  UNHANDLED {name}: {detail}")
         for name, spec in SCENARIOS.items():
             if args.only and name not in args.only:
                 continue
@@ -93,12 +99,6 @@ async def run_all(cp: ControlPlane, args: argparse.Namespace, workdir: Path) -> 
                          f"{o.notes}")
                 for v in o.verdict.violations:
                     progress(f"  VIOLATION {v}")
-        if not args.skip_bad_inputs and not args.only:
-            progress("bad-inputs catalogue ...")
-            bad = await run_catalogue(api, cp.kubeconfig_path)
-            for name, ok, detail in bad:
-                if not ok:
-                    progress(f"  UNHANDLED {name}: {detail}")
     return outcomes, bad
 
 

@@ -36,7 +36,7 @@ from . import invariants as inv
 from .scenarios import SOURCE_NAME, World, build_world, unique
 from .toolkit import poll
 
-pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.integration]
+pytestmark = [pytest.mark.integration]
 
 
 @dataclass
@@ -436,6 +436,7 @@ async def run_catalogue(api: ApiClient, kubeconfig: Path) -> list[tuple[str, boo
 
 
 @pytest.mark.parametrize("case", CATALOGUE, ids=[c.name for c in CATALOGUE])
+@pytest.mark.asyncio(loop_scope="session")
 async def test_bad_input_is_reported_and_healthy_tenant_served(case: BadInput, api_client: ApiClient,
                                                                kubeconfig_path: Path) -> None:
     handled, detail = await run_case(api_client, kubeconfig_path, case)

@@ -11,12 +11,13 @@ from licensectl.devcluster.controlplane import ControlPlane
 
 from .scenarios import SCENARIOS, Env, run_scenario
 
-pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.integration]
+pytestmark = [pytest.mark.integration]
 
 CASES = [(name, seed) for name, spec in SCENARIOS.items() for seed in spec.short_seeds]
 
 
 @pytest.mark.parametrize(("scenario", "seed"), CASES, ids=[f"{n}-seed{s}" for n, s in CASES])
+@pytest.mark.asyncio(loop_scope="session")
 async def test_scenario_holds_every_invariant(scenario: str, seed: int, control_plane: ControlPlane,
                                               api_client: ApiClient, tmp_path: Path) -> None:
     outcome = await run_scenario(Env(control_plane, api_client, tmp_path), SCENARIOS[scenario], seed, "short")
@@ -24,3 +25,16 @@ async def test_scenario_holds_every_invariant(scenario: str, seed: int, control_
     assert checked > 0, "the scenario checked nothing"
     assert outcome.verdict.ok, "\n".join([f"{scenario} seed {seed} ({outcome.notes}):",
                                           *outcome.verdict.violations])
+
+
+def test_deletion_budget_counts_a_batch_from_its_completion() -> None:
+    """A batch that takes 40 s to carry out must not let the next batch start 60 s after admission
+    (that put more than the cap into one 60 s window in the 5,000-namespace revocation)."""
+    from licensectl.controller import DeletionBudget
+
+    b = DeletionBudget(10)
+    assert b.take(25, now=0.0) == 10
+    b.settle(10, now=40.0)  # the deletions finished at t=40
+    assert b.take(10, now=61.0) == 0
+    assert b.next_free(61.0) == pytest.approx(39.0)
+    assert b.take(10, now=100.0) == 10
