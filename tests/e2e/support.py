@@ -35,7 +35,7 @@ from licensectl.devcluster.controlplane import LOOPBACK, free_port, render_kubec
 from licensectl.model import ANN_RESTART_RESULT, ANN_RESTART_REVISION, ANN_REVISION
 from licensectl.render import replica_name
 
-from ..integration.support import eventually, unique
+from ..integration.support import eventually, make_world
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -586,23 +586,10 @@ class Fleet:
 
 async def make_fleet(api: ApiClient, namespace_factory: Any, cleanup: Any, *, tenants: int = 3,
                      controller_ns: str | None = None) -> Fleet:
-    ctl = controller_ns or await namespace_factory("ctl")
-    source_ns = await namespace_factory("src")
-    root_name = f"tenant-{unique('root')}"
-    root = await fleet.create_tenant(api, root_name, vgpu=True)
-
-    async def drop_tree() -> None:
-        await CoreV1Api(api).delete_namespace(root_name, propagation_policy="Background")
-
-    cleanup(drop_tree)
-    cls = unique("vws")
-    await fleet.put_source_secret(api, source_ns, "nls-token", fleet.fake_token(int(time.time()) + 86400 * 100))
-    await fleet.create_gpu_class(api, cls, mode="vgpu", secret=(source_ns, "nls-token"))
-    cleanup(lambda: fleet.delete_gpu_class(api, cls))
+    w = await make_world(api, namespace_factory, cleanup, token_days=100)
+    ctl = controller_ns or w.controller_ns
     names = []
     for _ in range(tenants):
-        t = await fleet.create_tenant(api, fleet.tenant_child_name(root_name, unique("t"), root_name),
-                                      parent=root, vgpu=True)
-        names.append(t["metadata"]["name"])
-        await fleet.create_claim(api, names[-1], "gpu", cls)
-    return Fleet(api, ctl, source_ns, root_name, root, cls, names)
+        names.append((await w.tenant())["metadata"]["name"])
+        await fleet.create_claim(api, names[-1], "gpu", w.cls)
+    return Fleet(api, ctl, w.source_ns, w.root_name, w.root, w.cls, names)

@@ -9,7 +9,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api
+from kubernetes_asyncio.client import ApiClient, ApiException
 
 from licensectl.devcluster import fleet
 from licensectl.devcluster.guest_sim import GuestProfile, SimulatedGuest
@@ -17,31 +17,18 @@ from licensectl.model import KEY_REPORT_CREDENTIAL
 from licensectl.render import replica_name
 
 from ..conftest import KubevirtEnv
-from .support import eventually, metric, read_secret, running_app, secret_bytes, settings_for, unique
+from .support import eventually, make_world, metric, read_secret, running_app, secret_bytes, settings_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
 async def test_probe_reports_become_metrics_and_forgeries_are_rejected(
         api_client: ApiClient, kubevirt: KubevirtEnv, namespace_factory: Any, cleanup: Any) -> None:
-    controller_ns = await namespace_factory("ctl")
-    source_ns = await namespace_factory("src")
-    root_name = f"tenant-{unique('root')}"
-    root = await fleet.create_tenant(api_client, root_name, vgpu=True)
-
-    async def drop() -> None:
-        await CoreV1Api(api_client).delete_namespace(root_name, propagation_policy="Background")
-
-    cleanup(drop)
-    cls = unique("vws")
-    await fleet.put_source_secret(api_client, source_ns, "nls-token", fleet.fake_token(int(time.time()) + 86400))
-    await fleet.create_gpu_class(api_client, cls, mode="vgpu", secret=(source_ns, "nls-token"))
-    cleanup(lambda: fleet.delete_gpu_class(api_client, cls))
+    w = await make_world(api_client, namespace_factory, cleanup, token_days=1)
+    controller_ns, root_name, cls = w.controller_ns, w.root_name, w.cls
     tenants = []
     for _ in range(2):
-        t = await fleet.create_tenant(api_client, fleet.tenant_child_name(root_name, unique("t"), root_name),
-                                      parent=root, vgpu=True)
-        tenants.append(t["metadata"]["name"])
+        tenants.append((await w.tenant())["metadata"]["name"])
         await fleet.create_claim(api_client, tenants[-1], "gpu", cls)
     ns, other_ns = tenants
 
