@@ -8,6 +8,7 @@ Messages are built by the caller from names and reasons only — never from Secr
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import hashlib
 from collections.abc import Callable
@@ -52,6 +53,7 @@ class EventRecorder:
 
     def __init__(self, api: CoreV1Api, *, component: str = "licensectl", dry_run: bool = False,
                  min_interval: float = 300.0, clock: Callable[[], dt.datetime] | None = None,
+                 concurrency: int = 16,
                  ) -> None:
         self._api: Any = RawApi(api)
         self._component = component
@@ -60,6 +62,7 @@ class EventRecorder:
         self._clock = clock or (lambda: dt.datetime.now(dt.UTC))
         self._last: dict[str, dt.datetime] = {}
         self._counts: dict[str, int] = {}
+        self._sem = asyncio.Semaphore(concurrency)
         self.emitted: list[tuple[InvolvedObject, str, str, str]] = []  # recent, for tests and status
 
     async def emit(self, obj: InvolvedObject, type_: str, reason: str, message: str) -> None:
@@ -82,7 +85,8 @@ class EventRecorder:
         ns = obj.namespace or "default"  # apiserver validation: cluster-scoped objects' Events go to default
         ts = now.strftime("%Y-%m-%dT%H:%M:%SZ")
         try:
-            await self._bump_or_create(ns, name, obj, type_, reason, message, ts)
+            async with self._sem:  # bounded: a 5,000-replica rotation must not fan out 5,000 Event writes
+                await self._bump_or_create(ns, name, obj, type_, reason, message, ts)
         except ApiException as e:
             # 403/404: the namespace is terminating or gone; nobody will read that Event anyway.
             level = log.debug if e.status in (403, 404) else log.warning
