@@ -678,6 +678,61 @@ async def clock_jumps(run: Run) -> None:
     await run.finish(entitled=w.tenants)
 
 
+async def vmi_churn(run: Run) -> None:
+    """Load: standalone VMIs are created and deleted in waves (20,000 in long mode, 1,500 short)
+    while a rotation rolls out over the stable fleet. The controller must keep up (ready, bounded
+    memory), restart exactly the stale fleet once, and never act on a churned VMI. Churned VMIs
+    carry no license volume: they load the VMI watch, cache and planner, not the rollout limits."""
+    long = run.mode == "long"
+    total, wave = (20_000, 1_000) if long else (1_500, 250)
+    w = run.world = await build_world(run.env.api, tenants=3)
+    run.rig = await start_kubevirt(run.env.api, run.env.cp, ready_delay=0.5)
+    await run.snapshot_foreign()
+    ctl = run.controller(run.kubeconfig("kv", run.rig.proxy.url), max_unavailable="2")
+    await ctl.start()
+    await ctl.wait_ready()
+    vms = await boot_fleet(run, 2, metrics_from=ctl)
+    since, rev = await rotate_and_wait_replicas(run)
+    co: Any = CustomObjectsApi(run.env.api)
+    rss: list[int] = []
+
+    def sample_rss() -> None:
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            for line in Path(f"/proc/{ctl.pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    rss.append(int(line.split()[1]))
+
+    async def create(ns: str, name: str) -> None:
+        spec = fleet.vm_body(ns, name, license_secret=None)["spec"]["template"]["spec"]
+        await co.create_namespaced_custom_object("kubevirt.io", "v1", ns, "virtualmachineinstances", {
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {"name": name, "namespace": ns}, "spec": spec})
+
+    async def delete(ns: str, name: str) -> None:
+        with contextlib.suppress(ApiException):
+            await co.delete_namespaced_custom_object("kubevirt.io", "v1", ns, "virtualmachineinstances", name)
+
+    churned = 0
+    started = time.monotonic()
+    while churned < total:
+        names = [(w.tenants[(churned + i) % len(w.tenants)], f"churn-{churned + i}") for i in range(wave)]
+        await gather_bounded((create(ns, n) for ns, n in names), limit=48)
+        sample_rss()
+        await gather_bounded((delete(ns, n) for ns, n in names), limit=48)
+        sample_rss()
+        churned += wave
+    run.notes.update(churned=churned, churn_seconds=round(time.monotonic() - started, 1),
+                     peak_rss_mib=round(max(rss or [0]) / 1024, 1))
+    await rollout_checks(run, vms, since, rev, max_unavailable=2)
+    assert run.rig is not None
+    acted = [r for r in run.rig.record.restarts if r.vm.startswith("churn-")]
+    run.verdict.check("churned_vmis_untouched", not acted, f"{len(acted)} restarts aimed at churned VMIs")
+    scrape = await ctl.scrape()
+    run.verdict.check("controller_keeps_up", scrape is not None and scrape.value("licensectl_ready") == 1.0,
+                      "controller not ready after the churn")
+    await run.finish(entitled=w.tenants)
+
+
 # ---------------------------------------------------------------------------------------------
 # Registry
 # ---------------------------------------------------------------------------------------------
@@ -705,6 +760,8 @@ SCENARIOS: dict[str, Spec] = {s.name: s for s in (
     Spec("list_fails_halfway", list_fails_halfway, (1,), tuple(range(1, 6)),
          "paged LISTs fail on page 2 while watches relist: zero deletions"),
     Spec("clock_jumps", clock_jumps, (1,), (1, 2, 3), "controller clock steps during a rollout"),
+    Spec("vmi_churn", vmi_churn, (1,), (1,),
+         "VMIs created and deleted in waves (short 1,500, long 20,000) while a rotation rolls out"),
     # Last: deleting its namespaces afterwards keeps the apiserver busy for minutes in long mode.
     Spec("deletion_cap", deletion_cap, (1,), (1,),
          "middle-tenant revocation above 300 (long: 5,000) namespaces under the deletion cap"),
