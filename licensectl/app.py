@@ -204,7 +204,7 @@ class App:
         plan = await self.rollout.reconcile(leader=self.is_leader)
         if plan is None:
             return 0.5
-        if self.rollout._expect:
+        if self.rollout.awaiting_own_writes:
             return 0.2
         if plan.next_wakeup is None:
             return None

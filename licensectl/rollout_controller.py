@@ -67,6 +67,11 @@ class RolloutController:
         self._progress_at: dict[ObjectRef, dt.datetime] = {}
         self._revisions: dict[tuple[str, str], tuple[str, ReplicaRevision | None]] = {}
 
+    @property
+    def awaiting_own_writes(self) -> bool:
+        """True while the watch cache has not yet shown a VM write of the last pass."""
+        return bool(self._expect)
+
     def _expectations_met(self) -> bool:
         vms = self.caches.vms
         if vms is None:

@@ -6,7 +6,7 @@ a NetworkPolicy can open one to tenants and keep the other for monitoring only.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -54,5 +54,3 @@ async def start_site(app: web.Application, address: str) -> tuple[web.AppRunner,
     bound = int(server.sockets[0].getsockname()[1]) if server and server.sockets else port
     return runner, bound
 
-
-Cleanup = Callable[[], Awaitable[None]]
