@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup system-deps controlplane test lint demo bench reliability reliability-long config-reference clean
+.PHONY: setup system-deps controlplane go-tools lock test lint demo bench reliability reliability-long config-reference clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +19,11 @@ system-deps:
 controlplane: $(VENV)/.installed
 	$(BIN)/python -m licensectl.devcluster build
 
-setup: $(VENV)/.installed system-deps controlplane
+# Builds helm, the helm-unittest plugin and vmalert-tool from pinned Go modules once (cached).
+go-tools: $(VENV)/.installed
+	$(BIN)/python -m licensectl.devcluster build-tools
+
+setup: $(VENV)/.installed system-deps controlplane go-tools
 
 test: setup
 	$(BIN)/pytest
@@ -42,6 +46,18 @@ reliability-long: setup
 
 config-reference: $(VENV)/.installed
 	$(BIN)/licensectl config-reference
+
+# Hash-pinned locks the Dockerfile installs from: runtime dependencies (requirements.lock) and the
+# build backend (requirements-build.lock). Run after changing pyproject.toml's dependencies; existing
+# pins are kept while they still satisfy it (`make lock LOCK_UPGRADE=--upgrade` moves to the newest).
+PIP_TOOLS_VERSION := 7.6.2
+LOCK_FLAGS := --generate-hashes --strip-extras --allow-unsafe --no-emit-index-url --no-emit-find-links \
+	--no-emit-trusted-host --quiet $(LOCK_UPGRADE)
+lock: $(VENV)/.installed
+	$(BIN)/pip install -q 'pip-tools==$(PIP_TOOLS_VERSION)'
+	$(BIN)/pip-compile $(LOCK_FLAGS) --output-file=requirements.lock pyproject.toml
+	$(BIN)/pip-compile $(LOCK_FLAGS) --only-build-deps --build-deps-for=wheel \
+		--output-file=requirements-build.lock pyproject.toml
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

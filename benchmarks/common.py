@@ -1,4 +1,4 @@
-"""Shared benchmark machinery: metric parsing, /proc sampling, the controller subprocess, tables.
+"""Shared benchmark machinery: /proc sampling, the fleet, the controller subprocess, tables.
 
 The pure helpers (parsing, fleet shapes, ratios, table layout) are unit-tested; the rest is the
 imperative shell that talks to processes and the apiserver. Numbers are measured, never asserted:
@@ -9,75 +9,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import os
 import platform
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import aiohttp
 from kubernetes_asyncio import config as kconfig
 from kubernetes_asyncio.client import ApiClient, Configuration
-from prometheus_client.parser import text_string_to_metric_families
+
+from licensectl.devcluster import fleet
+from licensectl.testkit.controller import ControllerProcess
+from licensectl.testkit.metrics_text import Scrape
+from licensectl.testkit.world import SOURCE_NAME, World, build_world
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONTROLLER_WRITE_CONCURRENCY = 32  # ReplicationController(concurrency=32) in licensectl/controller.py
 MIB = 1024 * 1024
-
-
-# ---------------------------------------------------------------------------------------------
-# Prometheus text
-# ---------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class MetricSnapshot:
-    """One scrape of /metrics: every sample as (name, labels) -> value, plus when it was taken."""
-
-    samples: Mapping[tuple[str, frozenset[tuple[str, str]]], float]
-    at: float = 0.0  # time.monotonic() of the scrape
-
-    def value(self, name: str, **labels: str) -> float:
-        """Sum of every sample named `name` whose labels include `labels` (0 when none)."""
-        want = set(labels.items())
-        return sum(v for (n, ls), v in self.samples.items() if n == name and want <= ls)
-
-    def has(self, name: str, **labels: str) -> bool:
-        want = set(labels.items())
-        return any(n == name and want <= ls for (n, ls) in self.samples)
-
-    def by_label(self, name: str, label: str) -> dict[str, float]:
-        """Values of `name` summed per value of one label (e.g. api requests per verb)."""
-        out: dict[str, float] = {}
-        for (n, ls), v in self.samples.items():
-            if n != name:
-                continue
-            key = dict(ls).get(label, "")
-            out[key] = out.get(key, 0.0) + v
-        return out
-
-
-def parse_metrics(text: str, at: float = 0.0) -> MetricSnapshot:
-    """Parse the Prometheus text exposition format (counters keep their `_total` sample name)."""
-    samples: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            samples[(s.name, frozenset(s.labels.items()))] = float(s.value)
-    return MetricSnapshot(samples, at)
-
-
-def delta(after: MetricSnapshot, before: MetricSnapshot, name: str, **labels: str) -> float:
-    return after.value(name, **labels) - before.value(name, **labels)
-
-
-def delta_by_label(after: MetricSnapshot, before: MetricSnapshot, name: str, label: str) -> dict[str, float]:
-    a, b = after.by_label(name, label), before.by_label(name, label)
-    return {k: a.get(k, 0.0) - b.get(k, 0.0) for k in sorted(set(a) | set(b)) if a.get(k, 0.0) != b.get(k, 0.0)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -161,7 +114,7 @@ def level_sizes(count: int, max_depth: int) -> list[int]:
 def tenant_tree(count: int, max_depth: int, root: str = "tenant-root") -> list[TenantSpec]:
     """`count` Cozystack tenants under `root`, depth 1..max_depth, parents listed before children.
 
-    Names follow Cozystack (domain.md §1): a child `x` of the root is `tenant-x`, a child `y` of
+    Names follow Cozystack (docs/design.md#tenants): a child `x` of the root is `tenant-x`, a child `y` of
     `tenant-x` is `tenant-x-y`. Parents of one level are used round-robin by the next.
     """
     out: list[TenantSpec] = []
@@ -316,153 +269,107 @@ async def run_bounded(label: str, jobs: Sequence[Callable[[], Awaitable[Any]]], 
     return elapsed
 
 
-async def wait_for(check: Callable[[], Awaitable[bool]], *, within: float, interval: float = 0.25,
-                   what: str = "condition") -> float:
-    """Poll until `check()` holds; return the monotonic time it was first seen true."""
-    deadline = time.monotonic() + within
-    while True:
-        if await check():
-            return time.monotonic()
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {within:.0f}s waiting for {what}")
-        await asyncio.sleep(interval)
+# ---------------------------------------------------------------------------------------------
+# The hoster's fleet (both cluster benchmarks)
+# ---------------------------------------------------------------------------------------------
+CONTROLLER_NS = "licensectl-system"
+SOURCE_NS = "hoster-licenses"
+CLASS = "vws"
+ROOT = "tenant-root"
+SEED_CONCURRENCY = 64
+GRIDD_CONF = "# hoster\nFeatureType=1\n"
+
+
+async def seed_fleet(api: ApiClient, token: bytes, namespaces: int, max_depth: int) -> tuple[World, dict[str, float]]:
+    """The hoster's objects, then `namespaces` tenants (parents first) with one GPUClaim each.
+
+    Returns the world (its `tenants` in tree order) and the seconds spent on tenants and claims.
+    """
+    w = await build_world(api, world_type=World, controller_ns=CONTROLLER_NS, source_ns=SOURCE_NS, root_name=ROOT,
+                          cls=CLASS, token=token, gridd_conf=GRIDD_CONF)
+    objs: dict[str, dict[str, Any]] = {ROOT: w.root}
+    tree = tenant_tree(namespaces, max_depth, ROOT)
+    times: dict[str, float] = {}
+    t0 = time.monotonic()
+    for depth in range(1, max_depth + 1):
+        def make(name: str, parent: str) -> Callable[[], Awaitable[None]]:
+            async def job() -> None:
+                objs[name] = await fleet.create_tenant(api, name, parent=objs[parent], vgpu=True)
+            return job
+
+        await run_bounded(f"seed tenants depth {depth}", [make(t.name, t.parent) for t in tree if t.depth == depth],
+                          SEED_CONCURRENCY)
+    times["tenants"] = time.monotonic() - t0
+    w.tenants = [t.name for t in tree]
+
+    def claim(ns: str) -> Callable[[], Awaitable[None]]:
+        return lambda: fleet.create_claim(api, ns, "gpu", class_name=CLASS)
+
+    times["claims"] = await run_bounded("seed claims", [claim(ns) for ns in w.tenants], SEED_CONCURRENCY)
+    return w, times
+
+
+async def rotate_source(api: ApiClient, token: bytes) -> None:
+    """The hoster replaces the source Secret's token (a new revision)."""
+    await fleet.put_source_secret(api, SOURCE_NS, SOURCE_NAME, token=token, gridd_conf=GRIDD_CONF)
 
 
 # ---------------------------------------------------------------------------------------------
 # The controller as its own process
 # ---------------------------------------------------------------------------------------------
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """PR_SET_PDEATHSIG(SIGTERM): a crashed benchmark never leaves a controller behind."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+class BenchController(ControllerProcess):
+    """The controller at log level warning with its RSS sampled, CPU time and scrape cost measured.
 
+    Its log goes to a scratch directory that `cleanup_log()` removes.
+    """
 
-@dataclass
-class ControllerProcess:
-    """`python -m licensectl run ...` with its own RSS and CPU, scraped over /metrics."""
-
-    kubeconfig: str
-    namespace: str
-    metrics_port: int
-    extra_args: Sequence[str] = ()
-    proc: subprocess.Popen[bytes] | None = None
-    peak_rss: int = 0  # max VmRSS seen by the sampler
-    _log: IO[bytes] | None = None
-    _log_path: Path | None = None
-    _sampler: asyncio.Task[None] | None = None
-    _session: aiohttp.ClientSession | None = None
-    started_at: float = 0.0
-    cmd: list[str] = field(default_factory=list)
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
+    def __init__(self, kubeconfig: str | os.PathLike[str], *, args: Sequence[str] = ()) -> None:
+        self._logs = tempfile.TemporaryDirectory(prefix="licensectl-bench-controller-")
+        super().__init__(os.fspath(kubeconfig), CONTROLLER_NS, log_dir=Path(self._logs.name), name="controller",
+                         settings={"log_level": "warning"}, args=args, reports_port=0)
+        self.peak_rss = 0  # max VmRSS seen by the sampler
+        self._sampler: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self.cmd = [sys.executable, "-m", "licensectl", "run", "--kubeconfig", self.kubeconfig,
-                    "--namespace", self.namespace, "--metrics-address", f"127.0.0.1:{self.metrics_port}",
-                    "--reports-address", "127.0.0.1:0", "--log-format", "json", "--log-level", "warning",
-                    *self.extra_args]
-        fd, path = tempfile.mkstemp(prefix="licensectl-bench-controller-", suffix=".log")
-        self._log_path = Path(path)
-        self._log = os.fdopen(fd, "wb")
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
-        self.started_at = time.monotonic()
-        self.proc = self._launch(env)
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+        await super().start()
         self._sampler = asyncio.create_task(self._sample_rss())
 
-    def _launch(self, env: Mapping[str, str]) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT,
-                                preexec_fn=_die_with_parent)
-
     async def _sample_rss(self) -> None:
-        while self.proc is not None and self.proc.poll() is None:
-            self.peak_rss = max(self.peak_rss, proc_memory(self.proc.pid).get("VmRSS", 0))
+        while self.alive() and self.pid is not None:
+            self.peak_rss = max(self.peak_rss, proc_memory(self.pid).get("VmRSS", 0))
             await asyncio.sleep(0.2)
 
     def memory(self) -> dict[str, int]:
-        return proc_memory(self.pid)
+        return proc_memory(self.pid) if self.pid is not None else {}
 
     def cpu_seconds(self) -> float:
-        return proc_cpu_seconds(self.pid)
+        return proc_cpu_seconds(self.pid) if self.pid is not None else 0.0
 
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def log_tail(self, lines: int = 30) -> str:
-        if self._log_path is None or not self._log_path.exists():
-            return ""
-        return "\n".join(self._log_path.read_text(errors="replace").splitlines()[-lines:])
-
-    def log_lines(self) -> list[str]:
-        if self._log_path is None or not self._log_path.exists():
-            return []
-        return self._log_path.read_text(errors="replace").splitlines()
-
-    async def scrape(self) -> MetricSnapshot | None:
-        """One /metrics scrape, or None while the listener is not up yet."""
+    async def scrape(self) -> Scrape | None:
+        """One /metrics scrape, or None while the listener is not up yet; raises once the process exited."""
         if not self.alive():
-            raise RuntimeError(f"controller exited with {self.proc.returncode if self.proc else '?'}:\n"
-                               f"{self.log_tail()}")
-        assert self._session is not None
-        try:
-            async with self._session.get(f"http://127.0.0.1:{self.metrics_port}/metrics") as r:
-                if r.status != 200:
-                    return None
-                text = await r.text()
-        except (aiohttp.ClientError, OSError, TimeoutError):
-            return None
-        return parse_metrics(text, time.monotonic())
+            raise RuntimeError(f"controller exited with {self.returncode}:\n{self.log_tail()}")
+        return await super().scrape()
 
     async def scrape_cost(self) -> tuple[float, int, int]:
         """(seconds, bytes, series) of one /metrics scrape: what a Prometheus scrape costs the controller."""
-        assert self._session is not None
         t = time.monotonic()
-        async with self._session.get(f"http://127.0.0.1:{self.metrics_port}/metrics") as r:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s, s.get(self.metrics_url) as r:
             body = await r.read()
         seconds = time.monotonic() - t
         series = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
         return seconds, len(body), series
 
-    async def must_scrape(self, within: float = 60.0) -> MetricSnapshot:
-        deadline = time.monotonic() + within
-        while True:
-            snap = await self.scrape()
-            if snap is not None:
-                return snap
-            if time.monotonic() > deadline:
-                raise TimeoutError("controller /metrics did not answer")
-            await asyncio.sleep(0.2)
-
     async def stop(self, grace: float = 40.0) -> int | None:
         """SIGTERM (graceful stop), then SIGKILL after `grace` seconds; returns the exit code."""
-        code: int | None = None
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.to_thread(self.proc.wait, grace)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                await asyncio.to_thread(self.proc.wait)
-        if self.proc is not None:
-            code = self.proc.returncode
+        code = await super().stop(grace)
         if self._sampler is not None:
             self._sampler.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sampler
             self._sampler = None
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-        if self._log is not None:
-            self._log.close()
-            self._log = None
         return code
 
-    def cleanup_log(self) -> None:
-        if self._log_path is not None:
-            with contextlib.suppress(OSError):
-                self._log_path.unlink()
+    async def close(self) -> None:
+        await super().close()
+        self._logs.cleanup()

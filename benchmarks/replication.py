@@ -24,11 +24,10 @@ from kubernetes_asyncio.client import ApiClient, CoreV1Api
 
 from benchmarks.common import (
     CONTROLLER_WRITE_CONCURRENCY,
-    ControllerProcess,
-    MetricSnapshot,
+    ROOT,
+    SEED_CONCURRENCY,
+    BenchController,
     cpu_seconds,
-    delta,
-    delta_by_label,
     fmt_counts,
     fmt_mib,
     fmt_num,
@@ -36,25 +35,21 @@ from benchmarks.common import (
     fmt_seconds,
     format_table,
     make_client,
-    parse_metrics,
     progress,
     ratio,
+    rotate_source,
     run_bounded,
+    seed_fleet,
     tenant_tree,
-    wait_for,
 )
 from licensectl.devcluster import fleet
-from licensectl.devcluster.controlplane import ControlPlane, free_port
+from licensectl.devcluster.controlplane import ControlPlane
 from licensectl.devcluster.kubeapi import install_crds
 from licensectl.kube.raw import RawApi
 from licensectl.model import ANN_CLASS, MANAGED_BY_LABEL, MANAGED_BY_VALUE
+from licensectl.testkit.metrics_text import Scrape, delta, delta_by_label, parse_metrics
+from licensectl.testkit.poll import eventually
 
-CONTROLLER_NS = "licensectl-system"
-SOURCE_NS = "hoster-licenses"
-SOURCE_NAME = "nls-token"
-CLASS = "vws"
-ROOT = "tenant-root"
-SEED_CONCURRENCY = 64
 GOAL_RSS_MIB = 150
 
 
@@ -81,32 +76,9 @@ SCALES = {
 # ---------------------------------------------------------------------------------------------
 async def seed(api: ApiClient, scale: ReplicationScale, token: bytes) -> dict[str, float]:
     """Build the fleet; returns seconds per phase."""
-    core = CoreV1Api(api)
-    raw: Any = RawApi(core)
-    times: dict[str, float] = {}
-    for ns in (CONTROLLER_NS, SOURCE_NS):
-        await raw.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
-    await fleet.put_source_secret(api, SOURCE_NS, SOURCE_NAME, token, gridd_conf="# hoster\nFeatureType=1\n")
-    await fleet.create_gpu_class(api, CLASS, mode="vgpu", secret=(SOURCE_NS, SOURCE_NAME), feature_type=1)
-    objs: dict[str, dict[str, Any]] = {ROOT: await fleet.create_tenant(api, ROOT, vgpu=True)}
-    tree = tenant_tree(scale.namespaces, scale.max_depth, ROOT)
-    t0 = time.monotonic()
-    for depth in range(1, scale.max_depth + 1):
-        level = [t for t in tree if t.depth == depth]
-
-        def make(name: str, parent: str) -> Any:
-            async def job() -> None:
-                objs[name] = await fleet.create_tenant(api, name, parent=objs[parent], vgpu=True)
-            return job
-
-        await run_bounded(f"seed tenants depth {depth}", [make(t.name, t.parent) for t in level], SEED_CONCURRENCY)
-    times["tenants"] = time.monotonic() - t0
-    names = [t.name for t in tree]
-
-    def claim(ns: str) -> Any:
-        return lambda: fleet.create_claim(api, ns, "gpu", CLASS)
-
-    times["claims"] = await run_bounded("seed claims", [claim(ns) for ns in names], SEED_CONCURRENCY)
+    raw: Any = RawApi(CoreV1Api(api))
+    w, times = await seed_fleet(api, token, scale.namespaces, scale.max_depth)
+    names = w.tenants
     filler = base64.b64encode(b"x" * 256).decode()
 
     def secret(i: int) -> Any:
@@ -154,7 +126,7 @@ async def raw_write_floor(api: ApiClient, expected: int, token: bytes) -> tuple[
 # ---------------------------------------------------------------------------------------------
 # apiserver-side request counts (cross-check of what the controller reports)
 # ---------------------------------------------------------------------------------------------
-async def apiserver_metrics(cp: ControlPlane) -> MetricSnapshot:
+async def apiserver_metrics(cp: ControlPlane) -> Scrape:
     ctx = ssl.create_default_context(cafile=str(cp.ca_path))
     async with aiohttp.ClientSession() as s, s.get(
             f"{cp.server}/metrics", ssl=ctx, headers={"Authorization": f"Bearer {cp.admin_token}"}) as r:
@@ -169,7 +141,7 @@ async def apiserver_metrics(cp: ControlPlane) -> MetricSnapshot:
 WATCHED = ("namespaces", "secrets", "gpuclasses", "gpuclaims", "virtualmachines", "virtualmachineinstances")
 
 
-def apiserver_lists(after: MetricSnapshot, before: MetricSnapshot) -> dict[str, float]:
+def apiserver_lists(after: Scrape, before: Scrape) -> dict[str, float]:
     out: dict[str, float] = {}
     for res in WATCHED:
         n = delta(after, before, "apiserver_request_total", verb="LIST", resource=res)
@@ -181,11 +153,11 @@ def apiserver_lists(after: MetricSnapshot, before: MetricSnapshot) -> dict[str, 
 # ---------------------------------------------------------------------------------------------
 # The benchmark
 # ---------------------------------------------------------------------------------------------
-def _replica_state(s: MetricSnapshot, state: str) -> float:
+def _replica_state(s: Scrape, state: str) -> float:
     return s.value("licensectl_replicas", state=state)
 
 
-def _revision(s: MetricSnapshot) -> str:
+def _revision(s: Scrape) -> str:
     for (name, labels), v in s.samples.items():
         if name == "licensectl_source_revision_info" and v == 1.0:
             return dict(labels).get("revision", "")
@@ -200,7 +172,7 @@ async def run(cp: ControlPlane, scale_name: str) -> str:
     token2 = fleet.fake_token(now + 86400 * 180, extra={"rotation": 2})
     token3 = fleet.fake_token(now + 86400 * 270, extra={"rotation": 3})
     api = await make_client(cp.kubeconfig_path, SEED_CONCURRENCY + 8)
-    ctl: ControllerProcess | None = None
+    ctl: BenchController | None = None
     rows: list[list[str]] = []
     try:
         await install_crds(api)
@@ -214,8 +186,7 @@ async def run(cp: ControlPlane, scale_name: str) -> str:
         cp_pids = {k: v for k, v in cp.pids.items() if k in ("kube-apiserver", "etcd")}
 
         # -- cold start ---------------------------------------------------------------------
-        ctl = ControllerProcess(str(cp.kubeconfig_path), CONTROLLER_NS, free_port(),
-                                ["--resync-seconds", str(scale.resync_seconds)])
+        ctl = BenchController(cp.kubeconfig_path, args=["--resync-seconds", str(scale.resync_seconds)])
         cpu0 = cpu_seconds(cp_pids)
         progress("cold start: launching the controller")
         await ctl.start()
@@ -238,7 +209,8 @@ async def run(cp: ControlPlane, scale_name: str) -> str:
             return (_replica_state(s, "in_sync") == n and _replica_state(s, "missing") == 0
                     and _replica_state(s, "drifted") == 0)
 
-        t_cold = await wait_for(cold_done, within=scale.timeout, what="cold-start convergence")
+        await eventually(cold_done, timeout=scale.timeout, interval=0.25, what="cold-start convergence")
+        t_cold = time.monotonic()
         cold = await ctl.must_scrape()
         cold_ctl_cpu = ctl.cpu_seconds()
         cpu1 = cpu_seconds(cp_pids)
@@ -252,7 +224,7 @@ async def run(cp: ControlPlane, scale_name: str) -> str:
         cpu2 = cpu_seconds(cp_pids)
         progress("rotation: replacing the source token")
         t_rot = time.monotonic()
-        await fleet.put_source_secret(api, SOURCE_NS, SOURCE_NAME, token2, gridd_conf="# hoster\nFeatureType=1\n")
+        await rotate_source(api, token2)
         rot_marks: dict[str, float] = {}
 
         async def rotated() -> bool:
@@ -267,7 +239,8 @@ async def run(cp: ControlPlane, scale_name: str) -> str:
                 progress(f"rotation: {fmt_num(updated)}/{n:,} replicas updated")
             return (updated >= n and _revision(s) not in ("", rev_before) and _replica_state(s, "in_sync") == n)
 
-        t_rotated = await wait_for(rotated, within=scale.timeout, what="rotation convergence")
+        await eventually(rotated, timeout=scale.timeout, interval=0.25, what="rotation convergence")
+        t_rotated = time.monotonic()
         after_rot = await ctl.must_scrape()
         rot_ctl_cpu = ctl.cpu_seconds() - ctl_cpu_before
         cpu3 = cpu_seconds(cp_pids)
@@ -303,12 +276,12 @@ async def run(cp: ControlPlane, scale_name: str) -> str:
             await floor_api.close()
 
         # -- report -------------------------------------------------------------------------
-        cold_req = delta_by_label(cold, MetricSnapshot({}), "licensectl_api_requests_total", "verb")
-        rot_req = delta_by_label(after_rot, before, "licensectl_api_requests_total", "verb")
+        cold_req = delta_by_label(cold, Scrape({}), "licensectl_api_requests_total", label="verb")
+        rot_req = delta_by_label(after_rot, before, "licensectl_api_requests_total", label="verb")
         rot_req_total = sum(rot_req.values())
-        rot_passes = delta_by_label(after_rot, before, "licensectl_reconcile_total", "controller")
-        cold_passes = delta_by_label(cold, MetricSnapshot({}), "licensectl_reconcile_total", "controller")
-        ss_req = delta_by_label(ss_after, ss_before, "licensectl_api_requests_total", "verb")
+        rot_passes = delta_by_label(after_rot, before, "licensectl_reconcile_total", label="controller")
+        cold_passes = delta_by_label(cold, Scrape({}), "licensectl_reconcile_total", label="controller")
+        ss_req = delta_by_label(ss_after, ss_before, "licensectl_api_requests_total", label="verb")
         ss_writes = delta(ss_after, ss_before, "licensectl_replica_writes_total")
         ss_passes = delta(ss_after, ss_before, "licensectl_reconcile_total", controller="replication")
         ss_gets = ss_req.get("GET", 0.0)
@@ -366,7 +339,6 @@ async def run(cp: ControlPlane, scale_name: str) -> str:
         raise
     finally:
         if ctl is not None:
-            await ctl.stop()
-            ctl.cleanup_log()
+            await ctl.close()
         with contextlib.suppress(Exception):
             await api.close()

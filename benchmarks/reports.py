@@ -50,13 +50,11 @@ from aiohttp import web
 from benchmarks.common import (
     MIB,
     REPO_ROOT,
-    MetricSnapshot,
     cpu_model,
     fmt_mib,
     fmt_num,
     fmt_ratio,
     format_table,
-    parse_metrics,
     proc_cpu_seconds,
     proc_memory,
     progress,
@@ -72,6 +70,7 @@ from licensectl.guest_report import (
     parse_report,
     render_report,
 )
+from licensectl.testkit.metrics_text import Scrape, parse_metrics
 
 FIXTURES: Final = REPO_ROOT / "tests" / "fixtures" / "nvidia"
 REPORTS_PATH: Final = "/v1/reports"  # licensectl.reports.REPORTS_PATH
@@ -355,7 +354,7 @@ def parse_load_output(stdout: str) -> LoadResult:
     raise ValueError("load generator printed no result line")
 
 
-def store_clocks(snap: MetricSnapshot) -> dict[tuple[str, str], int]:
+def store_clocks(snap: Scrape) -> dict[tuple[str, str], int]:
     """Guest clock of the report each VMI's series reflect: last report time + clock skew."""
     last: dict[tuple[str, str], float] = {}
     skew: dict[tuple[str, str], float] = {}
@@ -602,7 +601,7 @@ class Server:
             return ""
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
-    async def scrape(self) -> MetricSnapshot:
+    async def scrape(self) -> Scrape:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as s, \
                 s.get(f"http://127.0.0.1:{self.metrics_port}/metrics") as r:
             r.raise_for_status()

@@ -18,18 +18,15 @@ import contextlib
 import os
 import statistics
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
-from kubernetes_asyncio.client import ApiClient, CoreV1Api
+from kubernetes_asyncio.client import ApiClient
 
 from benchmarks.common import (
-    ControllerProcess,
-    MetricSnapshot,
+    CLASS,
+    SEED_CONCURRENCY,
+    BenchController,
     cpu_seconds,
-    delta,
-    delta_by_label,
     fmt_counts,
     fmt_num,
     fmt_seconds,
@@ -37,27 +34,24 @@ from benchmarks.common import (
     make_client,
     progress,
     ratio,
+    rotate_source,
     run_bounded,
+    seed_fleet,
     self_cpu_seconds,
     spread,
-    tenant_tree,
-    wait_for,
 )
 from licensectl.devcluster import fleet
-from licensectl.devcluster.controlplane import ControlPlane, free_port
+from licensectl.devcluster.controlplane import ControlPlane
 from licensectl.devcluster.kubeapi import install_crds
-from licensectl.devcluster.simulator import KubevirtSimulator, RestartProxy, firmware_uuid
-from licensectl.kube.raw import RawApi
+from licensectl.devcluster.virt_api import RestartProxy
+from licensectl.devcluster.virt_controller import KubevirtSimulator
+from licensectl.devcluster.vm_semantics import firmware_uuid
 from licensectl.model import ANN_RESTART_RESULT
 from licensectl.render import replica_name
 from licensectl.rollout import RESULT_DONE, RolloutSettings
+from licensectl.testkit.metrics_text import Scrape, delta, delta_by_label
+from licensectl.testkit.poll import eventually
 
-CONTROLLER_NS = "licensectl-system"
-SOURCE_NS = "hoster-licenses"
-SOURCE_NAME = "nls-token"
-CLASS = "vws"
-ROOT = "tenant-root"
-SEED_CONCURRENCY = 64
 MAX_UNAVAILABLE = "10%"
 READY_DELAY = 0.05
 SPARSE_SCRAPE_SECONDS = 5.0
@@ -138,27 +132,8 @@ def bottleneck(shares: dict[str, float], cores: int, max_down: int, limit: int, 
 
 
 async def seed(api: ApiClient, scale: RolloutScale, token: bytes) -> list[str]:
-    raw: Any = RawApi(CoreV1Api(api))
-    for ns in (CONTROLLER_NS, SOURCE_NS):
-        await raw.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
-    await fleet.put_source_secret(api, SOURCE_NS, SOURCE_NAME, token, gridd_conf="# hoster\nFeatureType=1\n")
-    await fleet.create_gpu_class(api, CLASS, mode="vgpu", secret=(SOURCE_NS, SOURCE_NAME), feature_type=1)
-    objs: dict[str, dict[str, Any]] = {ROOT: await fleet.create_tenant(api, ROOT, vgpu=True)}
-    tree = tenant_tree(scale.namespaces, 2, ROOT)
-    for depth in (1, 2):
-        def make(name: str, parent: str) -> Any:
-            async def job() -> None:
-                objs[name] = await fleet.create_tenant(api, name, parent=objs[parent], vgpu=True)
-            return job
-
-        await run_bounded(f"seed tenants depth {depth}", [make(t.name, t.parent) for t in tree if t.depth == depth],
-                          SEED_CONCURRENCY)
-    names = [t.name for t in tree]
-    def claim(ns: str) -> Callable[[], Awaitable[None]]:
-        return lambda: fleet.create_claim(api, ns, "gpu", CLASS)
-
-    await run_bounded("seed claims", [claim(ns) for ns in names], SEED_CONCURRENCY)
-    return names
+    w, _ = await seed_fleet(api, token, scale.namespaces, 2)
+    return w.tenants
 
 
 async def create_vms(api: ApiClient, namespaces: list[str], total: int) -> None:
@@ -178,7 +153,7 @@ def vms_recorded_done(sim: KubevirtSimulator) -> int:
                if ((vm.get("metadata") or {}).get("annotations") or {}).get(ANN_RESTART_RESULT) == RESULT_DONE)
 
 
-def _vmis(s: MetricSnapshot, state: str) -> float:
+def _vmis(s: Scrape, state: str) -> float:
     return s.value("licensectl_rollout_vmis", state=state)
 
 
@@ -192,7 +167,7 @@ async def run(cp: ControlPlane, scale_name: str) -> str:
     sim_api = await make_client(cp.kubeconfig_path, 128)
     sim: KubevirtSimulator | None = None
     proxy: RestartProxy | None = None
-    ctl: ControllerProcess | None = None
+    ctl: BenchController | None = None
     lag = LoopLag()
     try:
         await install_crds(api)
@@ -202,8 +177,8 @@ async def run(cp: ControlPlane, scale_name: str) -> str:
         await sim.start()
         proxy = RestartProxy(sim, upstream=cp.server, ca_path=cp.ca_path, token=cp.admin_token)
         await proxy.start()
-        ctl = ControllerProcess(str(proxy.kubeconfig_path), CONTROLLER_NS, free_port(),
-                                ["--settle-seconds", "0", "--max-unavailable", MAX_UNAVAILABLE])
+        ctl = BenchController(proxy.kubeconfig_path, args=["--settle-seconds", "0", "--max-unavailable",
+                                                           MAX_UNAVAILABLE])
         await ctl.start()
         progress("waiting for the replicas")
 
@@ -211,7 +186,7 @@ async def run(cp: ControlPlane, scale_name: str) -> str:
             s = await ctl.scrape()
             return s is not None and s.value("licensectl_replicas", state="in_sync") == nss
 
-        await wait_for(replicas_ready, within=scale.timeout, what="replicas in sync")
+        await eventually(replicas_ready, timeout=scale.timeout, interval=0.25, what="replicas in sync")
         t_vms = time.monotonic()
         await create_vms(api, names, v)
         last = [time.monotonic()]
@@ -226,7 +201,7 @@ async def run(cp: ControlPlane, scale_name: str) -> str:
                          f"{fmt_num(_vmis(s, 'current') if s else 0)} current (controller)")
             return s is not None and ready >= v and _vmis(s, "current") == v
 
-        await wait_for(fleet_up, within=scale.timeout, interval=1.0, what="all VMIs running and current")
+        await eventually(fleet_up, timeout=scale.timeout, interval=1.0, what="all VMIs running and current")
         boot_seconds = time.monotonic() - t_vms
         progress(f"fleet up: {v:,} VMIs ready in {boot_seconds:.0f}s")
         await asyncio.sleep(2.0)
@@ -239,7 +214,7 @@ async def run(cp: ControlPlane, scale_name: str) -> str:
         lag.start()
         progress("rotation: replacing the source token")
         t_rot = time.monotonic()
-        await fleet.put_source_secret(api, SOURCE_NS, SOURCE_NAME, token2, gridd_conf="# hoster\nFeatureType=1\n")
+        await rotate_source(api, token2)
         marks: dict[str, float] = {}
         last_scrape = [0.0]
 
@@ -261,7 +236,8 @@ async def run(cp: ControlPlane, scale_name: str) -> str:
                          f"{len(record.currently_unavailable())} VMs unavailable now")
             return done >= v
 
-        t_done = await wait_for(rolled_out, within=scale.timeout, interval=0.25, what="rollout complete")
+        await eventually(rolled_out, timeout=scale.timeout, interval=0.25, what="rollout complete")
+        t_done = time.monotonic()
         ctl_cpu = ctl.cpu_seconds() - ctl_cpu0
         self_cpu = self_cpu_seconds() - self_cpu0
         cp_cpu1 = cpu_seconds(cp_pids)
@@ -272,7 +248,7 @@ async def run(cp: ControlPlane, scale_name: str) -> str:
             return s is not None and _vmis(s, "current") == v and _vmis(s, "stale") == 0 \
                 and _vmis(s, "restarting") == 0
 
-        await wait_for(gauges_agree, within=60.0, interval=1.0, what="rollout gauges: all VMIs current")
+        await eventually(gauges_agree, timeout=60.0, interval=1.0, what="rollout gauges: all VMIs current")
         after = await ctl.must_scrape()
         cost = await ctl.scrape_cost()
         mem = ctl.memory()
@@ -286,10 +262,10 @@ async def run(cp: ControlPlane, scale_name: str) -> str:
         wall = t_done - t_rot
         restart_wall = t_done - t_first if t_first is not None else None
         restarts = len(accepted)
-        req = delta_by_label(after, before, "licensectl_api_requests_total", "verb")
+        req = delta_by_label(after, before, "licensectl_api_requests_total", label="verb")
         req_total = sum(req.values())
-        results = delta_by_label(after, before, "licensectl_restarts_total", "result")
-        passes = delta_by_label(after, before, "licensectl_reconcile_total", "controller")
+        results = delta_by_label(after, before, "licensectl_restarts_total", label="result")
+        passes = delta_by_label(after, before, "licensectl_reconcile_total", label="controller")
         limit = RolloutSettings(max_unavailable=MAX_UNAVAILABLE).unavailable_limit(v)
         max_down = record.max_concurrent_unavailable()
         shares = {"controller": ctl_cpu / wall, SIM: self_cpu / wall}
@@ -336,8 +312,7 @@ async def run(cp: ControlPlane, scale_name: str) -> str:
     finally:
         await lag.stop()
         if ctl is not None:
-            await ctl.stop()
-            ctl.cleanup_log()
+            await ctl.close()
         if proxy is not None:
             await proxy.stop()
         if sim is not None:

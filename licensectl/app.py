@@ -28,10 +28,11 @@ from licensectl.guests import GuestStore
 from licensectl.kube import client as kclient
 from licensectl.kube.events import EventRecorder
 from licensectl.kube.kubevirt import KubevirtClient
-from licensectl.kube.lease import LeaderElector, LeaseConfig
-from licensectl.kube.server_clock import SERVER_CLOCK
+from licensectl.kube.lease import ApiLeaseBackend, LeaderElector, LeaseConfig
+from licensectl.kube.server_clock import ServerClock
 from licensectl.kube.signing_key import SigningKeyStore
 from licensectl.kube.watch import InformerHooks
+from licensectl.kube.writer import SecretWriter
 from licensectl.metrics import GaugeSample, Metrics
 from licensectl.model import ANN_CLASS, DOMAIN
 from licensectl.reports import EndpointLimits, make_reports_app
@@ -48,8 +49,10 @@ class App:
     def __init__(self, settings: config.Settings, *, api_client: ApiClient | None = None,
                  clock: Clock | None = None, identity: str | None = None) -> None:
         self.settings = settings
-        # Revision times and VMI start times must be judged on one clock: the apiserver's.
-        self.clock: Clock = clock or SERVER_CLOCK.now
+        # Revision times and VMI start times must be judged on one clock: the apiserver's, learnt
+        # from the Date headers of this process's own client (see `start`).
+        self.server_clock = ServerClock()
+        self.clock: Clock = clock or self.server_clock.now
         self._api_client = api_client
         self._own_client = api_client is None
         self.identity = identity or settings.pod_name or socket.gethostname()
@@ -81,6 +84,9 @@ class App:
     REPLICATION_INPUTS = frozenset({"namespaces", "gpuclasses", "gpuclaims", "replicas", "source"})
     ROLLOUT_INPUTS = frozenset({"replicas", "source", "virtualmachines", "virtualmachineinstances"})
 
+    def _count_request(self, verb: str, code: int) -> None:
+        self.metrics.api_requests.labels(verb, str(code)).inc()
+
     def _changed(self, kind: str) -> None:
         if kind == "virtualmachineinstances":
             self._uuid_index = None
@@ -92,23 +98,23 @@ class App:
     async def start(self) -> None:
         s = self.settings
         if self._api_client is None:
-            self._api_client = await kclient.make_api_client(s)
-        kclient.set_request_observer(lambda verb, code: self.metrics.api_requests.labels(verb, str(code)).inc())
+            tracing = kclient.request_tracing(on_request=self._count_request, clock=self.server_clock)
+            self._api_client = await kclient.make_api_client(s, trace_configs=[tracing])
         hooks = InformerHooks(on_watch_restart=lambda inf, reason: self.metrics.watch_restarts.labels(
             inf.split(":")[0], reason).inc())
         self.caches = Caches(self.api, s, on_change=self._changed, hooks=hooks)
         self.events = EventRecorder(CoreV1Api(self.api), dry_run=s.dry_run, clock=self.clock)
         self.keys = SigningKeyStore(self.api, s.namespace, grace=dt.timedelta(seconds=s.key_grace_seconds),
                                     clock=self.clock, dry_run=s.dry_run)
-        from licensectl.kube.writer import SecretWriter
-
         self.replication = ReplicationController(
-            self.caches, SecretWriter(CoreV1Api(self.api), dry_run=s.dry_run), self.events, self.metrics, s,
-            credential_for=self._credential_for, report_url=config.report_url_for(s),
-            clock=self.clock, gpu_class_api_version=f"{s.gpu_group}/{s.gpu_version}")
+            caches=self.caches, writer=SecretWriter(CoreV1Api(self.api), dry_run=s.dry_run), events=self.events,
+            metrics=self.metrics, settings=s, credential_for=self._credential_for,
+            report_url=config.report_url_for(s), clock=self.clock,
+            gpu_class_api_version=f"{s.gpu_group}/{s.gpu_version}")
         self.rollout = RolloutController(
-            self.caches, KubevirtClient(self.api, dry_run=s.dry_run, fallback_delete=s.restart_fallback_delete),
-            self.events, self.metrics, s, self.guests, clock=self.clock)
+            caches=self.caches,
+            kubevirt=KubevirtClient(self.api, dry_run=s.dry_run, fallback_delete=s.restart_fallback_delete),
+            events=self.events, metrics=self.metrics, settings=s, guests=self.guests, clock=self.clock)
         self.metrics.snapshots.add(self._samples)
 
         internal = make_internal_app(self.metrics, ready=self.ready, healthy=self.healthy, status=self.status)
@@ -128,9 +134,10 @@ class App:
             # its previous run set: clear it before campaigning, or the reports Service would keep
             # routing guests to this (now standby) replica.
             await self._label_pod(False)
-            self.elector = LeaderElector(self.api, LeaseConfig(
-                s.namespace, s.lease_name, self.identity, s.lease_duration_seconds, s.renew_deadline_seconds,
-                s.retry_period_seconds), on_change=self._leadership_changed)
+            self.elector = LeaderElector(ApiLeaseBackend(self.api), LeaseConfig(
+                namespace=s.namespace, name=s.lease_name, identity=self.identity,
+                lease_duration=s.lease_duration_seconds, renew_deadline=s.renew_deadline_seconds,
+                retry_period=s.retry_period_seconds), on_change=self._leadership_changed, wall=self.clock)
             self._tasks.append(asyncio.create_task(self.elector.run(), name="leader-election"))
         self._tasks.append(asyncio.create_task(self._loop("replication", self._repl_trigger, self._replicate)))
         self._tasks.append(asyncio.create_task(self._loop("rollout", self._roll_trigger, self._roll)))

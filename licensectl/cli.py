@@ -1,4 +1,4 @@
-"""The `licensectl` command: run, status, rollout, demo, config-reference.
+"""The `licensectl` command: run, status, rollout, keys, demo, config-reference.
 
 Subcommands import their machinery lazily so `licensectl --help` stays instant.
 """
@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import json
 import sys
 from collections.abc import Sequence
 
@@ -59,8 +61,17 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--json", dest="json_out", default=None, help="write a JSON summary to this file")
     demo.add_argument("--metrics-port", type=int, default=9108)
 
-    sub.add_parser("config-reference", help="print the configuration reference (markdown)")
+    ref = sub.add_parser("config-reference", help="print the configuration reference (markdown)")
+    ref.add_argument("--format", choices=("markdown", "helm-values", "helm-schema"), default="markdown",
+                     help="markdown: the README table; helm-values / helm-schema: the chart's config block")
     return p
+
+
+def _command_settings(args: argparse.Namespace) -> config.Settings:
+    """Settings from the environment, with the command's --kubeconfig/--context taking precedence."""
+    s = config.settings_from(None)
+    return dataclasses.replace(s, kubeconfig=getattr(args, "kubeconfig", None) or s.kubeconfig,
+                               context=getattr(args, "context", None) or s.context)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -70,7 +81,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     if args.command == "config-reference":
-        print(config.reference_markdown(), end="")
+        if args.format == "helm-values":
+            print(config.reference_helm_values(), end="")
+        elif args.format == "helm-schema":
+            print(json.dumps(config.helm_values_schema(), indent=2))
+        else:
+            print(config.reference_markdown(), end="")
         return 0
     if args.command == "run":
         try:
@@ -88,15 +104,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "status":
         from licensectl.status import status_main
 
-        return asyncio.run(status_main(args))
-    if args.command == "rollout":
-        from licensectl.status import rollout_main
+        return asyncio.run(status_main(args, _command_settings(args)))
+    if args.command == "rollout" and args.rollout_command == "status":
+        from licensectl.status import rollout_status_main
 
-        return asyncio.run(rollout_main(args))
+        return asyncio.run(rollout_status_main(args, _command_settings(args)))
+    if args.command == "rollout":  # pause | resume
+        from licensectl.actions import pause_resume_main
+
+        return asyncio.run(pause_resume_main(args, _command_settings(args)))
     if args.command == "keys":
-        from licensectl.status import keys_main
+        from licensectl.actions import keys_rotate_main
 
-        return asyncio.run(keys_main(args))
+        return asyncio.run(keys_rotate_main(args, _command_settings(args)))
     if args.command == "demo":
         from licensectl.demo import demo_main
 

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from licensectl import config, logs, tokeninfo
-from licensectl.caches import Caches
-from licensectl.entitlement import TenantSettings
-from licensectl.kube.events import EventRecorder, InvolvedObject
-from licensectl.kube.writer import ObservedMeta, SecretBody, SecretWriter, WriteResult
+from licensectl.core_settings import tenant_settings
+from licensectl.kube.events import InvolvedObject
+from licensectl.kube.writer import ObservedMeta, SecretBody, WriteResult
 from licensectl.metrics import GaugeSample, Metrics
 from licensectl.model import ANN_REVISION, ANN_SOURCE_NAME, ANN_SOURCE_NAMESPACE, ObjectRef, ReplicaSecret
+from licensectl.ports import EventSink, MonotonicClock, ReplicationCaches, ReplicaWriter, WallClock
 from licensectl.render import DesiredReplica, SourceProblem
 from licensectl.replication import ReplicationInputs, ReplicationPlan, plan_replication
 
@@ -83,10 +83,10 @@ class ReplicationStatus:
 
 
 class ReplicationController:
-    def __init__(self, caches: Caches, writer: SecretWriter, events: EventRecorder, metrics: Metrics,
-                 settings: config.Settings, *, credential_for: Callable[[str], str], report_url: str,
-                 clock: Callable[[], dt.datetime] | None = None, concurrency: int = 32,
-                 gpu_class_api_version: str = "gpu.cozystack.io/v1alpha1") -> None:
+    def __init__(self, *, caches: ReplicationCaches, writer: ReplicaWriter, events: EventSink, metrics: Metrics,
+                 settings: config.Settings, credential_for: Callable[[str], str], report_url: str,
+                 clock: WallClock | None = None, monotonic: MonotonicClock = time.monotonic,
+                 concurrency: int = 32, gpu_class_api_version: str = "gpu.cozystack.io/v1alpha1") -> None:
         self.caches = caches
         self.writer = writer
         self.events = events
@@ -94,8 +94,9 @@ class ReplicationController:
         self.settings = settings
         self.credential_for = credential_for
         self.report_url = report_url
-        self.clock = clock or (lambda: dt.datetime.now(dt.UTC))
-        self.tenant = TenantSettings.from_settings(settings)
+        self.clock: WallClock = clock or (lambda: dt.datetime.now(dt.UTC))
+        self._monotonic = monotonic
+        self.tenant = tenant_settings(settings)
         self.budget = DeletionBudget(settings.deletions_per_minute)
         self.status = ReplicationStatus()
         self._sem = asyncio.Semaphore(concurrency)
@@ -116,7 +117,7 @@ class ReplicationController:
             sources=c.source_states(),
             replicas=c.replicas.snapshot(),
             conflicts=frozenset(k for k, seen in self.status.conflicts.items()
-                                if time.monotonic() - seen < CONFLICT_RECHECK_SECONDS),
+                                if self._monotonic() - seen < CONFLICT_RECHECK_SECONDS),
             credential_for=self.credential_for,
             report_url=self.report_url,
             token_key=self.settings.token_key,
@@ -163,7 +164,7 @@ class ReplicationController:
         if jobs:
             await asyncio.gather(*jobs)
         if deletes:
-            self.budget.settle(len(deletes), time.monotonic())
+            self.budget.settle(len(deletes), self._monotonic())
 
     async def _admit_deletes(self, deletes: list[ReplicaSecret]) -> list[ReplicaSecret]:
         """Deletions only on complete, healthy caches, and never faster than the per-minute cap."""
@@ -175,12 +176,12 @@ class ReplicationController:
             log.warning("deletions held: a cache is not synced and healthy", pending=len(deletes))
             self.status.deferred_deletions = len(deletes)
             return []
-        allowed = self.budget.take(len(deletes), time.monotonic())
+        allowed = self.budget.take(len(deletes), self._monotonic())
         deferred = deletes[allowed:]
         self.status.deferred_deletions = len(deferred)
         if deferred:
             self.metrics.deletion_cap_hits.inc()
-            self.retry_after = max(1.0, self.budget.next_free(time.monotonic()))
+            self.retry_after = max(1.0, self.budget.next_free(self._monotonic()))
             await self._deletion_cap_events(deferred)
         return deletes[:allowed]
 
@@ -193,7 +194,8 @@ class ReplicationController:
 
     @staticmethod
     def _body(d: DesiredReplica) -> SecretBody:
-        return SecretBody(d.namespace, d.name, d.labels, d.annotations, d.data)
+        return SecretBody(namespace=d.namespace, name=d.name, labels=d.labels, annotations=d.annotations,
+                          data=d.data)
 
     # Writes hold a concurrency slot; the Event about them is written after the slot is released.
     async def _create(self, d: DesiredReplica) -> None:
@@ -202,8 +204,9 @@ class ReplicationController:
         await self._after_write("create", d, res)
 
     async def _update(self, existing: ReplicaSecret, d: DesiredReplica) -> None:
-        observed = ObservedMeta(existing.namespace, existing.name, existing.resource_version, existing.labels,
-                                existing.annotations)
+        observed = ObservedMeta(namespace=existing.namespace, name=existing.name,
+                                resource_version=existing.resource_version, labels=existing.labels,
+                                annotations=existing.annotations)
         async with self._sem:
             res = await self.writer.update(self._body(d), observed)
         # A rotation changes the content; a tenant editing only the revision annotation is drift.
@@ -214,7 +217,7 @@ class ReplicationController:
         self.metrics.replica_writes.labels("create" if action == "create" else "update", res.value).inc()
         obj = secret_object(d.namespace, d.name)
         if res is WriteResult.CONFLICT:
-            self.status.conflicts[(d.namespace, d.name)] = time.monotonic()
+            self.status.conflicts[(d.namespace, d.name)] = self._monotonic()
             self.metrics.conflicts_total.inc()
             await self.events.emit(obj, "Warning", "ReplicaConflict",
                                    f"Secret {d.namespace}/{d.name} exists but is not managed by licensectl; "

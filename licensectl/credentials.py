@@ -4,7 +4,7 @@ A guest proves which tenant namespace it reports for with a bearer credential th
 writes into that namespace's replica Secret. Credentials are derived (HMAC-SHA256 of the namespace
 under a signing key), so nothing per-namespace has to be stored, and rotating the key re-keys every
 namespace at once; the previous key stays valid for a grace period because running guests only see
-the new credential after their VMI restarts (domain.md §4). Pure: no I/O, time passed in.
+the new credential after their VMI restarts (docs/design.md#kubevirt-secret-disks). Pure: no I/O, time passed in.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
+
+from licensectl.timecodec import format_micro_time, format_time, parse_time
 
 # Keys of the signing-key Secret the controller keeps in its own namespace.
 SECRET_KEY_CURRENT: Final = "current"
@@ -73,7 +75,7 @@ class KeyRing:
         """What to write into `namespace`'s replica: always derived from the current key."""
         return derive_credential(self.current, namespace)
 
-    def verify(self, namespace: str, credential: str, now: dt.datetime, grace: dt.timedelta) -> bool:
+    def verify(self, namespace: str, credential: str, *, now: dt.datetime, grace: dt.timedelta) -> bool:
         """Constant-time check; the previous key counts only until rotated_at + grace."""
         if not namespace:
             return False
@@ -105,12 +107,9 @@ def keyring_from_secret_data(data: Mapping[str, bytes]) -> KeyRing:
     rotated_at: dt.datetime | None = None
     raw = data.get(SECRET_KEY_ROTATED_AT)
     if raw:
-        try:
-            rotated_at = dt.datetime.fromisoformat(raw.decode("ascii").strip().replace("Z", "+00:00"))
-        except (UnicodeDecodeError, ValueError):
-            raise ValueError(f"signing-key Secret has a malformed {SECRET_KEY_ROTATED_AT!r}") from None
-        if rotated_at.tzinfo is None:
-            rotated_at = rotated_at.replace(tzinfo=dt.UTC)
+        rotated_at = parse_time(raw.decode("ascii", "replace").strip(), assume_utc=True)
+        if rotated_at is None:
+            raise ValueError(f"signing-key Secret has a malformed {SECRET_KEY_ROTATED_AT!r}")
     try:
         return KeyRing(current=current, previous=previous, rotated_at=rotated_at)
     except ValueError as e:
@@ -123,7 +122,7 @@ def keyring_to_secret_data(ring: KeyRing) -> dict[str, bytes]:
     if ring.previous is not None:
         out[SECRET_KEY_PREVIOUS] = ring.previous
     if ring.rotated_at is not None:
-        out[SECRET_KEY_ROTATED_AT] = (
-            ring.rotated_at.astimezone(dt.UTC).isoformat().replace("+00:00", "Z").encode("ascii")
-        )
+        # Whole seconds unless there is a fraction: the form this key has always had (lossless).
+        t = ring.rotated_at
+        out[SECRET_KEY_ROTATED_AT] = (format_micro_time(t) if t.microsecond else format_time(t)).encode("ascii")
     return out

@@ -2,7 +2,7 @@
 
 Everything real that can run on a laptop is real: kube-apiserver + etcd (built from Go modules),
 the controller, the guest scripts (under dash, against recorded nvidia-smi output), Prometheus with
-the shipped alert rules. KubeVirt's controllers are played by the simulator (domain.md §4).
+the shipped alert rules. KubeVirt's controllers are played by the simulator (docs/design.md#kubevirt-restart).
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from licensectl.devcluster import fleet
 from licensectl.devcluster.controlplane import ControlPlane, ensure_binaries
 from licensectl.devcluster.guest_sim import GuestProfile, SimulatedGuest
 from licensectl.devcluster.kubeapi import api_client_from_kubeconfig, install_crds
-from licensectl.devcluster.simulator import KubevirtSimulator, RestartProxy
+from licensectl.devcluster.virt_api import RestartProxy
+from licensectl.devcluster.virt_controller import KubevirtSimulator
 from licensectl.render import replica_name
 from licensectl.rollout_view import progress_line
 from licensectl.status import read_cluster, status_json, status_table
@@ -139,7 +140,7 @@ class Demo:
             before = await self.rotate(api)
             say(f"6. rotated the {GRAPHICS} token in {SOURCE_NS}/nls-graphics (revision {before[:12]} -> new); "
                 f"rollout: maxUnavailable {MAX_UNAVAILABLE}, {MAX_PER_NAMESPACE} per tenant, settle 5 s")
-            ok = await self.watch_rollout(app, sim, stop, started)
+            ok = await self.watch_rollout(app, sim, stop=stop, started=started)
             await asyncio.sleep(3)  # one more probe round after the last restart
             view = await read_cluster(api, settings)
             doc = status_json(view, app.status()["guests"])
@@ -149,7 +150,7 @@ class Demo:
             alerts: list[str] = []
             if prom is not None:
                 alerts = await self.show_alerts(prom)
-            self.summarize(view, doc, sim, app, alerts, ok)
+            self.summarize(view, doc, sim=sim, app=app, alerts=alerts, ok=ok)
             remaining = self.duration - (time.monotonic() - started) if self.duration else None
             if remaining is None:
                 say("demo complete; metrics keep being served. Press Ctrl-C to stop.")
@@ -191,13 +192,13 @@ class Demo:
         for name, parent, flag in TREE:
             made[name] = await fleet.create_tenant(api, name, parent=made.get(parent or ""), vgpu=flag)
         now = int(time.time())
-        await fleet.put_source_secret(api, SOURCE_NS, "nls-graphics", fleet.fake_token(now + 86400 * 90),
+        await fleet.put_source_secret(api, SOURCE_NS, "nls-graphics", token=fleet.fake_token(now + 86400 * 90),
                                       gridd_conf="# hoster defaults\nEnableUI=FALSE\n")
-        await fleet.put_source_secret(api, SOURCE_NS, "nls-compute", fleet.fake_token(now + 86400 * 10))
+        await fleet.put_source_secret(api, SOURCE_NS, "nls-compute", token=fleet.fake_token(now + 86400 * 10))
         await fleet.create_gpu_class(api, GRAPHICS, mode="vgpu", secret=(SOURCE_NS, "nls-graphics"), feature_type=2)
         await fleet.create_gpu_class(api, COMPUTE, mode="vgpu", secret=(SOURCE_NS, "nls-compute"), feature_type=4)
         for i, (ns, cls) in enumerate(CLAIMS):
-            await fleet.create_claim(api, ns, f"gpu-{i}", cls)
+            await fleet.create_claim(api, ns, f"gpu-{i}", class_name=cls)
         say("2. seeded the hoster: tenant tree")
         for name, parent, flag in TREE:
             depth = 0
@@ -300,7 +301,7 @@ class Demo:
         await core.replace_namespaced_secret("nls-graphics", SOURCE_NS, old)
         return rev
 
-    async def watch_rollout(self, app: App, sim: KubevirtSimulator, stop: asyncio.Event, started: float) -> bool:
+    async def watch_rollout(self, app: App, sim: KubevirtSimulator, *, stop: asyncio.Event, started: float) -> bool:
         """Live progress from the controller's own view (it holds the guest evidence the gate uses)."""
         tty = sys.stdout.isatty()
         last = ""
@@ -335,7 +336,7 @@ class Demo:
             say(f"   {state:<8} {name} {vmi}")
         return sorted({n for n, _, _ in names})
 
-    def summarize(self, view: Any, doc: dict[str, Any], sim: KubevirtSimulator, app: App, alerts: list[str],
+    def summarize(self, view: Any, doc: dict[str, Any], *, sim: KubevirtSimulator, app: App, alerts: list[str],
                   ok: bool) -> None:
         rec = sim.record
         graphics_vms = [(ns, name) for ns, name, cls, _ in VMS if cls == GRAPHICS]

@@ -1,7 +1,8 @@
 """Who is entitled to which license: the tenant tree, the vgpu flags, GPU classes and claims.
 
 Pure: it sees only model projections and returns decisions plus problems; the controller turns
-problems into Events and metrics. Semantics follow docs domain.md §1-3:
+problems into Events and metrics. Semantics follow docs/design.md#tenants,
+docs/design.md#vgpu-flag and docs/design.md#gpu-contract:
 
 * The root tenant is effective iff its vgpu label is "true". A non-root tenant's parent is its
   controller ownerReference of kind Namespace (authoritative); the namespace name and the
@@ -26,7 +27,6 @@ from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
 
-from licensectl.config import Settings
 from licensectl.model import GpuClaim, GpuClass, GpuMode, Namespace, ObjectRef
 
 # Cozystack's `tenant.name` helper names every child of the root `tenant-<word>` and fails on
@@ -38,16 +38,12 @@ _MAX_NAMES_IN_MESSAGE = 3
 
 @dataclass(frozen=True, slots=True)
 class TenantSettings:
-    """The tenant-model settings entitlement needs (see config.Settings for their meaning)."""
+    """The tenant-model settings entitlement needs (see config.Settings for their meaning;
+    licensectl.core_settings builds them from it)."""
 
     vgpu_label: str = "gpu.cozystack.io/vgpu"
     tenant_label_prefix: str = "tenant.cozystack.io/"
     root_tenant: str = "tenant-root"
-
-    @classmethod
-    def from_settings(cls, s: Settings) -> TenantSettings:
-        return cls(vgpu_label=s.vgpu_label, tenant_label_prefix=s.tenant_label_prefix,
-                   root_tenant=s.root_tenant)
 
 
 class ProblemKind(StrEnum):
@@ -204,7 +200,7 @@ def _class_problem(c: GpuClass) -> str | None:
 
 
 def compute_entitlement(namespaces: Mapping[str, Namespace], classes: Mapping[str, GpuClass],
-                        claims: Iterable[GpuClaim], settings: TenantSettings) -> EntitlementResult:
+                        claims: Iterable[GpuClaim], *, settings: TenantSettings) -> EntitlementResult:
     """Decide effective flags and (namespace, class) entitlements; report broken inputs."""
     tree = _Tree(namespaces, settings)
     tenants = sorted(name for name, n in namespaces.items() if tree.is_tenant(n))

@@ -20,6 +20,8 @@ from typing import Final
 import defusedxml
 import defusedxml.ElementTree as DET
 
+from licensectl.timecodec import parse_time
+
 # ---------------------------------------------------------------------------------------------
 # Errors and limits
 # ---------------------------------------------------------------------------------------------
@@ -411,14 +413,6 @@ _INFO = re.compile(r"\(Info: (?P<info>[^)]*)\)")
 _GRIDD_IDENT = "nvidia-gridd"
 
 
-def _iso_time(s: str) -> dt.datetime | None:
-    try:
-        t = dt.datetime.fromisoformat(s.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t.astimezone(dt.UTC)
-
-
 def _yearless(mon: str, day: str, hh: str, mm: str, ss: str, reference: dt.datetime | None
               ) -> dt.datetime | None:
     """A syslog time without year: the latest such instant not after `reference` (+1 day slack)."""
@@ -440,7 +434,7 @@ def _split_line(line: str, reference: dt.datetime | None) -> tuple[dt.datetime |
     """(timestamp, message) of an nvidia-gridd line; None for other daemons' lines."""
     m = _ISO.fullmatch(line)
     if m:
-        return (_iso_time(m.group(1)), m.group(3)) if m.group(2) == _GRIDD_IDENT else None
+        return (parse_time(m.group(1), assume_utc=True), m.group(3)) if m.group(2) == _GRIDD_IDENT else None
     m = _SYSLOG.fullmatch(line)
     if m:
         if m.group(6) != _GRIDD_IDENT:

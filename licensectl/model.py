@@ -8,6 +8,7 @@ The kube/ layer builds these from API objects; nothing in this module does I/O.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -112,7 +113,7 @@ class GpuMode(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class GpuClass:
-    """A GPUClass (assumed contract, domain.md §3). Fields are raw: validation is the core's job."""
+    """A GPUClass (assumed contract, docs/design.md#gpu-contract). Fields are raw: validation is the core's job."""
 
     name: str
     uid: str
@@ -144,6 +145,26 @@ class SourceSecret:
         return ObjectRef(self.namespace, self.name)
 
 
+def u64(n: int) -> bytes:
+    """A length prefix for hashing: fixed 8 bytes, so concatenations cannot be ambiguous."""
+    return n.to_bytes(8, "big")
+
+
+def data_digest(data: Mapping[str, bytes]) -> str:
+    """SHA-256 over sorted keys, each key and value length-prefixed (no ambiguous concatenation).
+
+    Here, not in render, because both sides need it: render for the desired replica, the kube
+    projections for the observed one (which keeps the digest instead of token bytes).
+    """
+    h = hashlib.sha256(b"licensectl-data-v1\0")
+    for key in sorted(data):
+        k = key.encode()
+        v = data[key]
+        h.update(u64(len(k)) + k + u64(len(v)))
+        h.update(v)
+    return h.hexdigest()
+
+
 @dataclass(frozen=True, slots=True)
 class ReplicaSecret:
     """A Secret observed under a replica's name (owned by licensectl or not)."""
@@ -154,7 +175,7 @@ class ReplicaSecret:
     resource_version: str
     labels: Mapping[str, str] = EMPTY
     annotations: Mapping[str, str] = EMPTY
-    # SHA-256 over the canonical data (sorted keys): compare with the desired digest, keep no bytes.
+    # `data_digest(data)`: compare with the desired digest, keep no bytes.
     data_digest: str = ""
 
     @property

@@ -36,7 +36,10 @@ from licensectl.model import (
     ObjectRef,
     ReplicaSecret,
     SourceSecret,
+    data_digest,
+    u64,
 )
+from licensectl.timecodec import annotation_time, format_time
 
 REPLICA_PREFIX = "nvidia-vgpu-license-"
 MAX_NAME_LENGTH = 253  # DNS-1123 subdomain, the limit for Secret names
@@ -47,7 +50,7 @@ MAX_GRIDD_CONF_BYTES = 16 * 1024
 # Optional key of the source Secret holding hoster lines for gridd.conf.
 SOURCE_GRIDD_CONF_KEY = "gridd.conf"
 
-# FeatureType values nvidia-gridd accepts (domain.md §5: 0 unlicensed, 1 vGPU auto-detected,
+# FeatureType values nvidia-gridd accepts (docs/design.md#feature-type: 0 unlicensed, 1 vGPU auto-detected,
 # 2 RTX Virtual Workstation, 4 Virtual Compute Server); anything else is reserved.
 VALID_FEATURE_TYPES = frozenset({0, 1, 2, 4})
 
@@ -138,26 +141,11 @@ class ReplicaState(StrEnum):
     CONFLICT = "conflict"
 
 
-def _u64(n: int) -> bytes:
-    return n.to_bytes(8, "big")
-
-
-def data_digest(data: Mapping[str, bytes]) -> str:
-    """SHA-256 over sorted keys, each key and value length-prefixed (no ambiguous concatenation)."""
-    h = hashlib.sha256(b"licensectl-data-v1\0")
-    for key in sorted(data):
-        k = key.encode()
-        v = data[key]
-        h.update(_u64(len(k)) + k + _u64(len(v)))
-        h.update(v)
-    return h.hexdigest()
-
-
 def _revision(token: bytes, gridd_conf: bytes) -> str:
     h = hashlib.sha256(b"licensectl-revision-v1\0")
-    h.update(_u64(len(token)))
+    h.update(u64(len(token)))
     h.update(token)
-    h.update(_u64(len(gridd_conf)))
+    h.update(u64(len(gridd_conf)))
     h.update(gridd_conf)
     return h.hexdigest()
 
@@ -238,31 +226,15 @@ def _decode_gridd_conf(raw: bytes) -> str | None:
         return None
 
 
-def format_time(t: dt.datetime) -> str:
-    """RFC 3339, UTC, whole seconds: the form of the revision-time annotation."""
-    return t.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(s: str) -> dt.datetime | None:
-    """Parse an RFC 3339 timestamp with an offset; None if absent, naive or malformed."""
-    try:
-        t = dt.datetime.fromisoformat(s)
-    except (TypeError, ValueError):
-        return None
-    if t.tzinfo is None:
-        return None
-    return t.astimezone(dt.UTC).replace(microsecond=0)
-
-
 def _revision_time(existing: ReplicaSecret | None, revision: str, now: dt.datetime) -> dt.datetime:
     """When this revision was first written: kept from an owned replica, so restarts re-derive it.
 
     A kept time later than `now` (skew or tampering) is replaced, so it cannot postpone a rollout.
     """
     if existing is not None and existing.owned and existing.annotations.get(ANN_REVISION) == revision:
-        kept = parse_time(existing.annotations.get(ANN_REVISION_TIME, ""))
-        if kept is not None and kept <= now:
-            return kept
+        kept = annotation_time(existing.annotations, ANN_REVISION_TIME)
+        if kept is not None and kept.replace(microsecond=0) <= now:
+            return kept.replace(microsecond=0)
     return now
 
 

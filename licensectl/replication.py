@@ -70,7 +70,7 @@ class ReplicationPlan:
 
 
 def plan_replication(inp: ReplicationInputs) -> ReplicationPlan:
-    ent = compute_entitlement(inp.namespaces, inp.classes, inp.claims, inp.tenant)
+    ent = compute_entitlement(inp.namespaces, inp.classes, inp.claims, settings=inp.tenant)
 
     # One render per class whose source is known; a problem keeps that class's replicas as they are.
     licenses: dict[str, RenderedLicense] = {}

@@ -220,7 +220,7 @@ def make_reports_app(
         if request.content_type != "text/plain" or (request.charset or "utf-8").lower() != "utf-8":
             raise _Reject(BAD_CONTENT_TYPE, "Content-Type must be text/plain (UTF-8)")
         auth = _BEARER.fullmatch(request.headers.get("Authorization", ""))
-        if auth is None or not ring.verify(namespace, auth.group(1), now, lim.key_grace):
+        if auth is None or not ring.verify(namespace, auth.group(1), now=now, grace=lim.key_grace):
             raise _Reject(UNAUTHORIZED, "missing or invalid credential for this namespace",
                           {"WWW-Authenticate": 'Bearer realm="licensectl"'})
         ctx["namespace"] = namespace

@@ -1,7 +1,7 @@
 """Rollout planner: which KubeVirt VMs to restart so guests pick up a new license revision.
 
 A Secret reaches a guest as a disk image fixed at VMI start, so a new token needs a VMI restart
-(domain.md §4). This module decides, from cluster state alone, which VMs to restart next and what
+(docs/design.md#kubevirt-secret-disks). It decides, from cluster state alone, which VMs to restart next and what
 state every affected VMI is in. It is a pure function: no I/O, no clock (``now`` is passed in).
 
 Memory lives only in the cluster: the shell writes the intent annotations on the VirtualMachine
@@ -42,26 +42,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
 
-from licensectl.config import Settings
-from licensectl.model import (
-    ANN_RESTART_ATTEMPTED_AT,
-    ANN_RESTART_ISSUED_AT,
-    ANN_RESTART_POLICY,
-    ANN_RESTART_REPLICA,
-    ANN_RESTART_RESULT,
-    ANN_RESTART_REVISION,
-    ANN_RESTART_VMI_UID,
-    ANN_REVISION,
-    ANN_REVISION_TIME,
-    ANN_ROLLOUT_PAUSED,
-    ANN_ROLLOUT_RESUMED_AT,
-    ANN_SOURCE_NAME,
-    ANN_SOURCE_NAMESPACE,
-    ObjectRef,
-    ReplicaSecret,
-    Vm,
-    Vmi,
-)
+from licensectl import model
+from licensectl.timecodec import annotation_time, format_micro_time
 
 RESULT_DONE = "done"
 RESULT_FAILED = "failed"
@@ -96,29 +78,6 @@ class PauseReason(StrEnum):
 
 
 # ---------------------------------------------------------------------------------------------
-# Timestamps in annotations
-# ---------------------------------------------------------------------------------------------
-
-
-def format_time(t: dt.datetime) -> str:
-    """RFC 3339 in UTC with microseconds, the format of every timestamp annotation licensectl writes."""
-    return t.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def parse_time(raw: str | None) -> dt.datetime | None:
-    """Parse an RFC 3339 timestamp; None for missing, malformed or zone-less values."""
-    if not raw:
-        return None
-    try:
-        t = dt.datetime.fromisoformat(raw.strip())
-    except ValueError:
-        return None
-    if t.tzinfo is None:
-        return None
-    return t.astimezone(dt.UTC)
-
-
-# ---------------------------------------------------------------------------------------------
 # Inputs
 # ---------------------------------------------------------------------------------------------
 
@@ -131,24 +90,24 @@ class ReplicaRevision:
     name: str
     revision: str
     revision_time: dt.datetime
-    source: ObjectRef
+    source: model.ObjectRef
 
     @property
     def key(self) -> tuple[str, str]:
         return (self.namespace, self.name)
 
     @classmethod
-    def from_secret(cls, secret: ReplicaSecret) -> ReplicaRevision | None:
+    def from_secret(cls, secret: model.ReplicaSecret) -> ReplicaRevision | None:
         """Read revision, revision time and source from an owned replica; None when incomplete."""
         if not secret.owned:
             return None
         ann = secret.annotations
-        revision = ann.get(ANN_REVISION)
-        when = parse_time(ann.get(ANN_REVISION_TIME))
-        src_ns, src_name = ann.get(ANN_SOURCE_NAMESPACE), ann.get(ANN_SOURCE_NAME)
+        revision = ann.get(model.ANN_REVISION)
+        when = annotation_time(ann, model.ANN_REVISION_TIME)
+        src_ns, src_name = ann.get(model.ANN_SOURCE_NAMESPACE), ann.get(model.ANN_SOURCE_NAME)
         if not revision or when is None or not src_name or src_ns is None:
             return None
-        return cls(secret.namespace, secret.name, revision, when, ObjectRef(src_ns, src_name))
+        return cls(secret.namespace, secret.name, revision, when, model.ObjectRef(src_ns, src_name))
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,12 +131,14 @@ class SourceControl:
 
     @classmethod
     def from_annotations(cls, annotations: Mapping[str, str]) -> SourceControl:
-        paused = annotations.get(ANN_ROLLOUT_PAUSED, "").strip().lower() in ("true", "1", "yes")
-        return cls(paused, parse_time(annotations.get(ANN_ROLLOUT_RESUMED_AT)))
+        paused = annotations.get(model.ANN_ROLLOUT_PAUSED, "").strip().lower() in ("true", "1", "yes")
+        return cls(paused, annotation_time(annotations, model.ANN_ROLLOUT_RESUMED_AT))
 
 
 @dataclass(frozen=True, slots=True)
 class RolloutSettings:
+    """The planner's knobs (config.Settings documents them; licensectl.core_settings maps them)."""
+
     settle_seconds: float = 60.0
     max_unavailable: str = "10%"
     max_per_namespace: int = 1
@@ -186,19 +147,6 @@ class RolloutSettings:
     manual_deadline_seconds: float = 7 * 24 * 3600.0
     done_gate: str = DONE_GATE_READY
     reissue_after_seconds: float = 60.0
-
-    @classmethod
-    def from_settings(cls, s: Settings) -> RolloutSettings:
-        return cls(
-            settle_seconds=s.settle_seconds,
-            max_unavailable=s.max_unavailable,
-            max_per_namespace=s.max_per_namespace,
-            max_failures=s.max_failures,
-            restart_timeout_seconds=s.restart_timeout_seconds,
-            manual_deadline_seconds=s.manual_deadline_seconds,
-            done_gate=s.done_gate,
-            reissue_after_seconds=s.restart_reissue_seconds,
-        )
 
     def unavailable_limit(self, affected: int) -> int:
         """An absolute count, or a percentage of the affected VMIs rounded down; at least 1."""
@@ -223,18 +171,18 @@ class RestartIntent:
     def from_annotations(cls, annotations: Mapping[str, str]) -> RestartIntent | None:
         """None when there is no readable intent; a VM is then planned from its VMI alone, which is
         safe: a VMI recreated after the revision is current by its start time."""
-        revision = annotations.get(ANN_RESTART_REVISION)
-        issued = parse_time(annotations.get(ANN_RESTART_ISSUED_AT))
+        revision = annotations.get(model.ANN_RESTART_REVISION)
+        issued = annotation_time(annotations, model.ANN_RESTART_ISSUED_AT)
         if not revision or issued is None:
             return None
-        attempted = parse_time(annotations.get(ANN_RESTART_ATTEMPTED_AT)) or issued
-        result = annotations.get(ANN_RESTART_RESULT)
+        attempted = annotation_time(annotations, model.ANN_RESTART_ATTEMPTED_AT) or issued
+        result = annotations.get(model.ANN_RESTART_RESULT)
         return cls(
             revision=revision,
             issued_at=issued,
             attempted_at=max(attempted, issued),
-            vmi_uid=annotations.get(ANN_RESTART_VMI_UID) or None,
-            replica=annotations.get(ANN_RESTART_REPLICA) or None,
+            vmi_uid=annotations.get(model.ANN_RESTART_VMI_UID) or None,
+            replica=annotations.get(model.ANN_RESTART_REPLICA) or None,
             result=result if result in (RESULT_DONE, RESULT_FAILED) else None,
         )
 
@@ -266,12 +214,12 @@ class RestartVm:
     def intent_annotations(self) -> Mapping[str, str | None]:
         """Annotations to merge-patch onto the VM; None removes a key (a stale result)."""
         return {
-            ANN_RESTART_REVISION: self.revision,
-            ANN_RESTART_REPLICA: self.replica,
-            ANN_RESTART_VMI_UID: self.vmi_uid,
-            ANN_RESTART_ISSUED_AT: format_time(self.issued_at),
-            ANN_RESTART_ATTEMPTED_AT: format_time(self.attempted_at),
-            ANN_RESTART_RESULT: None,
+            model.ANN_RESTART_REVISION: self.revision,
+            model.ANN_RESTART_REPLICA: self.replica,
+            model.ANN_RESTART_VMI_UID: self.vmi_uid,
+            model.ANN_RESTART_ISSUED_AT: format_micro_time(self.issued_at),
+            model.ANN_RESTART_ATTEMPTED_AT: format_micro_time(self.attempted_at),
+            model.ANN_RESTART_RESULT: None,
         }
 
 
@@ -289,7 +237,7 @@ class RecordResult:
     vm_resource_version: str = ""
 
     def annotations(self) -> Mapping[str, str | None]:
-        return {ANN_RESTART_RESULT: self.result}
+        return {model.ANN_RESTART_RESULT: self.result}
 
 
 Action = RestartVm | RecordResult
@@ -299,7 +247,7 @@ Action = RestartVm | RecordResult
 class VmiRolloutState:
     state: VmiState
     revision: str  # the revision this state refers to
-    source: ObjectRef
+    source: model.ObjectRef
     replica: str  # replica Secret name in the VMI's namespace
     overdue: bool = False  # manual VMs still stale past the manual deadline
     reason: str = ""  # short human explanation (no secrets)
@@ -307,7 +255,7 @@ class VmiRolloutState:
 
 @dataclass(frozen=True, slots=True)
 class RolloutStatus:
-    source: ObjectRef
+    source: model.ObjectRef
     revisions: tuple[str, ...]
     phase: Phase
     counts: Mapping[VmiState, int]
@@ -325,7 +273,7 @@ class RolloutStatus:
 class RolloutPlan:
     actions: tuple[Action, ...]
     vmi_states: Mapping[tuple[str, str], VmiRolloutState]
-    sources: Mapping[ObjectRef, RolloutStatus]
+    sources: Mapping[model.ObjectRef, RolloutStatus]
     next_wakeup: dt.datetime | None
 
     @property
@@ -356,7 +304,7 @@ def _settle(st: RolloutSettings) -> float:
     return max(st.settle_seconds, MIN_SETTLE_SECONDS)
 
 
-def _started(vmi: Vmi) -> dt.datetime:
+def _started(vmi: model.Vmi) -> dt.datetime:
     return vmi.running_since or vmi.created
 
 
@@ -367,8 +315,8 @@ class _Slot:
 
     namespace: str
     name: str
-    vmi: Vmi | None
-    vm: Vm | None
+    vmi: model.Vmi | None
+    vm: model.Vm | None
     replica: ReplicaRevision
     intent: RestartIntent | None
 
@@ -385,10 +333,11 @@ class _Eval:
     reissue_at: dt.datetime | None = None  # in-flight restart whose call may have been lost
     deadline: dt.datetime | None = None  # restarting: when it turns failed; manual: when overdue
     record: str | None = None  # result annotation to write
+    failed_vmi: bool = False  # stale, but created by a restart that failed: a failure, not unavailable
 
     @property
     def unavailable(self) -> bool:
-        if self.state is VmiState.FAILED:
+        if self.state is VmiState.FAILED or self.failed_vmi:
             return False
         if self.state is VmiState.RESTARTING:
             return True
@@ -401,7 +350,7 @@ class _Eval:
             VmiState.RESTARTING, VmiState.DONE, VmiState.FAILED)
 
 
-def _intent_targets(intent: RestartIntent, vmi: Vmi) -> bool:
+def _intent_targets(intent: RestartIntent, vmi: model.Vmi) -> bool:
     """Whether ``vmi`` is the very VMI the intent meant to restart (not yet recreated)."""
     if intent.vmi_uid:
         return intent.vmi_uid == vmi.uid
@@ -409,7 +358,7 @@ def _intent_targets(intent: RestartIntent, vmi: Vmi) -> bool:
     return _started(vmi) <= intent.issued_at
 
 
-def _is_stale(vmi: Vmi, replica: ReplicaRevision, guest: GuestGate | None) -> bool:
+def _is_stale(vmi: model.Vmi, replica: ReplicaRevision, guest: GuestGate | None) -> bool:
     if _started(vmi) > replica.revision_time:
         return False
     return not (guest is not None and guest.proves_current(replica.revision_time))
@@ -417,8 +366,8 @@ def _is_stale(vmi: Vmi, replica: ReplicaRevision, guest: GuestGate | None) -> bo
 
 def _collect_slots(
     replicas: Mapping[tuple[str, str], ReplicaRevision],
-    vmis: Iterable[Vmi],
-    vms: Iterable[Vm],
+    vmis: Iterable[model.Vmi],
+    vms: Iterable[model.Vm],
 ) -> list[_Slot]:
     vm_by_key = {(m.namespace, m.name): m for m in vms}
     by_ns: dict[str, list[ReplicaRevision]] = defaultdict(list)
@@ -524,10 +473,10 @@ def _applies(intent: RestartIntent, slot: _Slot) -> bool:
     return not (intent.vmi_uid and intent.vmi_uid != vmi.uid and _started(vmi) <= replica.revision_time)
 
 
-def _restartable(vm: Vm | None) -> bool:
+def _restartable(vm: model.Vm | None) -> bool:
     """Automatic restarts allowed: an owning VM, not opted out, with a run strategy that restarts."""
     return (vm is not None and vm.run_strategy not in UNRESTARTABLE_RUN_STRATEGIES
-            and vm.annotations.get(ANN_RESTART_POLICY, "").strip().lower() != POLICY_MANUAL)
+            and vm.annotations.get(model.ANN_RESTART_POLICY, "").strip().lower() != POLICY_MANUAL)
 
 
 def _evaluate(slot: _Slot, st: RolloutSettings, guests: Mapping[tuple[str, str], GuestGate],
@@ -548,17 +497,18 @@ def _evaluate(slot: _Slot, st: RolloutSettings, guests: Mapping[tuple[str, str],
             return tracked
     if vmi is None:  # unreachable: slots without a VMI always carry an intent
         return _Eval(slot, VmiState.RESTARTING, rev, "waiting for the new VMI")
+    # Recreated by a restart for a superseded revision: if that restart failed, the VMI is a failure,
+    # not a rollout step, and stays out of the unavailability budget -- also once a newer revision
+    # makes it stale, or a few such VMIs would hold the budget forever and stall the rollout.
+    previous = _track(slot, intent, st, guests, now) if intent and not _intent_targets(intent, vmi) else None
+    failed_vmi = previous is not None and previous.state is VmiState.FAILED
     if not _is_stale(vmi, replica, guest):
-        if intent is not None and not _intent_targets(intent, vmi):
-            # Recreated by a restart for a superseded revision: if that restart failed, say so and
-            # keep the VMI out of the unavailability budget (it is a failure, not a rollout step).
-            previous = _track(slot, intent, st, guests, now)
-            if previous.state is VmiState.FAILED:
-                return previous
+        if previous is not None and failed_vmi:
+            return previous  # say so
         return _Eval(slot, VmiState.CURRENT, rev, "runs the current revision")
     if vm is None:
         return _Eval(slot, VmiState.BLOCKED, rev, "no owning VirtualMachine: restart it by hand")
-    if vm.annotations.get(ANN_RESTART_POLICY, "").strip().lower() == POLICY_MANUAL:
+    if vm.annotations.get(model.ANN_RESTART_POLICY, "").strip().lower() == POLICY_MANUAL:
         due = replica.revision_time + _secs(st.manual_deadline_seconds)
         overdue = now >= due
         return _Eval(slot, VmiState.MANUAL, rev, "manual restart pending" + (" (overdue)" if overdue else ""),
@@ -577,7 +527,7 @@ def _evaluate(slot: _Slot, st: RolloutSettings, guests: Mapping[tuple[str, str],
             eligible, reason = hold, "earlier restart may still be in flight"
     if eligible > now and reason == "pending restart":
         reason = "waiting for the revision to settle"
-    return _Eval(slot, VmiState.STALE, rev, reason, eligible_at=eligible)
+    return _Eval(slot, VmiState.STALE, rev, reason, eligible_at=eligible, failed_vmi=failed_vmi)
 
 
 def _message(phase: Phase, revisions: tuple[str, ...], counts: Mapping[VmiState, int], overdue: int,
@@ -598,7 +548,7 @@ def _message(phase: Phase, revisions: tuple[str, ...], counts: Mapping[VmiState,
     elif pause is PauseReason.FAILURES:
         text += f"; paused after {failures} failed restarts (max {max_failures}), resume to continue"
     if settles_at is not None:
-        text += f"; settles at {format_time(settles_at)}"
+        text += f"; settles at {format_micro_time(settles_at)}"
     return text
 
 
@@ -608,11 +558,12 @@ def _message(phase: Phase, revisions: tuple[str, ...], counts: Mapping[VmiState,
 
 
 def plan_rollout(
+    *,
     replicas: Iterable[ReplicaRevision],
-    vmis: Iterable[Vmi],
-    vms: Iterable[Vm],
+    vmis: Iterable[model.Vmi],
+    vms: Iterable[model.Vm],
     guests: Mapping[tuple[str, str], GuestGate],
-    sources: Mapping[ObjectRef, SourceControl],
+    sources: Mapping[model.ObjectRef, SourceControl],
     settings: RolloutSettings,
     now: dt.datetime,
 ) -> RolloutPlan:
@@ -626,7 +577,7 @@ def plan_rollout(
     slots = _collect_slots(by_key, vmis, vms)
     evals = [_evaluate(s, st, guests, sources.get(s.replica.source, SourceControl()), now) for s in slots]
 
-    by_source: dict[ObjectRef, list[_Eval]] = defaultdict(list)
+    by_source: dict[model.ObjectRef, list[_Eval]] = defaultdict(list)
     for e in evals:
         by_source[e.slot.replica.source].append(e)
     all_sources = sorted({r.source for r in by_key.values()} | set(sources),
@@ -643,7 +594,7 @@ def plan_rollout(
         for e in evals if e.record is not None and e.slot.intent is not None and e.slot.intent.result != e.record
     ]
     restarts: list[Action] = []
-    statuses: dict[ObjectRef, RolloutStatus] = {}
+    statuses: dict[model.ObjectRef, RolloutStatus] = {}
     wakeups: list[dt.datetime] = []
 
     for src in all_sources:

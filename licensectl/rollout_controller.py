@@ -12,23 +12,25 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
+from kubernetes_asyncio.client import ApiException
+
 from licensectl import config, logs
-from licensectl.caches import Caches
+from licensectl.core_settings import rollout_settings
 from licensectl.guests import GuestStore
-from licensectl.kube.events import EventRecorder, InvolvedObject
-from licensectl.kube.kubevirt import KubevirtClient, RestartResult
+from licensectl.kube.events import InvolvedObject
+from licensectl.kube.kubevirt import RestartResult
 from licensectl.metrics import GaugeSample, Metrics
 from licensectl.model import ObjectRef
+from licensectl.ports import EventSink, KubevirtApi, MonotonicClock, RolloutCaches, WallClock
 from licensectl.rollout import (
     Phase,
     RecordResult,
     ReplicaRevision,
     RestartVm,
     RolloutPlan,
-    RolloutSettings,
     SourceControl,
     VmiState,
     plan_rollout,
@@ -50,17 +52,18 @@ def vmi_object(namespace: str, name: str, uid: str = "") -> InvolvedObject:
 
 
 class RolloutController:
-    def __init__(self, caches: Caches, kubevirt: KubevirtClient, events: EventRecorder, metrics: Metrics,
-                 settings: config.Settings, guests: GuestStore,
-                 clock: Callable[[], dt.datetime] | None = None) -> None:
+    def __init__(self, *, caches: RolloutCaches, kubevirt: KubevirtApi, events: EventSink, metrics: Metrics,
+                 settings: config.Settings, guests: GuestStore, clock: WallClock | None = None,
+                 monotonic: MonotonicClock = time.monotonic) -> None:
         self.caches = caches
         self.kubevirt = kubevirt
         self.events = events
         self.metrics = metrics
         self.settings = settings
-        self.rollout_settings = RolloutSettings.from_settings(settings)
+        self.rollout_settings = rollout_settings(settings)
         self.guests = guests
-        self.clock = clock or (lambda: dt.datetime.now(dt.UTC))
+        self.clock: WallClock = clock or (lambda: dt.datetime.now(dt.UTC))
+        self._monotonic = monotonic
         self.plan: RolloutPlan | None = None
         self._expect: dict[tuple[str, str], tuple[str, float]] = {}  # vm -> (rv we wrote over, since)
         self._phases: dict[ObjectRef, Phase] = {}
@@ -76,7 +79,7 @@ class RolloutController:
         vms = self.caches.vms
         if vms is None:
             return True
-        now = time.monotonic()
+        now = self._monotonic()
         for key, (old_rv, since) in list(self._expect.items()):
             cur = vms.cache.get(key)
             if cur is None or cur.resource_version != old_rv or now - since > EXPECTATION_TIMEOUT:
@@ -90,8 +93,9 @@ class RolloutController:
         replicas = self._replica_revisions()
         sources = {ref: SourceControl.from_annotations(s.annotations)
                    for ref, s in c.source_states().items() if s is not None}
-        return plan_rollout(replicas, list(c.vmis.snapshot().values()), list(c.vms.snapshot().values()),
-                            self.guests.gates(), sources, self.rollout_settings, self.clock())
+        return plan_rollout(replicas=replicas, vmis=list(c.vmis.snapshot().values()),
+                            vms=list(c.vms.snapshot().values()), guests=self.guests.gates(), sources=sources,
+                            settings=self.rollout_settings, now=self.clock())
 
     def _replica_revisions(self) -> list[ReplicaRevision]:
         """Parsed revisions of all replicas, re-parsed only for replicas whose resourceVersion changed
@@ -156,10 +160,12 @@ class RolloutController:
                                        f"restarted by licensectl: {st.reason or 'no owning VirtualMachine'}")
 
     async def _record(self, rec: RecordResult) -> None:
-        ok = await self.kubevirt.annotate_vm(rec.namespace, rec.vm, rec.vm_resource_version, rec.annotations())
+        ok = await self.kubevirt.annotate_vm(namespace=rec.namespace, name=rec.vm,
+                                             resource_version=rec.vm_resource_version,
+                                             annotations=rec.annotations())
         if not ok:
             return
-        self._expect[(rec.namespace, rec.vm)] = (rec.vm_resource_version, time.monotonic())
+        self._expect[(rec.namespace, rec.vm)] = (rec.vm_resource_version, self._monotonic())
         self.metrics.restarts_total.labels(rec.result).inc()
         self._mark_progress(rec.namespace, rec.vm)
         if rec.result == "done":
@@ -172,13 +178,14 @@ class RolloutController:
 
     async def _restart(self, r: RestartVm) -> None:
         # 1. Intent first, guarded by the resourceVersion the plan was made from.
-        if not await self.kubevirt.annotate_vm(r.namespace, r.vm, r.vm_resource_version, r.intent_annotations()):
+        if not await self.kubevirt.annotate_vm(namespace=r.namespace, name=r.vm,
+                                               resource_version=r.vm_resource_version,
+                                               annotations=r.intent_annotations()):
             log.info("restart dropped: VM changed since the plan", namespace=r.namespace, vm=r.vm)
             return
-        self._expect[(r.namespace, r.vm)] = (r.vm_resource_version, time.monotonic())
-        # 2. Then the restart itself.
-        vm = self.caches.vms.cache.get((r.namespace, r.vm)) if self.caches.vms else None
-        res = await self.kubevirt.restart(r.namespace, r.vm, r.vmi_uid, vm.run_strategy if vm else None)
+        self._expect[(r.namespace, r.vm)] = (r.vm_resource_version, self._monotonic())
+        # 2. Then the restart itself, only if the VMI the plan targeted is the one running now.
+        res = await self._restart_target(r)
         self.metrics.restarts_total.labels(res.value).inc()
         log.info("restart", namespace=r.namespace, vm=r.vm, revision=r.revision[:12], result=res.value,
                  reissue=r.reissue)
@@ -191,6 +198,21 @@ class RolloutController:
             await self.events.emit(vm_object(r.namespace, r.vm), "Warning", "RestartFailed",
                                    "The cluster has no virtualmachines/restart subresource and the delete "
                                    "fallback is off (or the VM's runStrategy is not Always)")
+
+    async def _restart_target(self, r: RestartVm) -> RestartResult:
+        """Restart unless the planned VMI was already replaced or is going away (read live: the
+        restart call stops whatever VMI runs now, and the watch cache may lag)."""
+        if r.vmi_uid:
+            try:
+                live = await self.kubevirt.live_vmi_uid(r.namespace, r.vm)
+            except ApiException as e:
+                log.warning("restart target check failed", namespace=r.namespace, vm=r.vm, status=e.status)
+                return RestartResult.ERROR
+            if live != r.vmi_uid:
+                return RestartResult.STALE_TARGET
+        vm = self.caches.vms.cache.get((r.namespace, r.vm)) if self.caches.vms else None
+        return await self.kubevirt.restart(namespace=r.namespace, vm=r.vm, vmi_uid=r.vmi_uid,
+                                           run_strategy=vm.run_strategy if vm else None)
 
     def _mark_progress(self, namespace: str, vm: str) -> None:
         """A VM's VMI carries its name (KubeVirt), which leads to the source being rolled out."""

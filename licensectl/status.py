@@ -1,16 +1,16 @@
-"""`licensectl status` and `licensectl rollout status|pause|resume`.
+"""`licensectl status` and `licensectl rollout status`: read-only views of the cluster.
 
 Status is read from the cluster with one paged LIST per resource and evaluated by the same pure
 planners the controller runs, so the CLI and the controller cannot disagree about what is entitled,
 in sync or stale. Guest license states live only in the controller (they come from reports), so they
-are fetched from its HTTP API when `--url` is given.
+are fetched from its HTTP API when `--url` is given. The commands that write (rollout pause/resume,
+keys rotate) live in `licensectl.actions`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import dataclasses
 import datetime as dt
 import json
 import sys
@@ -23,15 +23,13 @@ import aiohttp
 from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api, CustomObjectsApi
 
 from licensectl import config
+from licensectl.core_settings import rollout_settings, tenant_settings
 from licensectl.credentials import keyring_from_secret_data
-from licensectl.entitlement import TenantSettings
 from licensectl.kube import contract, projections
 from licensectl.kube.client import make_api_client
 from licensectl.kube.raw import RawApi, checked
-from licensectl.kube.signing_key import SECRET_NAME, SigningKeyStore
+from licensectl.kube.signing_key import SECRET_NAME
 from licensectl.model import (
-    ANN_ROLLOUT_PAUSED,
-    ANN_ROLLOUT_RESUMED_AT,
     MANAGED_BY_LABEL,
     MANAGED_BY_VALUE,
     ObjectRef,
@@ -41,9 +39,7 @@ from licensectl.replication import ReplicationInputs, ReplicationPlan, plan_repl
 from licensectl.rollout import (
     ReplicaRevision,
     RolloutPlan,
-    RolloutSettings,
     SourceControl,
-    format_time,
     plan_rollout,
 )
 from licensectl.rollout_view import progress_line, rollout_exit, rollout_json
@@ -106,11 +102,11 @@ async def read_cluster(api: ApiClient, settings: config.Settings, now: dt.dateti
         sources=sources, replicas={(r.namespace, r.name): r for r in replicas}, conflicts=frozenset(),
         credential_for=(lambda ns: ring.credential(ns)) if ring else (lambda ns: ""),
         report_url=config.report_url_for(settings), token_key=settings.token_key,
-        tenant=TenantSettings.from_settings(settings), now=now))
+        tenant=tenant_settings(settings), now=now))
     rollout = plan_rollout(
-        [r for r in (ReplicaRevision.from_secret(s) for s in replicas) if r], vmis, vms, {},
-        {ref: SourceControl.from_annotations(s.annotations) for ref, s in sources.items() if s},
-        RolloutSettings.from_settings(settings), now)
+        replicas=[r for r in (ReplicaRevision.from_secret(s) for s in replicas) if r], vmis=vmis, vms=vms,
+        guests={}, sources={ref: SourceControl.from_annotations(s.annotations) for ref, s in sources.items() if s},
+        settings=rollout_settings(settings), now=now)
     return ClusterView(replication, rollout, sources, now)
 
 
@@ -174,13 +170,7 @@ async def fetch_guests(url: str) -> dict[str, Any] | None:
     return guests
 
 
-def _with_conn(s: config.Settings, args: Any) -> config.Settings:
-    return dataclasses.replace(s, kubeconfig=getattr(args, "kubeconfig", None) or s.kubeconfig,
-                               context=getattr(args, "context", None) or s.context)
-
-
-async def status_main(args: Any) -> int:
-    settings = _with_conn(config.settings_from(None), args)
+async def status_main(args: Any, settings: config.Settings) -> int:
     api = await make_api_client(settings)
     try:
         view = await read_cluster(api, settings)
@@ -193,32 +183,12 @@ async def status_main(args: Any) -> int:
 
 
 # -- rollout --------------------------------------------------------------------------------------
-async def rollout_main(args: Any) -> int:
-    settings = _with_conn(config.settings_from(None), args)
+async def rollout_status_main(args: Any, settings: config.Settings) -> int:
     api = await make_api_client(settings)
     try:
-        if args.rollout_command in ("pause", "resume"):
-            return await _pause_resume(api, args.rollout_command, args.source)
         return await _rollout_status(api, settings, args)
     finally:
         await api.close()
-
-
-async def _pause_resume(api: ApiClient, verb: str, source: str) -> int:
-    ns, _, name = source.partition("/")
-    if not ns or not name:
-        print(f"licensectl rollout {verb}: SOURCE must be NAMESPACE/NAME", file=sys.stderr)
-        return 2
-    ann: dict[str, str | None] = {ANN_ROLLOUT_PAUSED: "true"}
-    if verb == "resume":
-        ann = {ANN_ROLLOUT_PAUSED: None, ANN_ROLLOUT_RESUMED_AT: format_time(dt.datetime.now(dt.UTC))}
-    try:
-        await RawApi(CoreV1Api(api)).patch_namespaced_secret(name, ns, {"metadata": {"annotations": ann}})
-    except ApiException as e:
-        print(f"licensectl rollout {verb}: {source}: HTTP {e.status} {e.reason}", file=sys.stderr)
-        return 1
-    print(f"rollout of {source} {'paused' if verb == 'pause' else 'resumed'}")
-    return 0
 
 
 async def _rollout_status(api: ApiClient, settings: config.Settings, args: Any) -> int:
@@ -254,26 +224,3 @@ async def _rollout_status(api: ApiClient, settings: config.Settings, args: Any) 
             print("timed out waiting for the rollout", file=sys.stderr)
             return 2
         await asyncio.sleep(1.0)
-
-
-# -- keys -----------------------------------------------------------------------------------------
-async def keys_main(args: Any) -> int:
-    """Rotate the report signing key. The controller rewrites every replica's credential (no
-    revision change, so no VM restart); guests keep reporting with the previous credential until
-    their next restart, accepted for LICENSECTL_KEY_GRACE_SECONDS."""
-    settings = _with_conn(config.settings_from(None), args)
-    if args.namespace:
-        settings = dataclasses.replace(settings, namespace=args.namespace)
-    api = await make_api_client(settings)
-    try:
-        store = SigningKeyStore(api, settings.namespace, grace=dt.timedelta(seconds=settings.key_grace_seconds))
-        try:
-            ring = await store.rotate()
-        except (RuntimeError, ApiException, ValueError) as e:
-            print(f"licensectl keys rotate: {e}", file=sys.stderr)
-            return 1
-        print(f"signing key rotated in {settings.namespace}/{SECRET_NAME} at {ring.rotated_at:%Y-%m-%dT%H:%M:%SZ}; "
-              f"the previous key is accepted for {settings.key_grace_seconds:g} s")
-        return 0
-    finally:
-        await api.close()

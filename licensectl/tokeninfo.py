@@ -1,6 +1,6 @@
 """The expiry a client configuration token carries about itself.
 
-The NLS token is a signed JWT (RS256) whose payload holds `exp` (domain.md §5). licensectl only
+The NLS token is a signed JWT (RS256) whose payload holds `exp` (docs/design.md#token-expiry). licensectl only
 reports that time (metric, alert before it runs out), so it decodes the payload *without*
 verifying the signature; a token that is not a decodable JWT is still delivered as opaque bytes,
 its expiry is just unknown. Nothing here may leak token content: every failure is swallowed and

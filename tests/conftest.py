@@ -20,14 +20,49 @@ from kubernetes_asyncio.client.rest import ApiException
 
 from licensectl.devcluster.controlplane import ControlPlane
 from licensectl.devcluster.kubeapi import api_client_from_kubeconfig, install_crds
-from licensectl.devcluster.simulator import KubevirtSimulator, RestartProxy, SimulatorRecord
+from licensectl.devcluster.ledger import SimulatorRecord
+from licensectl.devcluster.virt_api import RestartProxy
+from licensectl.devcluster.virt_controller import KubevirtSimulator
+from licensectl.testkit.process import end_leaked_processes
+
+# Session fixtures that hand a test an external toolchain binary; each run costs seconds, not milliseconds.
+TOOL_FIXTURES = frozenset({"promtool", "vmalert_tool", "helm", "validator"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Everything under tests/integration needs the real control plane: mark it so."""
+    """Mark the slow tier, so `-m "not cluster"` is the fast loop (under a minute, nothing started).
+
+    `cluster`: the test needs what `make setup` provides beyond Python: the control plane (every cluster
+    fixture depends on `control_plane`, so its presence in the fixture closure is the rule; a module that
+    starts a control plane, controllers or Prometheus some other way says so with
+    `pytestmark = pytest.mark.cluster`; `integration`, the marker's former name, still counts) or an
+    external tool. `tools` names the second kind too: the test runs promtool, vmalert-tool, helm or the
+    Grafana schema validator (node) through one of TOOL_FIXTURES, so `-m tools` runs just those.
+    """
     for item in items:
-        if "integration" in Path(str(item.fspath)).parts:
-            item.add_marker(pytest.mark.integration)
+        names = set(getattr(item, "fixturenames", ()))
+        if "control_plane" in names or item.get_closest_marker("integration"):
+            item.add_marker(pytest.mark.cluster)
+        if names & TOOL_FIXTURES:
+            if not item.get_closest_marker("cluster"):
+                item.add_marker(pytest.mark.cluster)
+            item.add_marker(pytest.mark.tools)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run if a process the suite started (licensectl.testkit.process) outlived it.
+
+    Runs after every fixture's teardown; the survivors are killed so they do not linger either.
+    """
+    leaked = end_leaked_processes()
+    if leaked:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.ensure_newline()
+            reporter.write_sep("=", "processes started by the tests were still alive at the end (now killed)", red=True)
+            for line in leaked:
+                reporter.write_line(f"  {line}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")

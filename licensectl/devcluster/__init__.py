@@ -14,7 +14,9 @@ from licensectl.devcluster.controlplane import (
     render_kubeconfig,
 )
 from licensectl.devcluster.kubeapi import CRD_DIR, api_client_from_kubeconfig, install_crds
-from licensectl.devcluster.simulator import KubevirtSimulator, RestartProxy, SimulatorRecord
+from licensectl.devcluster.ledger import SimulatorRecord
+from licensectl.devcluster.virt_api import RestartProxy
+from licensectl.devcluster.virt_controller import KubevirtSimulator
 
 __all__ = [
     "CRD_DIR",

@@ -1,4 +1,4 @@
-"""`python -m licensectl.devcluster build|up`: the real control plane for development and demos."""
+"""`python -m licensectl.devcluster build|build-tools|up`: the real control plane and Go tools for development."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ import sys
 from collections.abc import Sequence
 
 from licensectl.devcluster.controlplane import BuildError, ControlPlane, ControlPlaneError, ensure_binaries
+from licensectl.devcluster.gotools import TOOLS, ensure_tools
 from licensectl.devcluster.kubeapi import api_client_from_kubeconfig, install_crds
-from licensectl.devcluster.simulator import KubevirtSimulator, RestartProxy
+from licensectl.devcluster.virt_api import RestartProxy
+from licensectl.devcluster.virt_controller import KubevirtSimulator
 
 
 def _out(msg: str) -> None:
@@ -54,6 +56,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m licensectl.devcluster", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("build", help="build (or find cached) etcd, kube-apiserver, kube-controller-manager, kubectl")
+    tools = sub.add_parser("build-tools", help="build (or find cached) the Go tools the tests run: "
+                           + ", ".join(TOOLS))
+    tools.add_argument("names", nargs="*", metavar="NAME", help="tools to build (default: all)")
     up = sub.add_parser("up", help="start the control plane + CRDs + KubeVirt simulator until Ctrl-C")
     up.add_argument("--ready-delay", type=float, default=0.5, help="seconds until a new VMI is Ready")
     up.add_argument("--no-kubevirt", action="store_true", help="do not run the KubeVirt simulator/proxy")
@@ -61,6 +66,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "build":
             _out(str(ensure_binaries()))
+            return 0
+        if args.command == "build-tools":
+            for name, path in ensure_tools(args.names or None).items():
+                _out(f"{name}: {path}")
             return 0
         with ControlPlane() as cp:
             asyncio.run(_serve(cp, args.ready_delay, not args.no_kubevirt))

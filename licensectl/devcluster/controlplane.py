@@ -191,11 +191,16 @@ def _have_binaries(d: Path) -> bool:
     return all(os.access(d / b, os.X_OK) for b in BINARIES)
 
 
-def _run_go_build(cwd: Path, argv: list[str], log_fn: Logger, env: Mapping[str, str]) -> None:
-    """Run one `go build -v`, with a heartbeat (elapsed, packages done, last package)."""
+def run_go_build(argv: list[str], *, cwd: Path, log_fn: Logger, env: Mapping[str, str],
+                 prefix: str = "control plane") -> None:
+    """Run one `go build -v`, with a heartbeat (elapsed, packages done, last package).
+
+    Shared by the control plane and the Go tools (gotools.py): a cold build takes minutes on two
+    cores, so the heartbeat shows it is alive; a failure raises BuildError with the stderr tail.
+    """
     pkgs = [a for a in argv if "/" in a and not a.startswith(("-", os.sep))]
     label = ", ".join(p.rsplit("/", 1)[-1] if p.startswith("k8s.io") else p for p in pkgs)
-    log_fn(f"control plane: building {label} (cwd {cwd.name}): {' '.join(argv[:2])} ...")
+    log_fn(f"{prefix}: building {label} (cwd {cwd.name}): {' '.join(argv[:2])} ...")
     start = time.monotonic()
     tail: deque[str] = deque(maxlen=60)
     count = 0
@@ -208,7 +213,7 @@ def _run_go_build(cwd: Path, argv: list[str], log_fn: Logger, env: Mapping[str, 
             with lock:
                 n, pkg = count, last
             log_fn(
-                f"control plane: still building ({time.monotonic() - start:.0f}s elapsed, "
+                f"{prefix}: still building ({time.monotonic() - start:.0f}s elapsed, "
                 f"{n} packages compiled, last: {pkg})"
             )
 
@@ -235,11 +240,12 @@ def _run_go_build(cwd: Path, argv: list[str], log_fn: Logger, env: Mapping[str, 
         raise BuildError(
             f"`{' '.join(argv)}` (in {cwd}) failed with exit code {rc}; stderr tail:\n" + "\n".join(tail)
         )
-    log_fn(f"control plane: built {label} in {time.monotonic() - start:.1f}s")
+    log_fn(f"{prefix}: built {label} in {time.monotonic() - start:.1f}s")
 
 
 @contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive flock on `path`: one builder per cache entry across processes."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -260,7 +266,7 @@ def ensure_binaries(log: Logger = _stderr, env: Mapping[str, str] | None = None)
     if _have_binaries(bin_dir):
         log(f"control plane: cache hit {bin_dir}")
         return bin_dir
-    with _file_lock(bin_dir.parent / ".build.lock"):
+    with file_lock(bin_dir.parent / ".build.lock"):
         if _have_binaries(bin_dir):  # another process built it while we waited
             log(f"control plane: cache hit {bin_dir}")
             return bin_dir
@@ -275,7 +281,7 @@ def ensure_binaries(log: Logger = _stderr, env: Mapping[str, str] | None = None)
         tmp = Path(tempfile.mkdtemp(prefix="bin.tmp-", dir=bin_dir.parent))
         try:
             for cwd, argv in build_commands(tmp):
-                _run_go_build(cwd, argv, log, e)
+                run_go_build(argv, cwd=cwd, log_fn=log, env=e)
             if not _have_binaries(tmp):
                 raise BuildError(f"go build finished but {tmp} lacks one of {', '.join(BINARIES)}")
             if bin_dir.exists():

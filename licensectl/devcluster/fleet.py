@@ -1,7 +1,7 @@
 """Build hoster fleets on a dev cluster: Cozystack-shaped tenants, GPU classes, claims, VMs.
 
 Used by the integration tests and by `licensectl demo`, so both exercise the same object shapes
-(domain.md §1-4). Tokens made here are *fake* JWTs with a real structure and a dummy signature.
+(docs/design.md#upstream-facts). Tokens made here are *fake* JWTs with a real structure and a dummy signature.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ async def create_tenant(api: ApiClient, name: str, *, parent: Mapping[str, Any] 
     return out
 
 
-async def set_vgpu(api: ApiClient, namespace: str, value: bool | None, vgpu_label: str = VGPU_LABEL) -> None:
+async def set_vgpu(api: ApiClient, namespace: str, value: bool | None, *, vgpu_label: str = VGPU_LABEL) -> None:
     core: Any = CoreV1Api(api)
     v = None if value is None else ("true" if value else "false")
     await core.patch_namespace(namespace, {"metadata": {"labels": {vgpu_label: v}}})
@@ -87,7 +87,7 @@ async def delete_gpu_class(api: ApiClient, name: str) -> None:
             raise
 
 
-async def create_claim(api: ApiClient, namespace: str, name: str, class_name: str) -> None:
+async def create_claim(api: ApiClient, namespace: str, name: str, *, class_name: str) -> None:
     co: Any = CustomObjectsApi(api)
     await co.create_namespaced_custom_object(GPU_GROUP, GPU_VERSION, namespace, "gpuclaims", {
         "apiVersion": f"{GPU_GROUP}/{GPU_VERSION}", "kind": "GPUClaim",
@@ -99,7 +99,7 @@ async def delete_claim(api: ApiClient, namespace: str, name: str) -> None:
     await co.delete_namespaced_custom_object(GPU_GROUP, GPU_VERSION, namespace, "gpuclaims", name)
 
 
-async def put_source_secret(api: ApiClient, namespace: str, name: str, token: bytes | None, *,
+async def put_source_secret(api: ApiClient, namespace: str, name: str, *, token: bytes | None,
                             token_key: str = "client_configuration_token.tok", gridd_conf: str | None = None,
                             annotations: Mapping[str, str] | None = None) -> None:
     """Create or replace the hoster's license Secret."""

@@ -1,119 +1,112 @@
-"""Build the one ApiClient the process shares, and count every request it makes.
+"""Build the ApiClient a process shares, with request tracing on its aiohttp session.
 
 Config precedence: an explicit kubeconfig (and context) from Settings, else the in-cluster service
 account, else the default kubeconfig (~/.kube/config or $KUBECONFIG).
+
+Counting requests and reading the apiserver's `Date` header go through an `aiohttp.TraceConfig`
+on the client's session (`request_tracing`): the owner of the client (the App) passes its own
+counter and ServerClock in, so nothing here is global and no library method is replaced.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
-import weakref
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from types import SimpleNamespace
 
 import aiohttp
 import structlog
 from kubernetes_asyncio import config as kconfig
 from kubernetes_asyncio.client import ApiClient, Configuration
-from kubernetes_asyncio.client.exceptions import ApiException
+from yarl import URL
 
 from licensectl import config
-from licensectl.kube.server_clock import SERVER_CLOCK
+from licensectl.kube.server_clock import ServerClock
 
 log = structlog.get_logger(__name__)
 
 # Long-lived watches hold one connection each (about ten informers plus one per license source);
 # writes burst to ~50 in parallel. Requests beyond the limit queue in aiohttp instead of failing.
 POOL_MAXSIZE = 128
+# kubernetes-asyncio's own value: watch events with large objects exceed aiohttp's default buffer.
+READ_BUFSIZE = 2**21
 
 RequestObserver = Callable[[str, int], None]
-_observer: RequestObserver | None = None
-_instrumented: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
-def set_request_observer(cb: RequestObserver | None) -> None:
-    """Install the callback told (verb, HTTP code) after every apiserver request.
-
-    verb is the HTTP method, or WATCH for watch requests; code is 0 when no response arrived.
-    The callback runs inline on the event loop: keep it cheap (a counter increment).
-    """
-    global _observer
-    _observer = cb
-
-
-def _notify(verb: str, code: int) -> None:
-    cb = _observer
-    if cb is None:
-        return
-    try:
-        cb(verb, code)
-    except Exception as e:  # a metrics bug must never fail an API call
-        log.warning("client.observer_failed", error=type(e).__name__)
-
-
-def _verb(method: str, query_params: Any) -> str:
-    if isinstance(query_params, (list, tuple)):
-        for item in query_params:
-            if isinstance(item, tuple) and len(item) == 2 and item[0] == "watch" and item[1] in (True, "true"):
-                return "WATCH"
+def request_verb(method: str, url: URL) -> str:
+    """The HTTP method, or WATCH for a watch request (`watch=true`, or `True` as urlencode writes a bool)."""
+    if url.query.get("watch", "").lower() == "true":
+        return "WATCH"
     return method.upper()
 
 
-def _observe_date(resp: Any) -> None:
-    """Feed the apiserver's Date header to the server clock (raw aiohttp or preloaded response)."""
-    headers = getattr(resp, "headers", None)
-    if headers is not None and hasattr(headers, "get"):
-        date = headers.get("Date")
-    else:
-        getheader = getattr(resp, "getheader", None)
-        date = getheader("Date") if getheader is not None else None
-    SERVER_CLOCK.observe(date if isinstance(date, str) else None, time.time())
+def request_tracing(*, on_request: RequestObserver | None = None, clock: ServerClock | None = None,
+                    local_time: Callable[[], float] = time.time) -> aiohttp.TraceConfig:
+    """Trace hooks telling `on_request(verb, code)` after every request and feeding `clock` the `Date` header.
 
+    verb is the HTTP method, or WATCH for watch requests; code is the response status, 0 when no
+    response arrived. A request cancelled by its caller (a stopping informer, an outer timeout)
+    is not counted: it neither failed nor got an answer. The hooks run inline on the event loop
+    and must stay cheap (a counter increment); a failing observer is logged, never raised into the
+    request it observes.
+    """
 
-def instrument(api: ApiClient) -> None:
-    """Wrap the REST client's request method so every request reports (verb, code)."""
-    rest = api.rest_client
-    if rest in _instrumented:
-        return
-    original = rest.request
-
-    async def request(method: str, url: str, query_params: Any = None, *args: Any, **kwargs: Any) -> Any:
-        verb = _verb(method, query_params)
+    def notify(verb: str, code: int) -> None:
+        if on_request is None:
+            return
         try:
-            resp = await original(method, url, query_params, *args, **kwargs)
-        except ApiException as e:
-            _notify(verb, int(e.status or 0))
-            raise
-        except Exception:
-            _notify(verb, 0)
-            raise
-        _notify(verb, int(getattr(resp, "status", 0) or 0))
-        _observe_date(resp)
-        return resp
+            on_request(verb, code)
+        except Exception as e:  # a metrics bug must never fail an API call
+            log.warning("client.observer_failed", error=type(e).__name__)
 
-    rest.request = request  # type: ignore[method-assign]
-    _instrumented.add(rest)
+    async def on_request_end(_session: aiohttp.ClientSession, _ctx: SimpleNamespace,
+                             params: aiohttp.TraceRequestEndParams) -> None:
+        notify(request_verb(params.method, params.url), int(params.response.status or 0))
+        if clock is not None:
+            clock.observe(params.response.headers.get("Date"), local_time())
+
+    async def on_request_exception(_session: aiohttp.ClientSession, _ctx: SimpleNamespace,
+                                   params: aiohttp.TraceRequestExceptionParams) -> None:
+        if isinstance(params.exception, asyncio.CancelledError):
+            return
+        notify(request_verb(params.method, params.url), 0)
+
+    trace = aiohttp.TraceConfig()
+    trace.on_request_end.append(on_request_end)
+    trace.on_request_exception.append(on_request_exception)
+    return trace
 
 
-def _without_env_lookups(api: ApiClient) -> None:
-    """kubernetes-asyncio opens its session with trust_env=True, which makes aiohttp read ~/.netrc and
-    the proxy environment in a thread on *every* request (measured: ~13% of controller CPU). The
-    apiserver address and any proxy come from the kubeconfig (`proxy-url`), so the environment is not
-    consulted: swap in a session on the same connector with trust_env=False."""
-    rest: Any = api.rest_client
-    old: aiohttp.ClientSession = rest.pool_manager
+def _open_session(api: ApiClient, trace_configs: Sequence[aiohttp.TraceConfig]) -> None:
+    """Give the REST client a session with `trust_env=False` and our trace configs.
+
+    kubernetes-asyncio (v36) opens its session inside `ApiClient.__init__` with `trust_env=True` and
+    takes no session options: neither `Configuration` nor `ApiClient` accepts any, and `ApiClient`
+    constructs its `RESTClientObject` itself, so no subclass can be passed in. trust_env=True makes
+    aiohttp read ~/.netrc and the proxy environment in a thread on *every* request (measured: ~13% of
+    controller CPU), while the apiserver address and any proxy come from the kubeconfig. The REST
+    client's `pool_manager` is a public, typed attribute (rest.pyi): this one function replaces it,
+    before any request, by a session on the same connector (pool limit, TLS context); the original
+    session is detached from the connector, so it owns nothing that needs closing.
+    """
+    rest = api.rest_client
+    old = rest.pool_manager
     connector = old.connector
     old.detach()
-    rest.pool_manager = aiohttp.ClientSession(connector=connector, trust_env=False, read_bufsize=2**21)
+    rest.pool_manager = aiohttp.ClientSession(connector=connector, trust_env=False, read_bufsize=READ_BUFSIZE,
+                                              trace_configs=list(trace_configs) or None)
 
 
 def _in_cluster_available() -> bool:
     return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and bool(os.environ.get("KUBERNETES_SERVICE_PORT"))
 
 
-async def make_api_client(settings: config.Settings) -> ApiClient:
-    """An instrumented ApiClient; the caller closes it (`await client.close()` or `async with`)."""
+async def make_api_client(settings: config.Settings, *,
+                          trace_configs: Sequence[aiohttp.TraceConfig] = ()) -> ApiClient:
+    """An ApiClient whose requests run through `trace_configs`; the caller closes it (`await client.close()`)."""
     cfg = Configuration()
     if settings.kubeconfig:
         await kconfig.load_kube_config(config_file=settings.kubeconfig, context=settings.context or None,
@@ -129,7 +122,6 @@ async def make_api_client(settings: config.Settings) -> ApiClient:
         source = "default-kubeconfig"
     cfg.connection_pool_maxsize = POOL_MAXSIZE
     api = ApiClient(configuration=cfg)
-    _without_env_lookups(api)
-    instrument(api)
+    _open_session(api, trace_configs)
     log.info("client.configured", source=source, host=cfg.host, context=settings.context or None)
     return api

@@ -1,6 +1,6 @@
 """The one adapter for resource names the controller reads: the assumed GPU contract and KubeVirt.
 
-GPUClass/GPUClaim are an *assumed* contract (domain.md §3): their group, version and plurals come
+GPUClass/GPUClaim are an *assumed* contract (docs/design.md#gpu-contract): their group, version and plurals come
 from Settings so licensectl can follow upstream when the real API lands, by configuration or by
 editing only this module. The field layout of their specs is read in `projections`.
 """

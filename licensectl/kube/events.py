@@ -19,6 +19,7 @@ from kubernetes_asyncio.client import ApiException, CoreV1Api
 
 from licensectl import logs
 from licensectl.kube.raw import RawApi
+from licensectl.timecodec import format_time
 
 log = logs.get(__name__)
 
@@ -83,7 +84,7 @@ class EventRecorder:
         if self._dry_run:
             return
         ns = obj.namespace or "default"  # apiserver validation: cluster-scoped objects' Events go to default
-        ts = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+        ts = format_time(now)  # firstTimestamp/lastTimestamp are metav1.Time: seconds
         try:
             async with self._sem:  # bounded: a 5,000-replica rotation must not fan out 5,000 Event writes
                 await self._bump_or_create(ns, name, obj, type_, reason, message, ts)

@@ -41,7 +41,7 @@ class KubevirtClient:
         self._dry_run = dry_run
         self._fallback_delete = fallback_delete
 
-    async def annotate_vm(self, namespace: str, name: str, resource_version: str,
+    async def annotate_vm(self, *, namespace: str, name: str, resource_version: str,
                           annotations: Mapping[str, str | None]) -> bool:
         """Merge-patch annotations guarded by resourceVersion; False when the VM changed or is gone."""
         if self._dry_run:
@@ -58,15 +58,11 @@ class KubevirtClient:
                 return False
             raise
 
-    async def restart(self, namespace: str, vm: str, vmi_uid: str, run_strategy: str | None) -> RestartResult:
+    async def restart(self, *, namespace: str, vm: str, vmi_uid: str, run_strategy: str | None) -> RestartResult:
+        """Restart through virt-api; `vmi_uid` guards only the delete fallback (the subresource has no
+        UID precondition, so the caller checks `live_vmi_uid` first)."""
         if self._dry_run:
             return RestartResult.ISSUED
-        try:
-            if not await self._target_running(namespace, vm, vmi_uid):
-                return RestartResult.STALE_TARGET
-        except ApiException as e:
-            log.warning("restart target check failed", namespace=namespace, vm=vm, status=e.status)
-            return RestartResult.ERROR
         try:
             await checked(self._api_client.call_api(
                 RESTART_PATH, "PUT", path_params={"namespace": namespace, "name": vm},
@@ -86,24 +82,24 @@ class KubevirtClient:
             log.warning("restart failed", namespace=namespace, vm=vm, status=e.status)
             return RestartResult.ERROR
 
-    async def _target_running(self, namespace: str, name: str, vmi_uid: str) -> bool:
-        """Whether the VMI the plan targeted still runs, read live (not from the watch cache).
+    async def live_vmi_uid(self, namespace: str, name: str) -> str | None:
+        """UID of the VMI running now, read live (not from the watch cache); None when absent or terminating.
 
         The restart subresource has no UID precondition: virt-api stops whatever VMI runs *now*
         (kubevirt pkg/virt-api/rest/lifecycle.go, RestartVMRequestHandler, takes the current VMI's
-        UID). A plan made from a lagging watch cache (e.g. a re-issue while the VMI watch was cut)
-        would otherwise restart the VMI that already replaced the target: a second restart."""
-        if not vmi_uid:
-            return True
+        UID). The rollout compares this with the VMI its plan targeted, so a plan made from a lagging
+        watch cache (e.g. a re-issue while the VMI watch was cut) never restarts the VMI that already
+        replaced the target: a second restart."""
         try:
             vmi = await self._custom.get_namespaced_custom_object(KUBEVIRT_GROUP, KUBEVIRT_VERSION, namespace,
                                                                   "virtualmachineinstances", name)
         except ApiException as e:
             if e.status == 404:
-                return False
+                return None
             raise
         meta = vmi.get("metadata") or {}
-        return bool(meta.get("uid") == vmi_uid and not meta.get("deletionTimestamp"))
+        uid = meta.get("uid")
+        return str(uid) if uid and not meta.get("deletionTimestamp") else None
 
     async def _vm_exists(self, namespace: str, vm: str) -> bool:
         try:

@@ -4,6 +4,9 @@ Expiry is judged by the *local* time at which we last saw the lease record chang
 does), so clock skew between replicas cannot make two leaders. Updates carry resourceVersion, so two
 candidates racing for an expired lease cannot both win. On shutdown the leader releases the lease
 (empty holder) so a standby takes over at once instead of waiting for expiry.
+
+The elector talks to a `LeaseBackend` (licensectl.ports): `ApiLeaseBackend` here for the cluster,
+an in-memory one in the test kit.
 """
 
 from __future__ import annotations
@@ -19,15 +22,13 @@ from kubernetes_asyncio.client import ApiClient, ApiException, CoordinationV1Api
 
 from licensectl import logs
 from licensectl.kube.raw import RawApi
+from licensectl.ports import LeaseBackend, MonotonicClock, WallClock
+from licensectl.timecodec import format_micro_time
 
 log = logs.get(__name__)
 
 
-def _micro(t: dt.datetime) -> str:
-    return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LeaseConfig:
     namespace: str
     name: str
@@ -37,10 +38,52 @@ class LeaseConfig:
     retry_period: float = 2.0
 
 
-class LeaderElector:
-    def __init__(self, api_client: ApiClient, cfg: LeaseConfig,
-                 on_change: Callable[[bool], None] | None = None) -> None:
+class ApiLeaseBackend:
+    """The Lease API through kubernetes-asyncio: 404 reads as absent, 409 as a lost race."""
+
+    def __init__(self, api_client: ApiClient) -> None:
         self._api: Any = RawApi(CoordinationV1Api(api_client))
+
+    async def read(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            obj: dict[str, Any] = await self._api.read_namespaced_lease(name, namespace)
+            return obj
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    async def create(self, namespace: str, body: dict[str, Any]) -> bool:
+        try:
+            await self._api.create_namespaced_lease(namespace, body)
+            return True
+        except ApiException as e:
+            if e.status == 409:
+                return False
+            raise
+
+    async def replace(self, namespace: str, name: str, body: dict[str, Any]) -> bool:
+        try:
+            await self._api.replace_namespaced_lease(name, namespace, body)
+            return True
+        except ApiException as e:
+            if e.status == 409:
+                return False
+            raise
+
+
+def _utc_now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class LeaderElector:
+    def __init__(self, backend: LeaseBackend, cfg: LeaseConfig, *,
+                 on_change: Callable[[bool], None] | None = None, wall: WallClock = _utc_now,
+                 monotonic: MonotonicClock = time.monotonic) -> None:
+        """`wall` stamps acquire/renew times (informational); `monotonic` judges expiry and deadlines."""
+        self._backend = backend
+        self._wall = wall
+        self._monotonic = monotonic
         self.cfg = cfg
         self._on_change = on_change
         self.is_leader = False
@@ -61,16 +104,10 @@ class LeaderElector:
                 self._on_change(value)
 
     async def _read(self) -> dict[str, Any] | None:
-        try:
-            obj: dict[str, Any] = await self._api.read_namespaced_lease(self.cfg.name, self.cfg.namespace)
-            return obj
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
+        return await self._backend.read(self.cfg.namespace, self.cfg.name)
 
     def _spec(self, transitions: int, acquire: str | None) -> dict[str, Any]:
-        now = _micro(dt.datetime.now(dt.UTC))
+        now = format_micro_time(self._wall())
         return {"holderIdentity": self.cfg.identity, "leaseDurationSeconds": max(1, int(self.cfg.lease_duration)),
                 "acquireTime": acquire or now, "renewTime": now, "leaseTransitions": transitions}
 
@@ -81,35 +118,27 @@ class LeaderElector:
             body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                     "metadata": {"name": self.cfg.name, "namespace": self.cfg.namespace},
                     "spec": self._spec(0, None)}
-            try:
-                await self._api.create_namespaced_lease(self.cfg.namespace, body)
-            except ApiException as e:
-                if e.status == 409:
-                    return False
-                raise
-            self._observed_at = time.monotonic()
+            if not await self._backend.create(self.cfg.namespace, body):
+                return False
+            self._observed_at = self._monotonic()
             return True
         spec = obj.get("spec") or {}
         record = (spec.get("holderIdentity"), spec.get("renewTime"), spec.get("acquireTime"))
         if record != self._observed_record:
             self._observed_record = record
-            self._observed_at = time.monotonic()
+            self._observed_at = self._monotonic()
         holder = spec.get("holderIdentity") or ""
         duration = float(spec.get("leaseDurationSeconds") or self.cfg.lease_duration)
         mine = holder == self.cfg.identity
-        expired = time.monotonic() > self._observed_at + duration
+        expired = self._monotonic() > self._observed_at + duration
         if holder and not mine and not expired:
             return False
         transitions = int(spec.get("leaseTransitions") or 0) + (0 if mine else 1)
         obj["spec"] = self._spec(transitions, spec.get("acquireTime") if mine else None)
-        try:
-            await self._api.replace_namespaced_lease(self.cfg.name, self.cfg.namespace, obj)
-        except ApiException as e:
-            if e.status == 409:
-                return False
-            raise
+        if not await self._backend.replace(self.cfg.namespace, self.cfg.name, obj):
+            return False
         self._observed_record = None
-        self._observed_at = time.monotonic()
+        self._observed_at = self._monotonic()
         return True
 
     async def run(self) -> None:
@@ -123,7 +152,7 @@ class LeaderElector:
                     log.warning("lease round failed", error=type(e).__name__)
                 except Exception as e:
                     log.warning("lease round failed", error=type(e).__name__)
-                now = time.monotonic()
+                now = self._monotonic()
                 if ok:
                     self._last_renew = now
                     self._set_leader(True)
@@ -147,15 +176,22 @@ class LeaderElector:
         return ((obj or {}).get("spec") or {}).get("holderIdentity")
 
     async def release(self) -> None:
-        """Give the lease up so a standby does not wait for expiry (client-go ReleaseOnCancel)."""
+        """Give the lease up so a standby does not wait for expiry (client-go ReleaseOnCancel).
+
+        A renew cancelled on its way out can still land after our read, so a conflict is re-read and
+        retried a few times while the lease is still ours; once someone else holds it, it is theirs.
+        """
         try:
-            obj = await self._read()
-            if obj is None or (obj.get("spec") or {}).get("holderIdentity") != self.cfg.identity:
-                return
-            obj["spec"]["holderIdentity"] = ""
-            obj["spec"]["leaseDurationSeconds"] = 1
-            obj["spec"]["renewTime"] = _micro(dt.datetime.now(dt.UTC))
-            await self._api.replace_namespaced_lease(self.cfg.name, self.cfg.namespace, obj)
-            log.info("lease released", lease=self.cfg.name, identity=self.cfg.identity)
+            for _ in range(3):
+                obj = await self._read()
+                if obj is None or (obj.get("spec") or {}).get("holderIdentity") != self.cfg.identity:
+                    return
+                obj["spec"]["holderIdentity"] = ""
+                obj["spec"]["leaseDurationSeconds"] = 1
+                obj["spec"]["renewTime"] = format_micro_time(self._wall())
+                if await self._backend.replace(self.cfg.namespace, self.cfg.name, obj):
+                    log.info("lease released", lease=self.cfg.name, identity=self.cfg.identity)
+                    return
+            log.warning("lease release failed", error="conflict")
         except Exception as e:
             log.warning("lease release failed", error=type(e).__name__)

@@ -12,17 +12,12 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime as dt
-import re
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypedDict
 
 from licensectl import model
-
-# RFC 3339 date-time as Kubernetes serialises metav1.Time / metav1.MicroTime.
-_RFC3339 = re.compile(
-    r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(?:\.(\d+))?(?:[Zz]|[+-]\d{2}:\d{2})"
-)
+from licensectl.timecodec import parse_time
 
 KUBEVIRT_GROUP = "kubevirt.io"
 
@@ -58,27 +53,29 @@ def _str_map(v: object) -> Mapping[str, str]:
     return model.frozen_map({k: val for k, val in v.items() if isinstance(k, str) and isinstance(val, str)})
 
 
-def parse_time(v: object) -> dt.datetime | None:
-    """RFC 3339 -> aware UTC datetime; None for anything else (including naive timestamps)."""
-    m = _RFC3339.fullmatch(v) if isinstance(v, str) else None
-    if m is None:
-        return None
-    s = m.string.replace("z", "Z").replace("t", "T")
-    frac = m.group(1)
-    if frac and len(frac) > 6:
-        # fromisoformat takes at most microseconds; Kubernetes never sends more, but be total.
-        s = s.replace("." + frac, "." + frac[:6], 1)
-    try:
-        t = dt.datetime.fromisoformat(s)
-    except ValueError:
-        return None
-    if t.tzinfo is None:
-        return None
-    return t.astimezone(dt.UTC)
-
-
 def _meta(obj: object) -> Mapping[str, Any]:
     return _dict(_path(obj, "metadata"))
+
+
+class _Meta(TypedDict):
+    """The metadata fields the namespaced projections share, named as in `licensectl.model`."""
+
+    namespace: str
+    name: str
+    uid: str
+    resource_version: str
+    annotations: Mapping[str, str]
+
+
+def _common(obj: object) -> _Meta | None:
+    """Shared metadata of a namespaced object; None when it has no name or namespace (unidentifiable)."""
+    meta = _meta(obj)
+    name, ns = _str(meta.get("name")), _str(meta.get("namespace"))
+    if name is None or ns is None:
+        return None
+    return _Meta(namespace=ns, name=name, uid=_str(meta.get("uid")) or "",
+                 resource_version=_str(meta.get("resourceVersion")) or "",
+                 annotations=_str_map(meta.get("annotations")))
 
 
 def _controller_owner(meta: Mapping[str, Any], kind: str, group: str | None) -> Mapping[str, Any] | None:
@@ -158,47 +155,25 @@ def gpu_class_from(obj: object) -> model.GpuClass | None:
 
 
 def gpu_claim_from(obj: object) -> model.GpuClaim | None:
-    meta = _meta(obj)
-    name, ns = _str(meta.get("name")), _str(meta.get("namespace"))
-    if name is None or ns is None:
+    m = _common(obj)
+    if m is None:
         return None
-    return model.GpuClaim(namespace=ns, name=name, class_name=_str(_path(obj, "spec", "className")))
+    return model.GpuClaim(namespace=m["namespace"], name=m["name"], class_name=_str(_path(obj, "spec", "className")))
 
 
 def source_secret_from(obj: object) -> model.SourceSecret | None:
     """Holds token bytes: callers must never log `data`."""
-    meta = _meta(obj)
-    name, ns = _str(meta.get("name")), _str(meta.get("namespace"))
-    if name is None or ns is None:
-        return None
-    return model.SourceSecret(
-        namespace=ns,
-        name=name,
-        uid=_str(meta.get("uid")) or "",
-        resource_version=_str(meta.get("resourceVersion")) or "",
-        data=MappingProxyType(_decode_data(_path(obj, "data"))),
-        annotations=_str_map(meta.get("annotations")),
-    )
+    m = _common(obj)
+    return None if m is None else model.SourceSecret(**m, data=MappingProxyType(_decode_data(_path(obj, "data"))))
 
 
 def replica_secret_from(obj: object) -> model.ReplicaSecret | None:
     """Keeps a digest of the data, never the bytes."""
-    # Imported here so this module loads even while render is being built; it is pure.
-    from licensectl.render import data_digest
-
-    meta = _meta(obj)
-    name, ns = _str(meta.get("name")), _str(meta.get("namespace"))
-    if name is None or ns is None:
+    m = _common(obj)
+    if m is None:
         return None
-    return model.ReplicaSecret(
-        namespace=ns,
-        name=name,
-        uid=_str(meta.get("uid")) or "",
-        resource_version=_str(meta.get("resourceVersion")) or "",
-        labels=_str_map(meta.get("labels")),
-        annotations=_str_map(meta.get("annotations")),
-        data_digest=data_digest(_decode_data(_path(obj, "data"))),
-    )
+    return model.ReplicaSecret(**m, labels=_str_map(_path(obj, "metadata", "labels")),
+                               data_digest=model.data_digest(_decode_data(_path(obj, "data"))))
 
 
 def _running_since(status: Mapping[str, Any]) -> dt.datetime | None:
@@ -216,10 +191,10 @@ def _running_since(status: Mapping[str, Any]) -> dt.datetime | None:
 
 def vmi_from(obj: object) -> model.Vmi | None:
     meta = _meta(obj)
-    name, ns = _str(meta.get("name")), _str(meta.get("namespace"))
+    m = _common(obj)
     created = parse_time(meta.get("creationTimestamp"))
     # Without a creation time the rollout cannot tell old from new: invisible is safer than guessed.
-    if name is None or ns is None or created is None:
+    if m is None or created is None:
         return None
     status = _dict(_path(obj, "status"))
     spec = _dict(_path(obj, "spec"))
@@ -234,9 +209,9 @@ def vmi_from(obj: object) -> model.Vmi | None:
         if (sn := _str(_path(v, "secret", "secretName"))) is not None
     )
     return model.Vmi(
-        namespace=ns,
-        name=name,
-        uid=_str(meta.get("uid")) or "",
+        namespace=m["namespace"],
+        name=m["name"],
+        uid=m["uid"],
         created=created,
         owner_vm=_str(owner.get("name")) if owner else None,
         phase=_str(status.get("phase")) or "",
@@ -265,15 +240,5 @@ def run_strategy_of(spec: Mapping[str, Any]) -> str | None:
 
 
 def vm_from(obj: object) -> model.Vm | None:
-    meta = _meta(obj)
-    name, ns = _str(meta.get("name")), _str(meta.get("namespace"))
-    if name is None or ns is None:
-        return None
-    return model.Vm(
-        namespace=ns,
-        name=name,
-        uid=_str(meta.get("uid")) or "",
-        run_strategy=run_strategy_of(_dict(_path(obj, "spec"))),
-        annotations=_str_map(meta.get("annotations")),
-        resource_version=_str(meta.get("resourceVersion")) or "",
-    )
+    m = _common(obj)
+    return None if m is None else model.Vm(**m, run_strategy=run_strategy_of(_dict(_path(obj, "spec"))))

@@ -5,6 +5,9 @@ Rollout decisions compare a replica's revision time (stamped by licensectl) with
 again and again) or current too early (missed). So licensectl stamps and judges time on the
 apiserver's clock: every response carries a `Date` header, and the median offset of recent responses
 corrects the local clock. Without responses yet, the offset is 0.
+
+One instance per process, owned by the App: the API client's request tracing feeds it
+(kube/client.py `request_tracing`) and the App hands its `now` to whoever stamps or judges time.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from email.utils import parsedate_to_datetime
 
 
 class ServerClock:
+    """The local clock corrected by the median offset of recent apiserver `Date` headers."""
+
     def __init__(self, window: int = 31, min_interval: float = 1.0) -> None:
         self._offsets: deque[float] = deque(maxlen=window)
         self._min_interval = min_interval
@@ -43,6 +48,3 @@ class ServerClock:
 
     def now(self) -> dt.datetime:
         return dt.datetime.fromtimestamp(time.time() + self._offset, dt.UTC)
-
-
-SERVER_CLOCK = ServerClock()

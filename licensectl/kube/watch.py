@@ -75,7 +75,7 @@ class ApiError(Exception):
 # ---------------------------------------------------------------------------------------------
 # Pure helpers
 # ---------------------------------------------------------------------------------------------
-def backoff_delay(attempt: int, rnd: float, base: float = 0.5, cap: float = 30.0) -> float:
+def backoff_delay(attempt: int, rnd: float, *, base: float = 0.5, cap: float = 30.0) -> float:
     """Jittered exponential backoff: in [d/2, d] with d = min(cap, base * 2**attempt).
 
     `rnd` is a uniform draw in [0, 1) passed in, so the schedule is testable.
@@ -337,7 +337,7 @@ class Informer(Generic[T]):
             log.info("informer.stop", informer=self.name)
 
     def _delay(self, attempt: int) -> float:
-        return backoff_delay(attempt, random.random(), self._backoff_base, self._backoff_cap)  # noqa: S311
+        return backoff_delay(attempt, random.random(), base=self._backoff_base, cap=self._backoff_cap)  # noqa: S311
 
     def _selectors(self) -> dict[str, Any]:
         kw: dict[str, Any] = {}

@@ -34,7 +34,7 @@ class WriteResult(StrEnum):
     DRY_RUN = "dry_run"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SecretBody:
     """What we want a replica to look like; data never appears in repr."""
 
@@ -73,7 +73,7 @@ def merged_body(current: Mapping[str, Any] | None, want: SecretBody) -> dict[str
             "data": _encode(want.data)}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ObservedMeta:
     """Metadata of a replica as the watch cache last saw it (no data)."""
 

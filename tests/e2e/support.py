@@ -1,22 +1,17 @@
 """End-to-end helpers: licensectl as real `python -m licensectl run` processes, plus the cluster
 pieces a dev control plane lacks (the leader-selecting reports Service, a recording API proxy).
 
-Processes are always ended by their own PID. Their output goes to a log file per process; the tests
-read it only for structured lifecycle lines and never print it (tokens must not reach test output,
-and licensectl never logs them anyway).
+Processes run in their own process groups (licensectl.testkit.process) and are ended as groups.
+Their output goes to a log file per process; the tests read it only for structured lifecycle lines
+and never print it (tokens must not reach test output, and licensectl never logs them anyway).
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import dataclasses
 import json
-import os
-import signal
-import ssl
-import sys
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,167 +21,42 @@ from urllib.parse import parse_qs, urlsplit
 
 import aiohttp
 from aiohttp import web
-from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api, CustomObjectsApi
-from prometheus_client.parser import text_string_to_metric_families
+from kubernetes_asyncio.client import ApiClient, ApiException, CoordinationV1Api, CoreV1Api, CustomObjectsApi
 
 from licensectl.app import LEADER_LABEL
 from licensectl.devcluster import fleet
-from licensectl.devcluster.controlplane import LOOPBACK, free_port, render_kubeconfig
-from licensectl.model import ANN_RESTART_RESULT, ANN_RESTART_REVISION, ANN_REVISION
-from licensectl.render import replica_name
+from licensectl.devcluster.controlplane import LOOPBACK, ControlPlane, free_port, render_kubeconfig
+from licensectl.model import ANN_RESTART_RESULT, ANN_RESTART_REVISION
+from licensectl.testkit.controller import ControllerProcess
+from licensectl.testkit.poll import eventually
+from licensectl.testkit.process import ManagedProcess
+from licensectl.testkit.proxy import ReverseProxy
+from licensectl.testkit.world import World, build_world
 
-from ..integration.support import eventually, make_world
-
-REPO = Path(__file__).resolve().parents[2]
-
-# Headers a proxy must not forward (RFC 9110 §7.6.1) plus the ones aiohttp recomputes.
-_HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
-                         "trailer", "transfer-encoding", "upgrade", "host", "content-length"})
-
-
-# -- metrics ---------------------------------------------------------------------------------------
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def parse_metrics(text: str) -> Samples:
-    out: Samples = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = float(s.value)
-    return out
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    """Sum of the series of `name` matching `labels` (0 when none: an unlabelled-yet counter)."""
-    return sum(v for (n, lbls), v in samples.items()
-               if n == name and all(dict(lbls).get(k) == want for k, want in labels.items()))
+from ..conftest import KubevirtEnv
 
 
 # -- controller processes --------------------------------------------------------------------------
-@dataclass
-class Controller:
-    """One `licensectl run` process on loopback ports chosen up front."""
-
-    name: str
-    proc: asyncio.subprocess.Process
-    metrics_port: int
-    reports_port: int
-    log_path: Path
-    returncode: int | None = None
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    @property
-    def metrics_url(self) -> str:
-        return f"http://{LOOPBACK}:{self.metrics_port}/metrics"
-
-    @property
-    def reports_url(self) -> str:
-        return f"http://{LOOPBACK}:{self.reports_port}/v1/reports"
-
-    @property
-    def alive(self) -> bool:
-        return self.proc.returncode is None
-
-    async def scrape(self) -> Samples:
-        async with aiohttp.ClientSession() as http, http.get(self.metrics_url) as r:
-            r.raise_for_status()
-            return parse_metrics(await r.text())
-
-    async def try_scrape(self) -> Samples | None:
-        try:
-            return await self.scrape()
-        except (aiohttp.ClientError, OSError):
-            return None
-
-    def log_events(self) -> list[dict[str, Any]]:
-        """The JSON log lines (event + keys) the process wrote so far."""
-        out = []
-        for line in self.log_path.read_text(errors="replace").splitlines():
-            with contextlib.suppress(ValueError):
-                doc = json.loads(line)
-                if isinstance(doc, dict):
-                    out.append(doc)
-        return out
-
-    def log_tail(self, lines: int = 30) -> str:
-        """Last log lines, for assertion messages (licensectl never logs token bytes)."""
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-
-    async def kill(self) -> None:
-        """SIGKILL: a crash. No graceful stop, the Lease stays held until it expires."""
-        if self.alive:
-            os.kill(self.pid, signal.SIGKILL)
-        self.returncode = await self.proc.wait()
-
-    async def terminate(self, timeout: float = 40.0) -> int:
-        """SIGTERM (what the kubelet sends) and wait for the exit code."""
-        if self.alive:
-            os.kill(self.pid, signal.SIGTERM)
-        try:
-            self.returncode = await asyncio.wait_for(self.proc.wait(), timeout)
-        except TimeoutError:
-            await self.kill()
-            raise AssertionError(f"{self.name} did not exit within {timeout}s of SIGTERM") from None
-        return self.returncode
-
-
-def _flag(field_name: str) -> str:
-    return "--" + field_name.replace("_", "-")
-
-
 async def start_controller(name: str, kubeconfig: Path, namespace: str, log_dir: Path,
                            wrapper: Sequence[str] = (), extra_env: Mapping[str, str] | None = None,
-                           **settings: Any) -> Controller:
-    """`python -m licensectl run` with JSON logs; `settings` are Settings field names -> values."""
-    metrics_port, reports_port = free_port(), free_port()
-    args: dict[str, Any] = {"kubeconfig": str(kubeconfig), "namespace": namespace, "log_format": "json",
-                            "log_level": "info", "metrics_address": f"{LOOPBACK}:{metrics_port}",
-                            "reports_address": f"{LOOPBACK}:{reports_port}", "settle_seconds": 0}
-    args.update(settings)
-    argv = [*wrapper, sys.executable, "-m", "licensectl", "run"]
-    for k, v in args.items():
-        argv += [_flag(k), str(v).lower() if isinstance(v, bool) else str(v)]
-    # Only flags configure it: no LICENSECTL_* or in-cluster variables leak in from the test runner.
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("LICENSECTL_", "KUBERNETES_SERVICE_")) and k != "KUBECONFIG"}
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(extra_env or {})
-    log_path = log_dir / f"{name}.log"
-    with log_path.open("wb") as out:
-        proc = await asyncio.create_subprocess_exec(*argv, cwd=REPO, env=env, stdout=out, stderr=out,
-                                                    stdin=asyncio.subprocess.DEVNULL)
-    return Controller(name, proc, metrics_port, reports_port, log_path)
+                           **settings: Any) -> ControllerProcess:
+    """`python -m licensectl run` with JSON logs at info; `settings` are Settings field names -> values."""
+    c = ControllerProcess(kubeconfig, namespace, log_dir=log_dir, name=name, wrapper=wrapper, extra_env=extra_env,
+                          settings={"log_level": "info", "settle_seconds": 0, **settings})
+    await c.start()
+    return c
 
 
 @contextlib.asynccontextmanager
-async def controllers() -> AsyncIterator[list[Controller]]:
-    """Collects started controllers and SIGKILLs any still running at the end (by PID)."""
-    started: list[Controller] = []
+async def controllers() -> AsyncIterator[list[ControllerProcess]]:
+    """Collects started controllers and ends any still running at the end (SIGKILL to the group)."""
+    started: list[ControllerProcess] = []
     try:
         yield started
     finally:
         for c in started:
-            if c.alive:
-                await c.kill()
-
-
-async def wait_metric(c: Controller, name: str, want: float, timeout: float = 30.0, **labels: str) -> Samples:
-    """Poll c's /metrics until the (summed) series equals `want`."""
-    deadline = time.monotonic() + timeout
-    last: float | None = None
-    while time.monotonic() < deadline:
-        s = await c.try_scrape()
-        if s is not None:
-            last = value(s, name, **labels)
-            if last == want:
-                return s
-        if not c.alive:
-            raise AssertionError(f"{c.name} exited ({c.proc.returncode}) waiting for {name}:\n{c.log_tail()}")
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{c.name}: {name}{labels} = {last}, wanted {want}")
+            await c.kill()
+            await c.close()
 
 
 # -- pods standing in for the Deployment's replicas ------------------------------------------------
@@ -229,51 +99,31 @@ async def leader_pods(api: ApiClient, namespace: str) -> list[str]:
 
 
 # -- the reports Service ---------------------------------------------------------------------------
-class ReportsService:
+class ReportsService(ReverseProxy):
     """What the `licensectl-reports` Service + kube-proxy do for guest reports: send each request
     to a pod selected by `licensectl.io/leader=true` (manifests/base/services.yaml). No kubelet
     runs here, so pods have no IPs: `endpoints` maps pod name to its controller; a dead process is
     left out, as the kubelet's failing readiness probe would take it out of the Endpoints."""
 
     def __init__(self, api: ApiClient, namespace: str) -> None:
+        super().__init__(f"http://{LOOPBACK}", name="reports-service")
         self.api = api
         self.namespace = namespace
-        self.endpoints: dict[str, Controller] = {}
-        self.port = 0
-        self._runner: web.AppRunner | None = None
+        self.endpoints: dict[str, ControllerProcess] = {}
 
     @property
     def url(self) -> str:
         return f"http://{LOOPBACK}:{self.port}/v1/reports"
 
-    async def start(self) -> None:
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", self._forward)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await self._runner.setup()
-        self.port = free_port()
-        await web.TCPSite(self._runner, LOOPBACK, self.port).start()
+    async def upstream_url(self, request: web.Request) -> str:
+        ports = [self.endpoints[p].reports_port for p in await leader_pods(self.api, self.namespace)
+                 if p in self.endpoints and self.endpoints[p].alive()]
+        if not ports:
+            raise web.HTTPServiceUnavailable(text="no endpoints")
+        return f"http://{LOOPBACK}:{ports[0]}{request.raw_path}"
 
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    async def _forward(self, request: web.Request) -> web.StreamResponse:
-        endpoints = [self.endpoints[p].reports_port for p in await leader_pods(self.api, self.namespace)
-                     if p in self.endpoints and self.endpoints[p].alive]
-        if not endpoints:
-            return web.Response(status=503, text="no endpoints")
-        body = await request.read()
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
-        try:
-            async with aiohttp.ClientSession() as http, http.request(
-                    request.method, f"http://{LOOPBACK}:{endpoints[0]}{request.raw_path}", data=body,
-                    headers=headers) as up:
-                return web.Response(status=up.status, body=await up.read(),
-                                    content_type=up.content_type or "text/plain")
-        except aiohttp.ClientError:
-            return web.Response(status=502, text="endpoint unreachable")
+    async def respond(self, request: web.Request, up: aiohttp.ClientResponse) -> web.StreamResponse:
+        return await self.buffered(up)
 
 
 # -- a recording API proxy -------------------------------------------------------------------------
@@ -346,115 +196,46 @@ def _cause(body: bytes | None) -> str:
     return str(status.get("reason") or "")
 
 
-class RecordingProxy:
+class RecordingProxy(ReverseProxy):
     """Plain-HTTP reverse proxy on loopback in front of an HTTPS upstream (the apiserver or the
     KubeVirt restart proxy). Forwards the caller's own Authorization header, records the
-    authorization attributes of every request, and can sever open connections (watches) the way
-    a load balancer or apiserver restart would."""
+    authorization attributes of every request, and can `sever()` open connections (watches) the
+    way a load balancer or apiserver restart would."""
 
     def __init__(self, upstream: str, ca_path: Path) -> None:
-        self.upstream = upstream.rstrip("/")
-        self._ca_path = ca_path
+        super().__init__(upstream, ca_path=ca_path, name="recording")
         self.requests: list[ApiRequest] = []
-        self.port = 0
-        self._runner: web.AppRunner | None = None
-        self._session: aiohttp.ClientSession | None = None
-        self._open: set[asyncio.Transport] = set()
-
-    @property
-    def url(self) -> str:
-        return f"http://{LOOPBACK}:{self.port}"
 
     def kubeconfig(self, token: str) -> str:
         return render_kubeconfig(self.url, None, token=token, name="licensectl-e2e")
 
-    async def start(self) -> None:
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(ssl=ssl.create_default_context(cafile=str(self._ca_path)), limit=0),
-            auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
-        app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_route("*", "/{tail:.*}", self._forward)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.5)
-        await self._runner.setup()
-        self.port = free_port()
-        await web.TCPSite(self._runner, LOOPBACK, self.port).start()
-
-    async def stop(self) -> None:
-        self.sever()  # open watches would otherwise hold the shutdown
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    def sever(self) -> int:
-        """Close every client connection with a request in flight (long-running watches)."""
-        n = 0
-        for t in list(self._open):
-            if not t.is_closing():
-                t.close()
-                n += 1
-        return n
-
-    async def _forward(self, request: web.Request) -> web.StreamResponse:
-        assert self._session is not None
-        transport = request.transport
-        if transport is not None:
-            self._open.add(transport)  # type: ignore[arg-type]
-        try:
-            return await self._relay(request)
-        finally:
-            if transport is not None:
-                self._open.discard(transport)  # type: ignore[arg-type]
-
-    async def _relay(self, request: web.Request) -> web.StreamResponse:
-        assert self._session is not None
-        body = await request.read()
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
+    async def respond(self, request: web.Request, up: aiohttp.ClientResponse) -> web.StreamResponse:
         url = urlsplit(request.raw_path)
         started = time.monotonic()
-        async with self._session.request(request.method, self.upstream + request.raw_path, headers=headers,
-                                         data=body or None, allow_redirects=False) as up:
-            info = request_attributes(request.method, url.path, parse_qs(url.query), up.status)
-            error_body: bytes | None = None
-            if up.status >= 400:
-                error_body = await up.read()
-            index = len(self.requests)  # no await between this and the append
+        info = request_attributes(request.method, url.path, parse_qs(url.query), up.status)
+        error_body: bytes | None = None
+        if up.status >= 400:
+            error_body = await up.read()
+        index = len(self.requests)  # no await between this and the append
+        if info is not None:
+            info = dataclasses.replace(info, started=started, cause=_cause(error_body))
+            self.requests.append(info)
+        try:
+            if error_body is not None:
+                return await self.buffered(up, error_body)
+            return await self.stream(request, up)
+        finally:
             if info is not None:
-                info = dataclasses.replace(info, started=started, cause=_cause(error_body))
-                self.requests.append(info)
-            try:
-                if error_body is not None:
-                    return web.Response(status=up.status, body=error_body, headers={
-                        k: v for k, v in up.headers.items() if k.lower() not in _HOP_BY_HOP})
-                return await self._stream(request, up)
-            finally:
-                if info is not None:
-                    self.requests[index] = dataclasses.replace(info, finished=time.monotonic())
-
-    async def _stream(self, request: web.Request, up: aiohttp.ClientResponse) -> web.StreamResponse:
-        resp = web.StreamResponse(status=up.status, reason=up.reason)
-        for k, v in up.headers.items():
-            if k.lower() not in _HOP_BY_HOP:
-                resp.headers.add(k, v)
-        await resp.prepare(request)
-        with contextlib.suppress(aiohttp.ClientError, ConnectionResetError):
-            async for chunk in up.content.iter_any():
-                await resp.write(chunk)
-        with contextlib.suppress(aiohttp.ClientError, ConnectionResetError):
-            await resp.write_eof()
-        return resp
+                self.requests[index] = dataclasses.replace(info, finished=time.monotonic())
 
 
 # -- Prometheus ------------------------------------------------------------------------------------
 @dataclass
 class Prometheus:
-    """A real Prometheus server process (ended by PID)."""
+    """A real Prometheus server process (its own process group)."""
 
-    proc: asyncio.subprocess.Process
+    process: ManagedProcess
     port: int
-    log_path: Path
 
     @property
     def url(self) -> str:
@@ -475,66 +256,37 @@ class Prometheus:
         return result
 
     async def stop(self) -> None:
-        if self.proc.returncode is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                await asyncio.wait_for(self.proc.wait(), 15)
-            except TimeoutError:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                await self.proc.wait()
+        await self.process.stop(grace=15)
 
 
 async def start_prometheus(binary: str, config_path: Path, data_dir: Path) -> Prometheus:
     port = free_port()
-    log_path = data_dir.parent / "prometheus.log"
-    with log_path.open("wb") as out:
-        proc = await asyncio.create_subprocess_exec(
-            binary, f"--config.file={config_path}", f"--storage.tsdb.path={data_dir}",
-            f"--web.listen-address={LOOPBACK}:{port}", "--storage.tsdb.retention.time=1h",
-            stdout=out, stderr=out, stdin=asyncio.subprocess.DEVNULL)
-    prom = Prometheus(proc, port, log_path)
-    deadline = time.monotonic() + 30
-    async with aiohttp.ClientSession() as http:
-        while True:
-            if proc.returncode is not None:
-                raise AssertionError(f"prometheus exited {proc.returncode}: {log_path.read_text()[-2000:]}")
-            with contextlib.suppress(aiohttp.ClientError, OSError):
-                async with http.get(f"{prom.url}/-/ready") as r:
-                    if r.status == 200:
-                        return prom
-            if time.monotonic() > deadline:
-                await prom.stop()
-                raise AssertionError("prometheus not ready within 30s")
-            await asyncio.sleep(0.2)
+    process = ManagedProcess(
+        [binary, f"--config.file={config_path}", f"--storage.tsdb.path={data_dir}",
+         f"--web.listen-address={LOOPBACK}:{port}", "--storage.tsdb.retention.time=1h"],
+        log_path=data_dir.parent / "prometheus.log", name="prometheus")
+    process.start()
+    prom = Prometheus(process, port)
+
+    async def ready() -> bool:
+        if not process.alive():
+            raise AssertionError(f"prometheus exited {process.returncode}: {process.log_tail()}")
+        with contextlib.suppress(aiohttp.ClientError, OSError):
+            async with aiohttp.ClientSession() as http, http.get(f"{prom.url}/-/ready") as r:
+                return r.status == 200
+        return False
+
+    try:
+        await eventually(ready, timeout=30, interval=0.2, what="prometheus ready")
+    except BaseException:
+        await prom.stop()
+        raise
+    return prom
 
 
 # -- a hoster fleet --------------------------------------------------------------------------------
-@dataclass
-class Fleet:
+class Fleet(World):
     """Cozystack-shaped tenants under a fresh root, one vGPU class and its source Secret."""
-
-    api: ApiClient
-    controller_ns: str
-    source_ns: str
-    root_name: str
-    root: dict[str, Any]
-    cls: str
-    tenants: list[str]
-    source_name: str = "nls-token"
-
-    @property
-    def replica(self) -> str:
-        return replica_name(self.cls)
-
-    async def replica_revision(self, ns: str) -> str | None:
-        try:
-            s = await CoreV1Api(self.api).read_namespaced_secret(self.replica, ns)
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
-        rev: str | None = (s.metadata.annotations or {}).get(ANN_REVISION)
-        return rev
 
     async def revision(self) -> str | None:
         """The one revision every tenant's replica carries (None while they differ or are missing)."""
@@ -570,12 +322,6 @@ class Fleet:
             await eventually(lambda ns=ns, name=name: self.ready(ns, name), timeout=30, what=f"{ns}/{name} ready")
         return vms
 
-    async def rotate(self, n: int) -> None:
-        """The hoster replaces the token in the source Secret (a new revision)."""
-        token = fleet.fake_token(int(time.time()) + 86400 * 200, extra={"rotation": n})
-        await CoreV1Api(self.api).patch_namespaced_secret(self.source_name, self.source_ns, {"data": {
-            "client_configuration_token.tok": base64.b64encode(token).decode()}})
-
     async def all_done(self, vms: list[tuple[str, str]], revision: str) -> bool:
         for ns, name in vms:
             ann = await self.vm_annotations(ns, name)
@@ -586,10 +332,77 @@ class Fleet:
 
 async def make_fleet(api: ApiClient, namespace_factory: Any, cleanup: Any, *, tenants: int = 3,
                      controller_ns: str | None = None) -> Fleet:
-    w = await make_world(api, namespace_factory, cleanup, token_days=100)
-    ctl = controller_ns or w.controller_ns
-    names = []
+    """A fleet of `tenants` tenants with one GPUClaim each; `controller_ns` overrides where the controller runs."""
+    fl = await build_world(api, world_type=Fleet, make_namespace=namespace_factory, cleanup=cleanup, token_days=100)
+    if controller_ns is not None:
+        fl.controller_ns = controller_ns
     for _ in range(tenants):
-        names.append((await w.tenant())["metadata"]["name"])
-        await fleet.create_claim(api, names[-1], "gpu", w.cls)
-    return Fleet(api, ctl, w.source_ns, w.root_name, w.root, w.cls, names)
+        await fl.tenant(claim=True)
+    return fl
+
+
+# -- two controller pods with leader election -------------------------------------------------------
+MUTATING = ("create", "update", "patch", "delete", "deletecollection")
+REPORT_INTERVAL = 3.0
+
+
+async def lease_holder(api: ApiClient, ns: str) -> str | None:
+    lease = await CoordinationV1Api(api).read_namespaced_lease("licensectl", ns)
+    holder: str | None = lease.spec.holder_identity
+    return holder
+
+
+class Rig:
+    """A fleet, the simulator, one recording proxy per controller pod, and the reports Service."""
+
+    def __init__(self, api: ApiClient, cp: ControlPlane, kv: KubevirtEnv, fl: Fleet, tmp: Path) -> None:
+        self.api, self.cp, self.kv, self.fleet, self.tmp = api, cp, kv, fl, tmp
+        self.proxies: dict[str, RecordingProxy] = {}
+        self.service = ReportsService(api, fl.controller_ns)
+
+    async def start(self) -> None:
+        for pod in ("licensectl-a", "licensectl-b"):
+            await create_pod(self.api, pod, self.fleet.controller_ns)
+            proxy = RecordingProxy(self.kv.proxy.url, self.cp.ca_path)
+            await proxy.start()
+            self.proxies[pod] = proxy
+        await self.service.start()
+
+    async def stop(self) -> None:
+        await self.service.stop()
+        for p in self.proxies.values():
+            await p.stop()
+
+    async def controller(self, started: list[ControllerProcess], pod: str, **lease: Any) -> ControllerProcess:
+        kubeconfig = self.tmp / f"{pod}-{len(started)}.kubeconfig"
+        kubeconfig.write_text(self.proxies[pod].kubeconfig(self.cp.admin_token))
+        kubeconfig.chmod(0o600)
+        c = await start_controller(
+            f"{pod}-{len(started)}", kubeconfig, self.fleet.controller_ns, self.tmp, pod_name=pod,
+            leader_elect=True, root_tenant=self.fleet.root_name, report_url=self.service.url,
+            max_unavailable="1", max_per_namespace=1, restart_timeout_seconds=60,
+            report_interval_seconds=REPORT_INTERVAL, **lease)
+        started.append(c)
+        self.service.endpoints[pod] = c
+        return c
+
+    async def leader_and_standby(self, started: list[ControllerProcess], **lease: Any) -> tuple[
+            ControllerProcess, ControllerProcess, list[tuple[str, str]]]:
+        """licensectl-a leading, licensectl-b a warm standby, and two VMs per tenant booted."""
+        a = await self.controller(started, "licensectl-a", **lease)
+        await a.wait_metric("licensectl_leader", 1)
+        b = await self.controller(started, "licensectl-b", **lease)
+        vms = await self.fleet.boot(per_tenant=2)
+        await b.wait_metric("licensectl_ready", 1)
+        return a, b, vms
+
+    def writes_by(self, pod: str, since: float = 0.0) -> list[Any]:
+        return [r for r in self.proxies[pod].requests if r.verb in MUTATING and r.started >= since]
+
+    def accepted_restarts(self) -> int:
+        return len([r for r in self.kv.record.restarts if r.status == 202])
+
+
+def assert_each_restarted_once(kv: KubevirtEnv, vms: list[tuple[str, str]]) -> None:
+    counts = {f"{ns}/{name}": len(kv.record.restarts_for(ns, name)) for ns, name in vms}
+    assert counts == dict.fromkeys(counts, 1), counts

@@ -18,12 +18,13 @@ import pytest
 from kubernetes_asyncio.client import ApiClient
 
 from licensectl.devcluster.controlplane import ControlPlane
+from licensectl.testkit.poll import eventually
 
 from ..conftest import KubevirtFactory
-from ..integration.support import eventually
-from .support import controllers, make_fleet, start_controller, wait_metric
+from .support import controllers, make_fleet, start_controller
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+# Starts `licensectl run` processes itself: cluster tier even if its fixtures change.
+pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.cluster]
 
 
 # Only "ahead": with the clock behind, the fresh test certificates are not yet valid for the
@@ -43,9 +44,9 @@ async def test_rollout_is_exact_with_a_skewed_controller_clock(
             extra_env={"FAKETIME_DONT_FAKE_MONOTONIC": "1"}, root_tenant=fl.root_name, settle_seconds=3,
             max_unavailable="2", restart_timeout_seconds=60)
         started.append(c)
-        await wait_metric(c, "licensectl_ready", 1)
+        await c.wait_metric("licensectl_ready", 1)
         vms = await fl.boot(per_tenant=2)
-        await wait_metric(c, "licensectl_rollout_vmis", 4.0, state="current")
+        await c.wait_metric("licensectl_rollout_vmis", 4.0, state="current")
         assert not [r for r in kv.record.restarts if r.status == 202], "nothing is stale before a rotation"
         old = await fl.revision()
         await fl.rotate(2)
@@ -57,7 +58,7 @@ async def test_rollout_is_exact_with_a_skewed_controller_clock(
         rev = await eventually(new_revision, timeout=30, what="replicas rotated")
         await eventually(lambda: fl.all_done(vms, rev), timeout=90, interval=0.5, what="every VM restarted and done")
         # Settle a little longer than a few passes: a clock-ahead controller would restart again here.
-        await wait_metric(c, "licensectl_rollout_vmis", 4.0, state="current")
+        await c.wait_metric("licensectl_rollout_vmis", 4.0, state="current")
         await asyncio.sleep(5)
     counts = {f"{ns}/{name}": len(kv.record.restarts_for(ns, name)) for ns, name in vms}
     assert counts == dict.fromkeys(counts, 1), counts

@@ -6,95 +6,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 from kubernetes_asyncio import watch
 from kubernetes_asyncio.client import ApiClient, CoordinationV1Api
 
-from licensectl.devcluster.controlplane import ControlPlane
 from licensectl.devcluster.guest_sim import GuestProfile, SimulatedGuest
+from licensectl.testkit.poll import eventually
 
-from ..conftest import KubevirtEnv, KubevirtFactory
-from ..integration.support import eventually
 from .support import (
-    Controller,
-    Fleet,
-    RecordingProxy,
-    ReportsService,
+    REPORT_INTERVAL,
+    Rig,
+    assert_each_restarted_once,
     controllers,
-    create_pod,
     leader_pods,
-    make_fleet,
-    start_controller,
-    value,
-    wait_metric,
+    lease_holder,
 )
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
-
-MUTATING = ("create", "update", "patch", "delete", "deletecollection")
-REPORT_INTERVAL = 3.0
-
-
-async def lease_holder(api: ApiClient, ns: str) -> str | None:
-    lease = await CoordinationV1Api(api).read_namespaced_lease("licensectl", ns)
-    holder: str | None = lease.spec.holder_identity
-    return holder
-
-
-class Rig:
-    """A fleet, the simulator, one recording proxy per controller pod, and the reports Service."""
-
-    def __init__(self, api: ApiClient, cp: ControlPlane, kv: KubevirtEnv, fl: Fleet, tmp: Path) -> None:
-        self.api, self.cp, self.kv, self.fleet, self.tmp = api, cp, kv, fl, tmp
-        self.proxies: dict[str, RecordingProxy] = {}
-        self.service = ReportsService(api, fl.controller_ns)
-
-    async def start(self) -> None:
-        for pod in ("licensectl-a", "licensectl-b"):
-            await create_pod(self.api, pod, self.fleet.controller_ns)
-            proxy = RecordingProxy(self.kv.proxy.url, self.cp.ca_path)
-            await proxy.start()
-            self.proxies[pod] = proxy
-        await self.service.start()
-
-    async def stop(self) -> None:
-        await self.service.stop()
-        for p in self.proxies.values():
-            await p.stop()
-
-    async def controller(self, started: list[Controller], pod: str, **lease: Any) -> Controller:
-        kubeconfig = self.tmp / f"{pod}-{len(started)}.kubeconfig"
-        kubeconfig.write_text(self.proxies[pod].kubeconfig(self.cp.admin_token))
-        kubeconfig.chmod(0o600)
-        c = await start_controller(
-            f"{pod}-{len(started)}", kubeconfig, self.fleet.controller_ns, self.tmp, pod_name=pod,
-            leader_elect=True, root_tenant=self.fleet.root_name, report_url=self.service.url,
-            max_unavailable="1", max_per_namespace=1, restart_timeout_seconds=60,
-            report_interval_seconds=REPORT_INTERVAL, **lease)
-        started.append(c)
-        self.service.endpoints[pod] = c
-        return c
-
-    def writes_by(self, pod: str, since: float = 0.0) -> list[Any]:
-        return [r for r in self.proxies[pod].requests if r.verb in MUTATING and r.started >= since]
-
-    def accepted_restarts(self) -> int:
-        return len([r for r in self.kv.record.restarts if r.status == 202])
-
-
-@contextlib.asynccontextmanager
-async def rig_for(api: ApiClient, cp: ControlPlane, kv: KubevirtEnv, fl: Fleet, tmp: Path) -> AsyncIterator[Rig]:
-    rig = Rig(api, cp, kv, fl, tmp)
-    await rig.start()
-    try:
-        yield rig
-    finally:
-        await rig.stop()
-
+# Starts `licensectl run` processes itself: cluster tier even if its fixtures change.
+pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.cluster]
 
 async def probe_loop(guest: SimulatedGuest, stop: asyncio.Event) -> None:
     """The guest's systemd timer: one probe run per report interval."""
@@ -104,23 +34,12 @@ async def probe_loop(guest: SimulatedGuest, stop: asyncio.Event) -> None:
             await asyncio.wait_for(stop.wait(), REPORT_INTERVAL)
 
 
-def assert_each_restarted_once(kv: KubevirtEnv, vms: list[tuple[str, str]]) -> None:
-    counts = {f"{ns}/{name}": len(kv.record.restarts_for(ns, name)) for ns, name in vms}
-    assert counts == dict.fromkeys(counts, 1), counts
-
-
 async def test_standby_stays_read_only_then_takes_over_a_rollout_after_the_leader_crashes(
-        api_client: ApiClient, control_plane: ControlPlane, kubevirt_factory: KubevirtFactory,
-        namespace_factory: Any, cleanup: Any, tmp_path: Path) -> None:
+        api_client: ApiClient, rig: Rig) -> None:
     lease = {"lease_duration_seconds": 3, "renew_deadline_seconds": 2, "retry_period_seconds": 0.5}
-    kv = await kubevirt_factory(ready_delay=1.0)
-    fl = await make_fleet(api_client, namespace_factory, cleanup)
-    async with rig_for(api_client, control_plane, kv, fl, tmp_path) as rig, controllers() as started:
-        a = await rig.controller(started, "licensectl-a", **lease)
-        await wait_metric(a, "licensectl_leader", 1)
-        b = await rig.controller(started, "licensectl-b", **lease)
-        vms = await fl.boot(per_tenant=2)
-        await wait_metric(b, "licensectl_ready", 1)
+    kv, fl = rig.kv, rig.fleet
+    async with controllers() as started:
+        a, b, vms = await rig.leader_and_standby(started, **lease)
         assert await leader_pods(api_client, fl.controller_ns) == ["licensectl-a"]
 
         # The leader takes guest reports (through the Service); the standby refuses them with 503.
@@ -130,12 +49,12 @@ async def test_standby_stays_read_only_then_takes_over_a_rollout_after_the_leade
         try:
             assert await guest.boot(api_client) == 0, guest.last_stderr
             assert await guest.probe() == 0, guest.last_stderr
-            await wait_metric(a, "licensectl_guest_license_state", 1, namespace=ns0, vmi="vm1", state="licensed")
+            await a.wait_metric("licensectl_guest_license_state", 1, namespace=ns0, vmi="vm1", state="licensed")
             assert await direct.boot(api_client, report_url=b.reports_url) == 0, direct.last_stderr
             assert await direct.probe() != 0  # every attempt answered 503
-            sb = await b.scrape()
-            assert value(sb, "licensectl_reports_total", result="not_ready") >= 1
-            assert value(sb, "licensectl_reports_total", result="accepted") == 0
+            sb = await b.must_scrape()
+            assert sb.value("licensectl_reports_total", result="not_ready") >= 1
+            assert sb.value("licensectl_reports_total", result="accepted") == 0
 
             stop_probing = asyncio.Event()
             prober = asyncio.create_task(probe_loop(guest, stop_probing))
@@ -145,40 +64,40 @@ async def test_standby_stays_read_only_then_takes_over_a_rollout_after_the_leade
                 await eventually(lambda: rig.accepted_restarts() >= 2, timeout=60, interval=0.05,
                                  what="the leader issued two restarts")
                 # The standby, warm and idle: ready, not leader, and it wrote nothing at all.
-                sb = await b.scrape()
-                assert value(sb, "licensectl_leader") == 0
-                assert value(sb, "licensectl_ready") == 1
-                assert value(sb, "licensectl_replica_writes_total") == 0
-                assert value(sb, "licensectl_restarts_total") == 0
+                sb = await b.must_scrape()
+                assert sb.value("licensectl_leader") == 0
+                assert sb.value("licensectl_ready") == 1
+                assert sb.value("licensectl_replica_writes_total") == 0
+                assert sb.value("licensectl_restarts_total") == 0
                 assert not [r for r in rig.writes_by("licensectl-b") if r.resource != "pods"], \
                     rig.writes_by("licensectl-b")
                 # Its only write is clearing the leader label from its own pod at start.
                 assert {(r.verb, r.resource, r.name) for r in rig.writes_by("licensectl-b")} <= {
                     ("patch", "pods", "licensectl-b")}
-                assert value(sb, "licensectl_rollout_vmis", state="current") + value(
-                    sb, "licensectl_rollout_vmis", state="restarting") + value(
-                    sb, "licensectl_rollout_vmis", state="stale") == len(vms), "standby caches are warm"
+                assert sb.value("licensectl_rollout_vmis", state="current") + sb.value(
+                    "licensectl_rollout_vmis", state="restarting") + sb.value(
+                    "licensectl_rollout_vmis", state="stale") == len(vms), "standby caches are warm"
 
                 await a.kill()
                 killed = time.monotonic()
                 assert await lease_holder(api_client, fl.controller_ns) == "licensectl-a"  # a crash releases nothing
-                await wait_metric(b, "licensectl_leader", 1, timeout=15)
+                await b.wait_metric("licensectl_leader", 1, timeout=15)
                 takeover = time.monotonic() - killed
                 assert takeover < lease["lease_duration_seconds"] + 2.0, takeover
                 assert await lease_holder(api_client, fl.controller_ns) == "licensectl-b"
                 leader_at = time.monotonic()
                 # Guest metrics recover on the new leader with the guest's next report.
-                await wait_metric(b, "licensectl_guest_license_state", 1, timeout=REPORT_INTERVAL + 6,
+                await b.wait_metric("licensectl_guest_license_state", 1, timeout=REPORT_INTERVAL + 6,
                                   namespace=ns0, vmi="vm1", state="licensed")
                 assert time.monotonic() - leader_at < REPORT_INTERVAL + 6
 
                 # The pod's container restarts: the old leader comes back as a standby and drops its
                 # stale leader label, so the reports Service selects only the new leader.
                 a2 = await rig.controller(started, "licensectl-a", **lease)
-                await wait_metric(a2, "licensectl_ready", 1)
+                await a2.wait_metric("licensectl_ready", 1)
                 await eventually(lambda: _leaders_are(api_client, fl.controller_ns, ["licensectl-b"]), timeout=15,
                                  what="only the new leader's pod carries the leader label")
-                assert value(await a2.scrape(), "licensectl_leader") == 0
+                assert (await a2.must_scrape()).value("licensectl_leader") == 0
 
                 new_rev = await fl.revision()
                 assert new_rev is not None and new_rev != old_rev
@@ -188,9 +107,9 @@ async def test_standby_stays_read_only_then_takes_over_a_rollout_after_the_leade
                 stop_probing.set()
                 await prober
             assert_each_restarted_once(kv, vms)
-            assert value(await b.scrape(), "licensectl_restarts_total", result="issued") >= 1
-            assert await a2.terminate() == 0
-            assert await b.terminate() == 0
+            assert (await b.must_scrape()).value("licensectl_restarts_total", result="issued") >= 1
+            assert await a2.stop() == 0
+            assert await b.stop() == 0
         finally:
             guest.cleanup()
             direct.cleanup()
@@ -213,18 +132,12 @@ async def _watch_holders(api: ApiClient, ns: str, out: list[tuple[float, str]], 
 
 
 async def test_sigterm_finishes_writes_releases_the_lease_and_the_standby_takes_over_at_once(
-        api_client: ApiClient, control_plane: ControlPlane, kubevirt_factory: KubevirtFactory,
-        namespace_factory: Any, cleanup: Any, tmp_path: Path) -> None:
+        api_client: ApiClient, rig: Rig) -> None:
     # A long lease: a takeover by expiry would take 15 s; a released Lease is taken within a retry.
     lease = {"lease_duration_seconds": 15, "renew_deadline_seconds": 10, "retry_period_seconds": 0.5}
-    kv = await kubevirt_factory(ready_delay=1.0)
-    fl = await make_fleet(api_client, namespace_factory, cleanup)
-    async with rig_for(api_client, control_plane, kv, fl, tmp_path) as rig, controllers() as started:
-        a = await rig.controller(started, "licensectl-a", **lease)
-        await wait_metric(a, "licensectl_leader", 1)
-        b = await rig.controller(started, "licensectl-b", **lease)
-        vms = await fl.boot(per_tenant=2)
-        await wait_metric(b, "licensectl_ready", 1)
+    kv, fl = rig.kv, rig.fleet
+    async with controllers() as started:
+        a, b, vms = await rig.leader_and_standby(started, **lease)
 
         holders: list[tuple[float, str]] = []
         watching = asyncio.Event()
@@ -235,10 +148,10 @@ async def test_sigterm_finishes_writes_releases_the_lease_and_the_standby_takes_
             await eventually(lambda: rig.accepted_restarts() >= 1, timeout=60, interval=0.05,
                              what="the leader issued a restart")
             term = time.monotonic()
-            rc = await a.terminate()
+            rc = await a.stop()
             exited = time.monotonic()
             assert rc == 0, a.log_tail()
-            await wait_metric(b, "licensectl_leader", 1, timeout=10)
+            await b.wait_metric("licensectl_leader", 1, timeout=10)
             takeover = time.monotonic() - exited
             assert takeover < 3.0, f"takeover took {takeover:.1f}s: the Lease was not released"
             await eventually(lambda: holders and holders[-1][1] == "licensectl-b", what="watch saw the new holder")
@@ -264,7 +177,7 @@ async def test_sigterm_finishes_writes_releases_the_lease_and_the_standby_takes_
         assert {(r.verb, r.resource, r.name) for r in late} <= {("patch", "pods", "licensectl-a")}, late
         assert all(r.finished <= release.started for r in writes if r is not release and r not in late), \
             [r for r in writes if r.finished > release.started and r is not release and r not in late]
-        events = [e.get("event") for e in a.log_events()]
+        events = [e.get("event") for e in a.log_records()]
         assert "lease released" in events and events[-1] == "licensectl stopped", events[-5:]
 
         await eventually(lambda: _leaders_are(api_client, fl.controller_ns, ["licensectl-b"]), timeout=10,
@@ -274,6 +187,6 @@ async def test_sigterm_finishes_writes_releases_the_lease_and_the_standby_takes_
         await eventually(lambda: fl.all_done(vms, new_rev), timeout=90, interval=0.25,
                          what="the new leader finished the rollout")
         assert_each_restarted_once(kv, vms)
-        assert await b.terminate() == 0
+        assert await b.stop() == 0
         assert await lease_holder(api_client, fl.controller_ns) == ""
         assert await leader_pods(api_client, fl.controller_ns) == []

@@ -25,12 +25,13 @@ from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 from licensectl.devcluster import fleet
 from licensectl.devcluster.controlplane import ControlPlane
 from licensectl.devcluster.guest_sim import GuestProfile, SimulatedGuest
-from licensectl.devcluster.simulator import ANN_BOOT
+from licensectl.devcluster.vm_semantics import ANN_BOOT
 from licensectl.model import ANN_ROLLOUT_PAUSED
 from licensectl.render import replica_name
+from licensectl.testkit.poll import eventually
+from licensectl.testkit.world import unique
 
 from ..conftest import KubevirtFactory
-from ..integration.support import eventually, unique
 from .support import (
     Prometheus,
     RecordingProxy,
@@ -38,11 +39,10 @@ from .support import (
     make_fleet,
     start_controller,
     start_prometheus,
-    value,
-    wait_metric,
 )
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+# Starts `licensectl run` and Prometheus itself: cluster tier even if its fixtures change.
+pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.cluster]
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "dashboards" / "licensectl.json"
@@ -134,19 +134,19 @@ async def test_every_dashboard_panel_and_alert_rule_works_against_a_live_control
 
     # A second source, claimed by one tenant, whose rollout will hang and be paused.
     cls_b = unique("vcs")
-    await fleet.put_source_secret(api_client, fl.source_ns, "nls-b", fleet.fake_token(int(dt.datetime.now(
+    await fleet.put_source_secret(api_client, fl.source_ns, "nls-b", token=fleet.fake_token(int(dt.datetime.now(
         dt.UTC).timestamp()) + 86400 * 10))
     await fleet.create_gpu_class(api_client, cls_b, mode="vgpu", secret=(fl.source_ns, "nls-b"))
     cleanup(lambda: fleet.delete_gpu_class(api_client, cls_b))
-    await fleet.create_claim(api_client, hang_ns, "gpu-b", cls_b)
+    await fleet.create_claim(api_client, hang_ns, "gpu-b", class_name=cls_b)
     # An invalid source, and a namespace that looks like a tenant but has no parent link.
     cls_bad = unique("bad")
     await fleet.create_gpu_class(api_client, cls_bad, mode="vgpu", secret=(fl.source_ns, "does-not-exist"))
     cleanup(lambda: fleet.delete_gpu_class(api_client, cls_bad))
-    await fleet.create_claim(api_client, fl.tenants[1], "gpu-bad", cls_bad)
+    await fleet.create_claim(api_client, fl.tenants[1], "gpu-bad", class_name=cls_bad)
     orphan = await namespace_factory(name=f"tenant-{unique('orphan')}", labels={
         f"{fleet.TENANT_LABEL_PREFIX}{fl.root_name}": "", fleet.VGPU_LABEL: "true"})
-    await fleet.create_claim(api_client, orphan, "gpu", fl.cls)
+    await fleet.create_claim(api_client, orphan, "gpu", class_name=fl.cls)
 
     proxy = RecordingProxy(kv.proxy.url, control_plane.ca_path)
     await proxy.start()
@@ -163,7 +163,7 @@ async def test_every_dashboard_panel_and_alert_rule_works_against_a_live_control
                                        report_url="http://127.0.0.1:1/v1/reports",
                                        report_interval_seconds=REPORT_INTERVAL)
             started.append(c)
-            await wait_metric(c, "licensectl_leader", 1)
+            await c.wait_metric("licensectl_leader", 1)
             data = tmp_path / "prometheus"
             data.mkdir()
             prom = await start_prometheus(binary, write_prometheus_config(tmp_path, c.metrics_port,
@@ -195,7 +195,7 @@ async def test_every_dashboard_panel_and_alert_rule_works_against_a_live_control
             guests.extend(SimulatedGuest(guest_ns, name, p) for name, p in profiles.items())
             await boot_guests()
             prober = asyncio.create_task(probe_forever(guests, stop_probes))
-            await wait_metric(c, "licensectl_guest_license_state", 1, namespace=guest_ns, vmi="unlicensed",
+            await c.wait_metric("licensectl_guest_license_state", 1, namespace=guest_ns, vmi="unlicensed",
                               state="unlicensed")
 
             # A watch cut mid-stream (a load balancer or apiserver restart): informers resume.
@@ -220,14 +220,14 @@ async def test_every_dashboard_panel_and_alert_rule_works_against_a_live_control
                              what="restart of the hanging VM issued")
             await CoreV1Api(api_client).patch_namespaced_secret("nls-b", fl.source_ns, {
                 "metadata": {"annotations": {ANN_ROLLOUT_PAUSED: "true"}}})
-            await wait_metric(c, "licensectl_rollout_paused", 1, timeout=20, source_name="nls-b", reason="manual")
+            await c.wait_metric("licensectl_rollout_paused", 1, timeout=20, source_name="nls-b", reason="manual")
             await asyncio.sleep(2)
             assert proxy.sever() > 0  # a second cut, so the restart counter really increases
-            await wait_metric(c, "licensectl_guest_token_current", 1, timeout=20, namespace=guest_ns,
+            await c.wait_metric("licensectl_guest_token_current", 1, timeout=20, namespace=guest_ns,
                               vmi="licensed")
-            s = await c.scrape()
-            assert value(s, "licensectl_watch_restarts_total") >= 2
-            assert value(s, "licensectl_tenant_problems") >= 1
+            s = await c.must_scrape()
+            assert s.value("licensectl_watch_restarts_total") >= 2
+            assert s.value("licensectl_tenant_problems") >= 1
             await asyncio.sleep(12)  # a few rate windows of samples
 
             # Every panel query returns data, with "All" selected and with one tenant/source picked.
@@ -278,7 +278,7 @@ async def test_every_dashboard_panel_and_alert_rule_works_against_a_live_control
             assert "LicensectlDown" not in active
             stop_probes.set()
             await prober
-            assert await c.terminate() == 0
+            assert await c.stop() == 0
     finally:
         stop_probes.set()
         if prom is not None:

@@ -26,9 +26,10 @@ from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi, Rb
 
 from licensectl.devcluster import fleet
 from licensectl.devcluster.controlplane import ControlPlane
+from licensectl.testkit.poll import eventually
+from licensectl.testkit.world import unique
 
 from ..conftest import KubevirtFactory
-from ..integration.support import eventually, unique
 from .support import (
     ApiRequest,
     RecordingProxy,
@@ -37,8 +38,6 @@ from .support import (
     leader_pods,
     make_fleet,
     start_controller,
-    value,
-    wait_metric,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -209,7 +208,7 @@ async def test_full_lifecycle_as_the_service_account_with_exactly_the_shipped_rb
     broken = unique("broken")
     await fleet.create_gpu_class(api_client, broken, mode="vgpu", secret=(fl.source_ns, "missing"))
     cleanup(lambda: fleet.delete_gpu_class(api_client, broken))
-    await fleet.create_claim(api_client, fl.tenants[1], "gpu-broken", broken)
+    await fleet.create_claim(api_client, fl.tenants[1], "gpu-broken", class_name=broken)
 
     proxy = RecordingProxy(kv.proxy.url, control_plane.ca_path)
     await proxy.start()
@@ -224,7 +223,7 @@ async def test_full_lifecycle_as_the_service_account_with_exactly_the_shipped_rb
         async with controllers() as started:
             c = await start_controller("sa-1", kubeconfig, home, tmp_path, **settings)
             started.append(c)
-            await wait_metric(c, "licensectl_leader", 1)
+            await c.wait_metric("licensectl_leader", 1)
             vms = await fl.boot(per_tenant=2)
             lonely = fleet.vm_body(fl.tenants[0], "lonely", license_secret=fl.replica)["spec"]["template"]
             await CustomObjectsApi(api_client).create_namespaced_custom_object(
@@ -246,17 +245,17 @@ async def test_full_lifecycle_as_the_service_account_with_exactly_the_shipped_rb
             gone = fl.tenants[-1]
             await fleet.delete_claim(api_client, gone, "gpu")
             await eventually(lambda: _missing(fl, gone), timeout=30, what="replica deleted")
-            s = await c.scrape()
-            assert value(s, "licensectl_replica_writes_total", action="delete") >= 1
+            s = await c.must_scrape()
+            assert s.value("licensectl_replica_writes_total", action="delete") >= 1
             # The invalid source was reported (an Event); it stays invalid across the restart below.
             recorded = await _within(lambda: _events_with(api_client, "LicenseSourceInvalid", 1), 15)
             assert await _events_with(api_client, "RestartBlocked", 1)
-            assert await c.terminate() == 0
+            assert await c.stop() == 0
 
             # The pod restarts: same Lease (get/update by name), Events of persisting problems bumped.
             c2 = await start_controller("sa-2", kubeconfig, home, tmp_path, **settings)
             started.append(c2)
-            await wait_metric(c2, "licensectl_leader", 1, timeout=20)
+            await c2.wait_metric("licensectl_leader", 1, timeout=20)
             # Checked with the RBAC findings below, so one run reports every problem at once.
             bumped = recorded and await _within(lambda: _events_with(api_client, "LicenseSourceInvalid", 2), 20)
             # A cluster without virt-api's restart subresource: the 404 makes licensectl read the VM
@@ -264,8 +263,8 @@ async def test_full_lifecycle_as_the_service_account_with_exactly_the_shipped_rb
             kv.proxy.restart_enabled = False
             await fl.rotate(2)
             await eventually(lambda: _vm_read(proxy.requests), timeout=30, what="a VM read after a 404 restart")
-            s2 = await c2.scrape()
-            assert await c2.terminate() == 0
+            s2 = await c2.must_scrape()
+            assert await c2.stop() == 0
     finally:
         await proxy.stop()
 
@@ -276,7 +275,7 @@ async def test_full_lifecycle_as_the_service_account_with_exactly_the_shipped_rb
     # controllers skip it: kubernetes pkg/controller/replicaset/replica_set.go). Every other 403 is
     # an RBAC denial, and the controller's own 403 counter must match what the proxy saw.
     terminating = [r for r in used if r.status == 403 and r.cause == "NamespaceTerminating"]
-    counted = sum(value(x, "licensectl_api_requests_total", code="403") for x in (s, s2))
+    counted = sum(x.value("licensectl_api_requests_total", code="403") for x in (s, s2))
     problems: dict[str, Any] = {
         "403 Forbidden": sorted({(r.verb, r.group, r.resource, r.subresource, r.namespace)
                                  for r in used if r.status == 403 and r not in terminating}),
@@ -292,7 +291,7 @@ async def test_full_lifecycle_as_the_service_account_with_exactly_the_shipped_rb
     }
     bad = {k: v for k, v in problems.items() if v}
     assert not bad, pprint.pformat(bad, width=110)
-    assert value(s, "licensectl_api_requests_total") > 0 and value(s2, "licensectl_api_requests_total") > 0
+    assert s.value("licensectl_api_requests_total") > 0 and s2.value("licensectl_api_requests_total") > 0
 
 
 async def _within(check: Any, seconds: float) -> bool:

@@ -20,10 +20,11 @@ from pathlib import Path
 
 from licensectl import logs
 from licensectl.devcluster.controlplane import ControlPlane
+from licensectl.testkit.process import REPO_ROOT, end_leaked_processes
 
 from .scenarios import SCENARIOS, Env, Outcome, run_scenario
 from .test_fuzz import FUZZERS, FuzzResult
-from .toolkit import REPO_ROOT, admin_client
+from .toolkit import admin_client
 
 LONG_FUZZ_EXAMPLES = 5000
 SHORT_FUZZ_EXAMPLES = 300
@@ -154,7 +155,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(load_figure(args.mode))
         print()
     total_violations = sum(len(o.verdict.violations) for o in outcomes)
-    failed = total_violations + sum(1 for _, ok, _ in bad if not ok) + sum(f.failures for f in fuzz)
+    leaked = end_leaked_processes()  # every scenario ends what it started; a survivor is a failure
+    for line in leaked:
+        progress(f"LEAKED PROCESS (killed now): {line}")
+    failed = total_violations + sum(1 for _, ok, _ in bad if not ok) + sum(f.failures for f in fuzz) + len(leaked)
     print(f"total: {len(outcomes)} scenario runs, {total_violations} invariant violations, "
           f"{sum(1 for _, ok, _ in bad if not ok)} unhandled bad inputs, {sum(f.failures for f in fuzz)} fuzz "
           f"failures, {time.monotonic() - started:.0f}s")

@@ -23,7 +23,7 @@ from typing import Any
 
 from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api, CustomObjectsApi
 
-from licensectl.devcluster.simulator import SimulatorRecord
+from licensectl.devcluster.ledger import SimulatorRecord
 from licensectl.kube import projections
 from licensectl.kube.raw import RawApi
 from licensectl.model import (
@@ -148,26 +148,34 @@ async def check_replica_uids(api: ApiClient, verdict: Verdict, before: Mapping[K
         verdict.check(invariant, now_uid == uid, f"{ns}/{name} was deleted or recreated")
 
 
+async def list_per_namespace(api: ApiClient, kind: str, namespaces: Iterable[str]) -> list[tuple[str, dict[str, Any]]]:
+    """(namespace, object) for every `kind` ("secret", "event") in `namespaces`; a namespace that is
+    already gone counts as empty."""
+    core: Any = RawApi(CoreV1Api(api))
+    out: list[tuple[str, dict[str, Any]]] = []
+    for ns in sorted(set(namespaces)):
+        try:
+            doc = await getattr(core, f"list_namespaced_{kind}")(ns)
+        except ApiException as e:
+            if e.status == 404:
+                continue
+            raise
+        out.extend((ns, item) for item in doc.get("items") or [])
+    return out
+
+
 async def foreign_secrets(api: ApiClient, namespaces: Iterable[str], *,
                           exclude: Iterable[Key] = ()) -> dict[Key, str]:
     """(namespace, name) -> resourceVersion of every Secret licensectl does not manage there."""
     skip = set(exclude)
     out: dict[Key, str] = {}
-    core = RawApi(CoreV1Api(api))
-    for ns in sorted(set(namespaces)):
-        try:
-            doc = await core.list_namespaced_secret(ns)
-        except ApiException as e:
-            if e.status == 404:
-                continue
-            raise
-        for item in doc.get("items") or []:
-            meta = item.get("metadata") or {}
-            if (meta.get("labels") or {}).get(MANAGED_BY_LABEL) == MANAGED_BY_VALUE:
-                continue
-            key = (ns, meta.get("name", ""))
-            if key not in skip:
-                out[key] = meta.get("resourceVersion", "")
+    for ns, item in await list_per_namespace(api, "secret", namespaces):
+        meta = item.get("metadata") or {}
+        if (meta.get("labels") or {}).get(MANAGED_BY_LABEL) == MANAGED_BY_VALUE:
+            continue
+        key = (ns, meta.get("name", ""))
+        if key not in skip:
+            out[key] = meta.get("resourceVersion", "")
     return out
 
 
@@ -273,16 +281,5 @@ def scan(verdict: Verdict, texts: Iterable[tuple[str, str]], needles: Sequence[N
 
 async def event_texts(api: ApiClient, namespaces: Iterable[str]) -> list[tuple[str, str]]:
     """Every Event (reason, message, whole object) in the given namespaces, for the secrecy scan."""
-    out: list[tuple[str, str]] = []
-    core = RawApi(CoreV1Api(api))
-    for ns in sorted(set(namespaces)):
-        try:
-            doc = await core.list_namespaced_event(ns)
-        except ApiException as e:
-            if e.status == 404:
-                continue
-            raise
-        for ev in doc.get("items") or []:
-            name = (ev.get("metadata") or {}).get("name", "")
-            out.append((f"Event {ns}/{name}", json.dumps(ev)))
-    return out
+    return [(f"Event {ns}/{(ev.get('metadata') or {}).get('name', '')}", json.dumps(ev))
+            for ns, ev in await list_per_namespace(api, "event", namespaces)]

@@ -8,14 +8,12 @@ points, fault kinds, burst sizes), so a failing (scenario, seed) pair can be re-
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import dataclasses
 import json
 import os
 import random
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,22 +27,15 @@ from licensectl.app import App
 from licensectl.devcluster import fleet
 from licensectl.devcluster.controlplane import ControlPlane
 from licensectl.kube.raw import RawApi
-from licensectl.render import RenderedLicense, replica_name
+from licensectl.render import RenderedLicense
+from licensectl.testkit import world as kit
+from licensectl.testkit.controller import ControllerProcess
+from licensectl.testkit.poll import eventually
+from licensectl.testkit.world import SOURCE_NAME, unique
 
 from . import invariants as inv
-from .toolkit import (
-    ControllerProcess,
-    FaultProxy,
-    JumpClock,
-    KubevirtRig,
-    TcpProxy,
-    poll,
-    settings_args,
-    start_kubevirt,
-    write_kubeconfig,
-)
+from .toolkit import FaultProxy, JumpClock, KubevirtRig, TcpProxy, start_kubevirt, write_kubeconfig
 
-SOURCE_NAME = "nls-token"
 Key = tuple[str, str]
 
 
@@ -66,10 +57,6 @@ class Outcome:
     notes: dict[str, Any] = field(default_factory=dict)
 
 
-def unique(prefix: str) -> str:
-    return f"{prefix}{uuid.uuid4().hex[:8]}"
-
-
 async def gather_bounded(jobs: Iterable[Awaitable[Any]], limit: int = 24) -> list[Any]:
     sem = asyncio.Semaphore(limit)
 
@@ -84,26 +71,12 @@ async def gather_bounded(jobs: Iterable[Awaitable[Any]], limit: int = 24) -> lis
 # A hoster world: controller namespace, source Secret, one vGPU class, a tenant tree
 # ---------------------------------------------------------------------------------------------
 @dataclass
-class World:
-    api: ApiClient
-    controller_ns: str
-    source_ns: str
-    root: dict[str, Any]
-    root_name: str
-    cls: str
-    tenants: list[str] = field(default_factory=list)
+class World(kit.World):
+    """The common world plus what the invariants need: decoy Secrets that must stay untouched, VMs."""
+
     extra_namespaces: list[str] = field(default_factory=list)
-    tokens: list[bytes] = field(default_factory=list)
     decoys: list[Key] = field(default_factory=list)
     vms: list[Key] = field(default_factory=list)
-
-    @property
-    def source(self) -> Key:
-        return (self.source_ns, SOURCE_NAME)
-
-    @property
-    def replica(self) -> str:
-        return replica_name(self.cls)
 
     @property
     def namespaces(self) -> list[str]:
@@ -119,25 +92,14 @@ class World:
 
     async def add_tenant(self, parent: dict[str, Any] | None = None, *, vgpu: bool = True, claim: bool = True,
                          decoy: bool = True) -> dict[str, Any]:
-        parent = parent or self.root
-        name = fleet.tenant_child_name(parent["metadata"]["name"], unique("t"), self.root_name)
-        t = await fleet.create_tenant(self.api, name, parent=parent, vgpu=vgpu)
-        self.tenants.append(name)
-        if claim:
-            await fleet.create_claim(self.api, name, "gpu", self.cls)
+        t = await self.tenant(parent, vgpu, claim=claim)
         if decoy:
+            name = self.tenants[-1]
             core: Any = CoreV1Api(self.api)
             await core.create_namespaced_secret(name, {
                 "metadata": {"name": "tenant-own"}, "stringData": {"app.conf": "tenant data"}})
             self.decoys.append((name, "tenant-own"))
         return t
-
-    async def rotate(self, n: int) -> bytes:
-        token = fleet.fake_token(int(time.time()) + 86400 * 200, extra={"rotation": n, "nonce": uuid.uuid4().hex})
-        await CoreV1Api(self.api).patch_namespaced_secret(SOURCE_NAME, self.source_ns, {"data": {
-            fleet_token_key(): base64.b64encode(token).decode()}})
-        self.tokens.append(token)
-        return token
 
     async def revision(self) -> str:
         lic = await inv.expected_license(self.api, self.source, self.cls)
@@ -193,34 +155,16 @@ class World:
                     return False
         return await self.vmis_ready(vms)
 
-    async def teardown(self) -> None:
-        core = CoreV1Api(self.api)
-        for ns in (self.root_name, self.controller_ns, self.source_ns, *self.extra_namespaces):
-            with contextlib.suppress(ApiException):
-                await core.delete_namespace(ns, propagation_policy="Background")
-        with contextlib.suppress(ApiException):
-            await fleet.delete_gpu_class(self.api, self.cls)
-
-
-def fleet_token_key() -> str:
-    return inv.TOKEN_KEY
+    async def teardown(self, *extra_namespaces: str) -> None:
+        await super().teardown(*self.extra_namespaces, *extra_namespaces)
 
 
 async def build_world(api: ApiClient, *, tenants: int = 3) -> World:
+    w = await kit.build_world(api, world_type=World)
     core: Any = CoreV1Api(api)
-    controller_ns, source_ns = unique("ctl"), unique("src")
-    for ns in (controller_ns, source_ns):
-        await core.create_namespace({"metadata": {"name": ns}})
-    root_name = f"tenant-{unique('root')}"
-    root = await fleet.create_tenant(api, root_name, vgpu=True)
-    cls = unique("vws")
-    token = fleet.fake_token(int(time.time()) + 86400 * 90, extra={"nonce": uuid.uuid4().hex})
-    await fleet.put_source_secret(api, source_ns, SOURCE_NAME, token)
-    await fleet.create_gpu_class(api, cls, mode="vgpu", secret=(source_ns, SOURCE_NAME), feature_type=1)
-    w = World(api, controller_ns, source_ns, root, root_name, cls, tokens=[token])
-    await core.create_namespaced_secret(source_ns, {"metadata": {"name": "hoster-other"},
-                                                    "stringData": {"x": "hoster data"}})
-    w.decoys.append((source_ns, "hoster-other"))
+    await core.create_namespaced_secret(w.source_ns, {"metadata": {"name": "hoster-other"},
+                                                      "stringData": {"x": "hoster data"}})
+    w.decoys.append((w.source_ns, "hoster-other"))
     for _ in range(tenants):
         await w.add_tenant()
     return w
@@ -257,8 +201,8 @@ class Run:
         return write_kubeconfig(self.env.workdir, name, server, self.env.cp.ca_pem, self.env.cp.admin_token)
 
     def controller(self, kubeconfig: Path, *, name: str = "controller", **settings: Any) -> ControllerProcess:
-        c = ControllerProcess(kubeconfig, self.w.controller_ns, log_dir=self.env.workdir,
-                              args=settings_args(**self.w.base_settings(**settings)), name=name)
+        c = ControllerProcess(kubeconfig, self.w.controller_ns, log_dir=self.env.workdir, name=name,
+                              settings=self.w.base_settings(**settings), keep_bodies=True)
         self.controllers.append(c)
         return c
 
@@ -307,17 +251,36 @@ class Run:
 async def boot_fleet(run: Run, per_tenant: int, metrics_from: ControllerProcess | None = None) -> list[Key]:
     """Replicas first, then (a second later: 1 s timestamps) the VMs; wait until all are Ready."""
     w = run.w
-    await poll(lambda: w.replicas_present(w.tenants), timeout=60, what="replicas in every tenant")
+    await eventually(lambda: w.replicas_present(w.tenants), timeout=60, what="replicas in every tenant")
     await asyncio.sleep(1.1)
     vms = await w.create_vms(per_tenant)
-    await poll(lambda: w.vmis_ready(vms), timeout=60, what="fleet Ready")
+    await eventually(lambda: w.vmis_ready(vms), timeout=60, what="fleet Ready")
     if metrics_from is not None:
         async def all_current() -> bool:
             s = await metrics_from.scrape()
             return s is not None and s.value("licensectl_rollout_vmis", state="current") == len(vms)
 
-        await poll(all_current, timeout=30, what="controller sees the fleet current")
+        await eventually(all_current, timeout=30, what="controller sees the fleet current")
     return vms
+
+
+async def kubevirt_world(run: Run, *, tenants: int, ready_delay: float) -> World:
+    """A world, the KubeVirt rig, and the snapshot of the Secrets licensectl must not touch."""
+    w = run.world = await build_world(run.env.api, tenants=tenants)
+    run.rig = await start_kubevirt(run.env.api, run.env.cp, ready_delay=ready_delay)
+    await run.snapshot_foreign()
+    return w
+
+
+async def rotating_fleet(run: Run, kubeconfig: Path, *, per_tenant: int,
+                         max_unavailable: str) -> tuple[ControllerProcess, list[Key], float, str]:
+    """One Ready controller, the fleet booted and current, then a rotation: (controller, VMs, since, revision)."""
+    ctl = run.controller(kubeconfig, max_unavailable=max_unavailable)
+    await ctl.start()
+    await ctl.wait_ready()
+    vms = await boot_fleet(run, per_tenant, metrics_from=ctl)
+    since, rev = await rotate_and_wait_replicas(run)
+    return ctl, vms, since, rev
 
 
 async def rotate_and_wait_replicas(run: Run, n: int = 2) -> tuple[float, str]:
@@ -332,7 +295,7 @@ async def rollout_checks(run: Run, vms: Sequence[Key], since: float, revision: s
                          max_unavailable: int, timeout: float = 180.0) -> None:
     w = run.w
     try:
-        await poll(lambda: w.vms_done(vms, revision), timeout=timeout, interval=0.5,
+        await eventually(lambda: w.vms_done(vms, revision), timeout=timeout, interval=0.5,
                    what="every VM restarted and done")
     except TimeoutError as e:
         run.verdict.check("rollout_completes", False, str(e))
@@ -350,21 +313,16 @@ async def sigkill_rollout(run: Run) -> None:
     """SIGKILL the controller at random points of a rollout, restart it each time."""
     long = run.mode == "long"
     kills = 20 if long else 8
-    w = run.world = await build_world(run.env.api, tenants=4 if long else 3)
-    run.rig = await start_kubevirt(run.env.api, run.env.cp, ready_delay=run.rng.uniform(0.4, 1.2))
-    await run.snapshot_foreign()
+    w = await kubevirt_world(run, tenants=4 if long else 3, ready_delay=run.rng.uniform(0.4, 1.2))
     limit = 2 if long else 1
-    ctl = run.controller(run.kubeconfig("kv", run.rig.proxy.url), max_unavailable=str(limit))
-    await ctl.start()
-    await ctl.wait_ready()
-    vms = await boot_fleet(run, 4 if long else 3, metrics_from=ctl)
-    since, rev = await rotate_and_wait_replicas(run)
+    ctl, vms, since, rev = await rotating_fleet(run, run.kubeconfig("kv", run.rig.proxy.url),
+                                                per_tenant=4 if long else 3, max_unavailable=str(limit))
     mid = 0
     for _ in range(kills):
         await asyncio.sleep(run.rng.uniform(0.2, 3.0))
         if not await w.vms_done(vms, rev):
             mid += 1
-        await ctl.sigkill()
+        await ctl.kill()
         await asyncio.sleep(run.rng.choice([0.0, 0.0, run.rng.uniform(0.1, 1.5)]))
         await ctl.start()
     run.notes.update(kills=ctl.kills, kills_mid_rollout=mid)
@@ -375,9 +333,7 @@ async def sigkill_rollout(run: Run) -> None:
 async def leader_failover(run: Run) -> None:
     """Two replicas with leader election; SIGKILL the leader mid-rollout, the standby finishes."""
     long = run.mode == "long"
-    w = run.world = await build_world(run.env.api, tenants=3)
-    run.rig = await start_kubevirt(run.env.api, run.env.cp, ready_delay=run.rng.uniform(0.5, 1.0))
-    await run.snapshot_foreign()
+    w = await kubevirt_world(run, tenants=3, ready_delay=run.rng.uniform(0.5, 1.0))
     kube = run.kubeconfig("kv", run.rig.proxy.url)
     lease = {"leader_elect": True, "lease_duration_seconds": 4, "renew_deadline_seconds": 3,
              "retry_period_seconds": 0.5, "max_unavailable": "1"}
@@ -394,19 +350,19 @@ async def leader_failover(run: Run) -> None:
                 return c
         return None
 
-    first = await poll(leader, timeout=30, what="a leader")
+    first = await eventually(leader, timeout=30, what="a leader")
     vms = await boot_fleet(run, 3, metrics_from=first)
     since, rev = await rotate_and_wait_replicas(run)
     assert run.rig is not None
     rig = run.rig
     failovers = 0
     for _ in range(2 if long else 1):
-        await poll(lambda: any(r.at >= since and r.status == 202 for r in rig.record.restarts),
+        await eventually(lambda: any(r.at >= since and r.status == 202 for r in rig.record.restarts),
                    timeout=60, what="first restart")
         await asyncio.sleep(run.rng.uniform(0.0, 2.0))
-        old = await poll(leader, timeout=30, what="current leader")
-        await old.sigkill()
-        new = await poll(leader, timeout=30, what="a new leader")
+        old = await eventually(leader, timeout=30, what="current leader")
+        await old.kill()
+        new = await eventually(leader, timeout=30, what="a new leader")
         failovers += int(new is not old)
         await asyncio.sleep(run.rng.uniform(0.0, 1.0))
         await old.start()  # comes back as the standby
@@ -432,8 +388,8 @@ async def apiserver_restart(run: Run) -> None:
     await w.rotate(2)
     entitled = [t for t in w.tenants if t != revoked]
     rev = await w.revision()
-    await poll(lambda: w.replicas_at(entitled, rev), timeout=90, what="convergence after the restart")
-    await poll(lambda: _gone(w, [revoked]), timeout=60, what="revoked replica removed")
+    await eventually(lambda: w.replicas_at(entitled, rev), timeout=90, what="convergence after the restart")
+    await eventually(lambda: _gone(w, [revoked]), timeout=60, what="revoked replica removed")
     await inv.check_replica_uids(run.env.api, run.verdict,
                                  {k: u for k, u in before.items() if k[0] != revoked})
     run.notes.update(replicas_before_restart=len(before))
@@ -447,14 +403,9 @@ async def _gone(w: World, namespaces: Iterable[str]) -> bool:
 
 async def etcd_restart(run: Run) -> None:
     """Restart etcd in the middle of a rollout."""
-    w = run.world = await build_world(run.env.api, tenants=3)
-    run.rig = await start_kubevirt(run.env.api, run.env.cp, ready_delay=run.rng.uniform(0.5, 1.0))
-    await run.snapshot_foreign()
-    ctl = run.controller(run.kubeconfig("kv", run.rig.proxy.url), max_unavailable="1")
-    await ctl.start()
-    await ctl.wait_ready()
-    vms = await boot_fleet(run, 2, metrics_from=ctl)
-    since, rev = await rotate_and_wait_replicas(run)
+    w = await kubevirt_world(run, tenants=3, ready_delay=run.rng.uniform(0.5, 1.0))
+    _, vms, since, rev = await rotating_fleet(run, run.kubeconfig("kv", run.rig.proxy.url), per_tenant=2,
+                                              max_unavailable="1")
     await asyncio.sleep(run.rng.uniform(0.5, 4.0))
     await asyncio.to_thread(run.env.cp.restart_etcd)
     await rollout_checks(run, vms, since, rev, max_unavailable=1)
@@ -463,17 +414,12 @@ async def etcd_restart(run: Run) -> None:
 
 async def watch_cuts(run: Run) -> None:
     """Cut every connection of the controller every few seconds during a rotation (plus stalls)."""
-    w = run.world = await build_world(run.env.api, tenants=3)
-    run.rig = await start_kubevirt(run.env.api, run.env.cp, ready_delay=run.rng.uniform(0.5, 1.0))
-    await run.snapshot_foreign()
+    w = await kubevirt_world(run, tenants=3, ready_delay=run.rng.uniform(0.5, 1.0))
     tcp = TcpProxy(run.rig.proxy.port)
     await tcp.start()
     run.proxies.append(tcp)
-    ctl = run.controller(run.kubeconfig("tcp", tcp.url("https")), max_unavailable="2")
-    await ctl.start()
-    await ctl.wait_ready()
-    vms = await boot_fleet(run, 3, metrics_from=ctl)
-    since, rev = await rotate_and_wait_replicas(run)
+    _, vms, since, rev = await rotating_fleet(run, run.kubeconfig("tcp", tcp.url("https")), per_tenant=3,
+                                              max_unavailable="2")
     cut_conns = 0
     deadline = time.monotonic() + 150
     while not await w.vms_done(vms, rev) and time.monotonic() < deadline:
@@ -492,17 +438,12 @@ async def watch_cuts(run: Run) -> None:
 
 async def http_error_bursts(run: Run) -> None:
     """429/500/503 bursts on every verb, and forced watch expiry (410), during a rotation."""
-    w = run.world = await build_world(run.env.api, tenants=3)
-    run.rig = await start_kubevirt(run.env.api, run.env.cp, ready_delay=run.rng.uniform(0.5, 1.0))
-    await run.snapshot_foreign()
+    w = await kubevirt_world(run, tenants=3, ready_delay=run.rng.uniform(0.5, 1.0))
     fp = FaultProxy(run.rig.proxy.url, run.env.cp.ca_path)
     await fp.start()
     run.proxies.append(fp)
-    ctl = run.controller(run.kubeconfig("faulty", fp.url), max_unavailable="2")
-    await ctl.start()
-    await ctl.wait_ready()
-    vms = await boot_fleet(run, 3, metrics_from=ctl)
-    since, rev = await rotate_and_wait_replicas(run)
+    _, vms, since, rev = await rotating_fleet(run, run.kubeconfig("faulty", fp.url), per_tenant=3,
+                                              max_unavailable="2")
     added = False
     window_end = time.monotonic() + (45 if run.mode == "long" else 20)
     while time.monotonic() < window_end and not await w.vms_done(vms, rev):
@@ -518,7 +459,7 @@ async def http_error_bursts(run: Run) -> None:
     fp.heal()
     run.notes.update({k: v for k, v in fp.stats.items() if k.startswith(("burst", "watch"))})
     await rollout_checks(run, vms, since, rev, max_unavailable=2)
-    await poll(lambda: w.replicas_at(w.tenants, rev), timeout=60, what="replicas everywhere")
+    await eventually(lambda: w.replicas_at(w.tenants, rev), timeout=60, what="replicas everywhere")
     await run.finish(entitled=w.tenants)
 
 
@@ -532,7 +473,7 @@ async def list_fails_halfway(run: Run) -> None:
     ctl = run.controller(run.kubeconfig("paged", fp.url))
     await ctl.start()
     await ctl.wait_ready()
-    await poll(lambda: w.replicas_present(w.tenants), timeout=60, what="initial replicas")
+    await eventually(lambda: w.replicas_present(w.tenants), timeout=60, what="initial replicas")
     before = {k: r["metadata"]["uid"] for k, r in (await inv.owned_replicas(run.env.api, w.source)).items()}
     # Break it: LIST pages with a continue token fail, every watch ends with 410 (relist needed).
     fp.fail_continue(None, status=run.rng.choice([500, 503, 410]))
@@ -542,7 +483,7 @@ async def list_fails_halfway(run: Run) -> None:
     await fleet.delete_claim(run.env.api, unclaimed, "gpu")
     restarted = run.rng.random() < 0.5
     if restarted:  # a fresh process must not act on a partial first LIST either
-        await ctl.sigkill()
+        await ctl.kill()
         await ctl.start()
     hold = time.monotonic() + run.rng.uniform(4.0, 8.0)
     while time.monotonic() < hold:
@@ -555,7 +496,7 @@ async def list_fails_halfway(run: Run) -> None:
     fp.heal()
     await ctl.wait_ready()
     entitled = [t for t in w.tenants if t not in (revoked, unclaimed)]
-    await poll(lambda: _gone(w, [revoked, unclaimed]), timeout=60, what="deletions after healing")
+    await eventually(lambda: _gone(w, [revoked, unclaimed]), timeout=60, what="deletions after healing")
     await inv.check_replica_uids(run.env.api, run.verdict, {k: u for k, u in before.items()
                                                             if k[0] not in (revoked, unclaimed)})
     await run.finish(entitled=entitled)
@@ -574,7 +515,7 @@ async def deletion_cap(run: Run) -> None:
     async def child() -> None:
         name = fleet.tenant_child_name(mid_name, unique("c"), w.root_name)
         await fleet.create_tenant(run.env.api, name, parent=mid, vgpu=True)
-        await fleet.create_claim(run.env.api, name, "gpu", w.cls)
+        await fleet.create_claim(run.env.api, name, "gpu", class_name=w.cls)
         children.append(name)
 
     await gather_bounded((child() for _ in range(n)), limit=32)
@@ -585,7 +526,7 @@ async def deletion_cap(run: Run) -> None:
     await ctl.start()
     await ctl.wait_ready(timeout=180)
     expected = [sibling, *children]
-    await poll(lambda: w.replicas_present(expected), timeout=600 if long else 120, interval=1.0,
+    await eventually(lambda: w.replicas_present(expected), timeout=600 if long else 120, interval=1.0,
                what="every replica created")
     have = await inv.owned_replicas(run.env.api, w.source)
     sibling_uid = have[(sibling, w.replica)]["metadata"]["uid"]
@@ -640,9 +581,7 @@ async def clock_jumps(run: Run) -> None:
     """
     wide = os.environ.get(WIDE_CLOCK_ENV) == "1"
     settle, bound = (0.0, 30.0) if wide else (12.0, 8.0)
-    w = run.world = await build_world(run.env.api, tenants=3)
-    run.rig = await start_kubevirt(run.env.api, run.env.cp, ready_delay=run.rng.uniform(0.5, 1.0))
-    await run.snapshot_foreign()
+    w = await kubevirt_world(run, tenants=3, ready_delay=run.rng.uniform(0.5, 1.0))
     clock = JumpClock()
     kube = run.kubeconfig("kv-inproc", run.rig.proxy.url)
     base = w.base_settings(max_unavailable="1", settle_seconds=settle)
@@ -654,7 +593,7 @@ async def clock_jumps(run: Run) -> None:
     await app.start()
     run.apps.append(app)
     vms = await boot_fleet(run, 2)
-    await poll(lambda: app.rollout.plan is not None and sum(
+    await eventually(lambda: app.rollout.plan is not None and sum(
         1 for s in app.rollout.plan.vmi_states.values() if s.state.value == "current") == len(vms),
         timeout=30, what="in-process controller sees the fleet current")
     if not wide:
@@ -685,14 +624,9 @@ async def vmi_churn(run: Run) -> None:
     carry no license volume: they load the VMI watch, cache and planner, not the rollout limits."""
     long = run.mode == "long"
     total, wave = (20_000, 1_000) if long else (1_500, 250)
-    w = run.world = await build_world(run.env.api, tenants=3)
-    run.rig = await start_kubevirt(run.env.api, run.env.cp, ready_delay=0.5)
-    await run.snapshot_foreign()
-    ctl = run.controller(run.kubeconfig("kv", run.rig.proxy.url), max_unavailable="2")
-    await ctl.start()
-    await ctl.wait_ready()
-    vms = await boot_fleet(run, 2, metrics_from=ctl)
-    since, rev = await rotate_and_wait_replicas(run)
+    w = await kubevirt_world(run, tenants=3, ready_delay=0.5)
+    ctl, vms, since, rev = await rotating_fleet(run, run.kubeconfig("kv", run.rig.proxy.url), per_tenant=2,
+                                                max_unavailable="2")
     co: Any = CustomObjectsApi(run.env.api)
     rss: list[int] = []
 

@@ -29,14 +29,12 @@ from licensectl.devcluster import fleet
 from licensectl.guest_report import render_report
 from licensectl.model import KEY_REPORT_CREDENTIAL, KEY_TOKEN
 from licensectl.render import replica_name
+from licensectl.testkit.poll import eventually
 
 from ..integration.support import metric, running_app, settings_for
 from ..integration.support import read_secret as _read_secret
 from . import invariants as inv
 from .scenarios import SOURCE_NAME, World, build_world, unique
-from .toolkit import poll
-
-pytestmark = [pytest.mark.integration]
 
 
 @dataclass
@@ -66,7 +64,7 @@ class Ctx:
                                      secret=(self.world.source_ns, secret) if secret else None)
         self.extra_classes.append(cls)
         t = await self.world.add_tenant(claim=False)
-        await fleet.create_claim(self.api, t["metadata"]["name"], "gpu", cls)
+        await fleet.create_claim(self.api, t["metadata"]["name"], "gpu", class_name=cls)
         return cls, t["metadata"]["name"]
 
     def metric(self, name: str, labels: dict[str, str] | None = None) -> float:
@@ -153,7 +151,7 @@ def _class_problem(kind_metric: tuple[str, dict[str, str]] | None, reason: str |
 async def _claim_missing_class(c: Ctx) -> None:
     t = await c.world.add_tenant(claim=False)
     c.state["tenant"] = t["metadata"]["name"]
-    await fleet.create_claim(c.api, c.state["tenant"], "ghost", "no-such-class")
+    await fleet.create_claim(c.api, c.state["tenant"], "ghost", class_name="no-such-class")
 
 
 async def _claim_missing_class_handled(c: Ctx) -> bool:
@@ -172,7 +170,7 @@ async def _tenant_cycle(c: Ctx) -> None:
         "apiVersion": "v1", "kind": "Namespace", "name": b["metadata"]["name"], "uid": b["metadata"]["uid"],
         "controller": True, "blockOwnerDeletion": False}]}})
     for ns in (a_name, b["metadata"]["name"]):
-        await fleet.create_claim(c.api, ns, "gpu", c.world.cls)
+        await fleet.create_claim(c.api, ns, "gpu", class_name=c.world.cls)
     c.state["tenant"] = a_name
     c.state["members"] = [a_name, b["metadata"]["name"]]
 
@@ -193,7 +191,7 @@ async def _link_mismatch(c: Ctx) -> None:
     name = f"{p['metadata']['name']}-{unique('x')}"
     await fleet.create_tenant(c.api, name, parent=other, vgpu=True)
     c.world.tenants.append(name)
-    await fleet.create_claim(c.api, name, "gpu", c.world.cls)
+    await fleet.create_claim(c.api, name, "gpu", class_name=c.world.cls)
     c.state["tenant"] = name
 
 
@@ -251,7 +249,7 @@ async def _squat_replica_name(c: Ctx) -> None:
                                                          "stringData": {"mine": "tenant data"}})
     c.state["tenant"] = ns
     c.state["rv"] = (await read_secret(c.api, ns, c.world.replica)).metadata.resource_version
-    await fleet.create_claim(c.api, ns, "gpu", c.world.cls)
+    await fleet.create_claim(c.api, ns, "gpu", class_name=c.world.cls)
 
 
 async def _squat_handled(c: Ctx) -> bool:
@@ -287,7 +285,7 @@ async def _reports(c: Ctx) -> None:
     """Forged, garbage and oversized reports; each answer must be 4xx and never echo a credential."""
     healthy_cred = await _credential(c, c.healthy)
     other = await c.world.add_tenant()
-    await poll(lambda: read_secret(c.api, other["metadata"]["name"], c.world.replica), timeout=30,
+    await eventually(lambda: read_secret(c.api, other["metadata"]["name"], c.world.replica), timeout=30,
                what="second tenant replica")
     other_cred = await _credential(c, other["metadata"]["name"])
     c.state["creds"] = [healthy_cred, other_cred]
@@ -375,7 +373,7 @@ async def case_context(api: ApiClient, kubeconfig: Path) -> AsyncIterator[Ctx]:
     healthy = world.tenants[0]
     try:
         async with running_app(settings_for(kubeconfig, world.controller_ns, root_tenant=world.root_name)) as app:
-            await poll(lambda: world.replicas_present([healthy]), timeout=30, what="healthy replica")
+            await eventually(lambda: world.replicas_present([healthy]), timeout=30, what="healthy replica")
             yield Ctx(api, world, app, healthy)
     finally:
         await world.teardown()
@@ -396,14 +394,14 @@ async def run_case(api: ApiClient, kubeconfig: Path, case: BadInput) -> tuple[bo
         try:
             await case.inject(c)
             try:
-                await poll(lambda: case.handled(c), timeout=30, interval=0.3, what=f"{case.name} reported")
+                await eventually(lambda: case.handled(c), timeout=30, interval=0.3, what=f"{case.name} reported")
             except TimeoutError as e:
                 return False, str(e)
             # The healthy tenant keeps being served: its source rotates, its replica follows.
             token = await c.world.rotate(9)
             rev = await c.world.revision()
             try:
-                await poll(lambda: c.world.replicas_at([c.healthy], rev), timeout=30,
+                await eventually(lambda: c.world.replicas_at([c.healthy], rev), timeout=30,
                            what="healthy tenant served")
             except TimeoutError as e:
                 return False, str(e)

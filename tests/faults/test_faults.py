@@ -11,8 +11,6 @@ from licensectl.devcluster.controlplane import ControlPlane
 
 from .scenarios import SCENARIOS, Env, run_scenario
 
-pytestmark = [pytest.mark.integration]
-
 CASES = [(name, seed) for name, spec in SCENARIOS.items() for seed in spec.short_seeds]
 
 

@@ -2,28 +2,20 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import dataclasses
-import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api
 
 from licensectl import config
 from licensectl.app import App
-from licensectl.devcluster import fleet
-
-T = TypeVar("T")
-
-
-def unique(prefix: str) -> str:
-    """A DNS- and Cozystack-safe name part (no dashes: tenant names cannot contain them)."""
-    return f"{prefix}{uuid.uuid4().hex[:8]}"
+from licensectl.testkit.poll import eventually as eventually
+from licensectl.testkit.world import World, build_world
+from licensectl.testkit.world import unique as unique
 
 
 def settings_for(kubeconfig: Path, namespace: str, **overrides: Any) -> config.Settings:
@@ -41,21 +33,6 @@ async def running_app(settings: config.Settings, **kw: Any) -> AsyncIterator[App
         yield app
     finally:
         await app.stop()
-
-
-async def eventually(check: Callable[[], Awaitable[T]] | Callable[[], T], timeout: float = 20.0,
-                     interval: float = 0.1, what: str = "condition") -> T:
-    """Poll a check (sync or async) until it returns a truthy value; fail with the last value."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        res = check()
-        last = await res if asyncio.iscoroutine(res) else res
-        if last:
-            return last  # type: ignore[no-any-return]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}; last value: {last!r}")
-        await asyncio.sleep(interval)
 
 
 async def read_secret(api: ApiClient, namespace: str, name: str) -> Any | None:
@@ -95,39 +72,8 @@ async def wait_event(api: ApiClient, namespace: str, name: str, *reasons: str, t
     return await eventually(check, timeout=timeout, what=f"events {reasons} on {namespace}/{name}")
 
 
-@dataclasses.dataclass
-class World:
-    """One test's hoster: a controller namespace, a license source Secret, a unique tenant root
-    (so concurrent or leftover trees of other tests never count as ours) and a vGPU class."""
-
-    api: ApiClient
-    controller_ns: str
-    source_ns: str
-    root: dict[str, Any]
-    root_name: str
-    cls: str
-    token: bytes
-
-    async def tenant(self, parent: dict[str, Any] | None = None, vgpu: bool | None = True) -> dict[str, Any]:
-        parent = parent or self.root
-        name = fleet.tenant_child_name(parent["metadata"]["name"], unique("t"), self.root_name)
-        return await fleet.create_tenant(self.api, name, parent=parent, vgpu=vgpu)
-
-
 async def make_world(api: ApiClient, namespace_factory: Any, cleanup: Any, *, gridd_conf: str | None = None,
                      token_days: int = 90) -> World:
-    controller_ns = await namespace_factory("ctl")
-    source_ns = await namespace_factory("src")
-    root_name = f"tenant-{unique('root')}"
-    root = await fleet.create_tenant(api, root_name, vgpu=True)
-
-    async def drop_tree() -> None:
-        await CoreV1Api(api).delete_namespace(root_name, propagation_policy="Background")
-
-    cleanup(drop_tree)
-    cls = unique("vws")
-    token = fleet.fake_token(int(time.time()) + 86400 * token_days)
-    await fleet.put_source_secret(api, source_ns, "nls-token", token, gridd_conf=gridd_conf)
-    await fleet.create_gpu_class(api, cls, mode="vgpu", secret=(source_ns, "nls-token"), feature_type=1)
-    cleanup(lambda: fleet.delete_gpu_class(api, cls))
-    return World(api, controller_ns, source_ns, root, root_name, cls, token)
+    """A world whose namespaces, tenant tree and class the test's fixtures delete."""
+    return await build_world(api, world_type=World, make_namespace=namespace_factory, cleanup=cleanup,
+                             gridd_conf=gridd_conf, token_days=token_days)

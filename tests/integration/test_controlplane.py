@@ -14,9 +14,9 @@ from kubernetes_asyncio.client.api_client import ApiClient
 
 from licensectl.devcluster.controlplane import K8S_VERSION, ControlPlane
 from licensectl.devcluster.kubeapi import wait_deleted, watch_until
-from licensectl.devcluster.simulator import firmware_uuid
+from licensectl.devcluster.vm_semantics import firmware_uuid
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.cluster
 
 
 async def test_version_is_the_pinned_release(api_client: ApiClient, control_plane: ControlPlane) -> None:

@@ -12,6 +12,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.cluster  # the demo starts its own control plane
 @pytest.mark.timeout(400)
 def test_bounded_demo_outcomes(tmp_path: Path, control_plane: object) -> None:
     # `control_plane` only guarantees the binaries are built (the demo starts its own control plane).

@@ -29,7 +29,7 @@ async def test_probe_reports_become_metrics_and_forgeries_are_rejected(
     tenants = []
     for _ in range(2):
         tenants.append((await w.tenant())["metadata"]["name"])
-        await fleet.create_claim(api_client, tenants[-1], "gpu", cls)
+        await fleet.create_claim(api_client, tenants[-1], "gpu", class_name=cls)
     ns, other_ns = tenants
 
     offset = [0.0]

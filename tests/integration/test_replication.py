@@ -44,6 +44,10 @@ class Env(World):
     def settings(self, **kw: Any) -> Any:
         return settings_for(self.kubeconfig, self.controller_ns, root_tenant=self.root_name, **kw)
 
+    async def claimed(self, n: int) -> list[str]:
+        """`n` vGPU tenants under the root, each with a GPUClaim of the class."""
+        return [(await self.tenant(claim=True))["metadata"]["name"] for _ in range(n)]
+
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def env(api_client: ApiClient, kubeconfig_path: Path, namespace_factory: Any, cleanup: Any
@@ -62,7 +66,7 @@ async def test_entitlement_matrix_and_middle_revocation(env: Env) -> None:
     c = await env.tenant(b, vgpu=True)
     d = await env.tenant(a, vgpu=None)
     for t in (a, b, c, d):
-        await fleet.create_claim(env.api, t["metadata"]["name"], "gpu", env.cls)
+        await fleet.create_claim(env.api, t["metadata"]["name"], "gpu", class_name=env.cls)
     a_ns, b_ns, c_ns, d_ns = (t["metadata"]["name"] for t in (a, b, c, d))
 
     async with running_app(env.settings()) as app:
@@ -104,7 +108,7 @@ async def test_claim_added_removed_and_class_switched(env: Env) -> None:
     await fleet.create_gpu_class(env.api, pt, mode="passthrough", feature_type=2)
     try:
         async with running_app(env.settings()):
-            await fleet.create_claim(env.api, ns, "g1", env.cls)
+            await fleet.create_claim(env.api, ns, "g1", class_name=env.cls)
             await eventually(lambda: replica(env, ns), what="replica after claim added")
             await fleet.delete_claim(env.api, ns, "g1")
 
@@ -113,8 +117,8 @@ async def test_claim_added_removed_and_class_switched(env: Env) -> None:
 
             await eventually(gone, what="replica removed with the claim")
             # A passthrough class is never replicated.
-            await fleet.create_claim(env.api, ns, "g2", pt)
-            await fleet.create_claim(env.api, ns, "g3", env.cls)
+            await fleet.create_claim(env.api, ns, "g2", class_name=pt)
+            await fleet.create_claim(env.api, ns, "g3", class_name=env.cls)
             await eventually(lambda: replica(env, ns), what="replica for the vgpu claim")
             assert await read_secret(env.api, ns, replica_name(pt)) is None
     finally:
@@ -126,11 +130,11 @@ async def test_two_classes_two_sources_in_one_namespace(env: Env) -> None:
     ns = t["metadata"]["name"]
     vcs = unique("vcs")
     other_token = fleet.fake_token(int(time.time()) + 86400 * 30, extra={"product": "vcs"})
-    await fleet.put_source_secret(env.api, env.source_ns, "nls-compute", other_token)
+    await fleet.put_source_secret(env.api, env.source_ns, "nls-compute", token=other_token)
     await fleet.create_gpu_class(env.api, vcs, mode="vgpu", secret=(env.source_ns, "nls-compute"), feature_type=4)
     try:
-        await fleet.create_claim(env.api, ns, "a", env.cls)
-        await fleet.create_claim(env.api, ns, "b", vcs)
+        await fleet.create_claim(env.api, ns, "a", class_name=env.cls)
+        await fleet.create_claim(env.api, ns, "b", class_name=vcs)
         async with running_app(env.settings()):
             r1 = await eventually(lambda: replica(env, ns), what="graphics replica")
             r2 = await eventually(lambda: replica(env, ns, vcs), what="compute replica")
@@ -152,7 +156,7 @@ async def test_drift_reverted_deleted_replica_recreated_and_foreign_secret_untou
                                               "stringData": {"mine": "tenant data"}})
     foreign = await read_secret(env.api, ns2, replica_name(env.cls))
     for ns in (ns1, ns2):
-        await fleet.create_claim(env.api, ns, "gpu", env.cls)
+        await fleet.create_claim(env.api, ns, "gpu", class_name=env.cls)
     async with running_app(env.settings()) as app:
         good = await eventually(lambda: replica(env, ns1), what="replica")
         # A tenant edits the token: reverted.
@@ -178,9 +182,7 @@ async def test_drift_reverted_deleted_replica_recreated_and_foreign_secret_untou
 
 
 async def test_source_deleted_keeps_replicas_and_reports(env: Env) -> None:
-    t = await env.tenant(env.root, vgpu=True)
-    ns = t["metadata"]["name"]
-    await fleet.create_claim(env.api, ns, "gpu", env.cls)
+    [ns] = await env.claimed(1)
     async with running_app(env.settings()) as app:
         before = await eventually(lambda: replica(env, ns), what="replica")
         await CoreV1Api(env.api).delete_namespaced_secret("nls-token", env.source_ns)
@@ -194,12 +196,10 @@ async def test_source_deleted_keeps_replicas_and_reports(env: Env) -> None:
 
 
 async def test_invalid_feature_type_and_empty_token_keep_replicas(env: Env) -> None:
-    t = await env.tenant(env.root, vgpu=True)
-    ns = t["metadata"]["name"]
-    await fleet.create_claim(env.api, ns, "gpu", env.cls)
+    [ns] = await env.claimed(1)
     async with running_app(env.settings()) as app:
         before = await eventually(lambda: replica(env, ns), what="replica")
-        await fleet.put_source_secret(env.api, env.source_ns, "nls-token", b"   ")
+        await fleet.put_source_secret(env.api, env.source_ns, "nls-token", token=b"   ")
         await eventually(lambda: metric(app, "licensectl_source_problem",
                                         {"class": env.cls, "reason": "token_empty"}) == 1.0, what="empty token")
         kept = await replica(env, ns)
@@ -207,11 +207,7 @@ async def test_invalid_feature_type_and_empty_token_keep_replicas(env: Env) -> N
 
 
 async def test_restart_converges_with_zero_writes(env: Env) -> None:
-    namespaces = []
-    for _ in range(5):
-        t = await env.tenant(env.root, vgpu=True)
-        namespaces.append(t["metadata"]["name"])
-        await fleet.create_claim(env.api, namespaces[-1], "gpu", env.cls)
+    namespaces = await env.claimed(5)
     async with running_app(env.settings()):
         async def all_there() -> list[Any] | None:
             got = [await replica(env, ns) for ns in namespaces]
@@ -231,16 +227,12 @@ async def test_restart_converges_with_zero_writes(env: Env) -> None:
 
 
 async def test_rotation_updates_every_replica(env: Env) -> None:
-    namespaces = []
-    for _ in range(3):
-        t = await env.tenant(env.root, vgpu=True)
-        namespaces.append(t["metadata"]["name"])
-        await fleet.create_claim(env.api, namespaces[-1], "gpu", env.cls)
+    namespaces = await env.claimed(3)
     async with running_app(env.settings()):
         for ns in namespaces:
             await eventually(lambda ns=ns: replica(env, ns), what="replica")
         new = fleet.fake_token(int(time.time()) + 86400 * 365, extra={"rotation": 2})
-        await fleet.put_source_secret(env.api, env.source_ns, "nls-token", new)
+        await fleet.put_source_secret(env.api, env.source_ns, "nls-token", token=new)
 
         async def rotated() -> bool:
             got = [await replica(env, ns) for ns in namespaces]
@@ -252,11 +244,7 @@ async def test_rotation_updates_every_replica(env: Env) -> None:
 
 async def test_apiserver_restart_mid_sync_converges_without_deletions(env: Env, control_plane: ControlPlane
                                                                        ) -> None:
-    namespaces = []
-    for _ in range(4):
-        t = await env.tenant(env.root, vgpu=True)
-        namespaces.append(t["metadata"]["name"])
-        await fleet.create_claim(env.api, namespaces[-1], "gpu", env.cls)
+    namespaces = await env.claimed(4)
     async with running_app(env.settings()) as app:
         async def all_four() -> list[Any] | None:
             got = [await replica(env, ns) for ns in namespaces]
@@ -267,7 +255,7 @@ async def test_apiserver_restart_mid_sync_converges_without_deletions(env: Env, 
         # New entitlement while the watches reconnect.
         t = await env.tenant(env.root, vgpu=True)
         namespaces.append(t["metadata"]["name"])
-        await fleet.create_claim(env.api, namespaces[-1], "gpu", env.cls)
+        await fleet.create_claim(env.api, namespaces[-1], "gpu", class_name=env.cls)
 
         async def all_there() -> bool:
             return all([await replica(env, ns) is not None for ns in namespaces])
@@ -280,9 +268,7 @@ async def test_apiserver_restart_mid_sync_converges_without_deletions(env: Env, 
 
 
 async def test_signing_key_rotation_rewrites_credentials_without_a_new_revision(env: Env) -> None:
-    t = await env.tenant(env.root, vgpu=True)
-    ns = t["metadata"]["name"]
-    await fleet.create_claim(env.api, ns, "gpu", env.cls)
+    [ns] = await env.claimed(1)
     async with running_app(env.settings()) as app:
         before = await eventually(lambda: replica(env, ns), what="replica")
         old_cred = secret_bytes(before, KEY_REPORT_CREDENTIAL).decode()
@@ -305,14 +291,12 @@ async def test_signing_key_rotation_rewrites_credentials_without_a_new_revision(
         assert ring is not None and ring.previous is not None
         now = dt.datetime.now(dt.UTC)
         grace = dt.timedelta(seconds=app.settings.key_grace_seconds)
-        assert ring.verify(ns, old_cred, now, grace), "guests keep reporting with the previous credential"
-        assert not ring.verify(ns, old_cred, now + grace + dt.timedelta(seconds=1), grace)
+        assert ring.verify(ns, old_cred, now=now, grace=grace), "guests keep reporting with the previous credential"
+        assert not ring.verify(ns, old_cred, now=now + grace + dt.timedelta(seconds=1), grace=grace)
 
 
 async def test_dry_run_writes_nothing(env: Env) -> None:
-    t = await env.tenant(env.root, vgpu=True)
-    ns = t["metadata"]["name"]
-    await fleet.create_claim(env.api, ns, "gpu", env.cls)
+    [ns] = await env.claimed(1)
     async with running_app(env.settings(dry_run=True)) as app:
         await eventually(lambda: app.replication.status.plan is not None, what="a planning pass")
         await eventually(lambda: (ns, replica_name(env.cls)) in app.replication.status.plan.states,

@@ -18,7 +18,7 @@ import pytest_asyncio
 from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 
 from licensectl.devcluster import fleet
-from licensectl.devcluster.simulator import ANN_BOOT
+from licensectl.devcluster.vm_semantics import ANN_BOOT
 from licensectl.model import (
     ANN_RESTART_POLICY,
     ANN_RESTART_RESULT,
@@ -28,7 +28,7 @@ from licensectl.model import (
     ANN_ROLLOUT_RESUMED_AT,
 )
 from licensectl.render import replica_name
-from licensectl.rollout import format_time
+from licensectl.timecodec import format_micro_time
 
 from ..conftest import KubevirtEnv
 from .support import eventually, make_world, metric, read_secret, running_app, settings_for, wait_event
@@ -95,7 +95,7 @@ async def rig(api_client: ApiClient, kubevirt: KubevirtEnv, namespace_factory: A
     tenants = []
     for _ in range(3):
         tenants.append((await w.tenant())["metadata"]["name"])
-        await fleet.create_claim(api_client, tenants[-1], "gpu", w.cls)
+        await fleet.create_claim(api_client, tenants[-1], "gpu", class_name=w.cls)
     yield Fleet(api_client, kubevirt, w.controller_ns, w.source_ns, w.root, w.root_name, w.cls, tenants)
 
 
@@ -259,7 +259,7 @@ async def test_failure_budget_pauses_then_resume_continues(rig: Fleet) -> None:
                     {"spec": {"template": {"metadata": {"annotations": {ANN_BOOT: None}}}}},
                     _content_type="application/merge-patch+json")
         await CoreV1Api(f.api).patch_namespaced_secret("nls-token", f.source_ns, {"metadata": {"annotations": {
-            ANN_ROLLOUT_RESUMED_AT: format_time(dt.datetime.now(dt.UTC))}}})
+            ANN_ROLLOUT_RESUMED_AT: format_micro_time(dt.datetime.now(dt.UTC))}}})
         await eventually(lambda: metric(app, "licensectl_rollout_paused", {source[0]: source[1], "reason": "failures"})
                          == 0.0, timeout=30, what="rollout resumed")
         # The rest of the fleet is rolled out; the two hung guests stay failed for the hoster to look at.

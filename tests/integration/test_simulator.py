@@ -14,9 +14,9 @@ from kubernetes_asyncio.client.api_client import ApiClient
 from kubernetes_asyncio.client.rest import ApiException
 
 from licensectl.devcluster.kubeapi import api_client_from_kubeconfig, watch_until
-from licensectl.devcluster.simulator import firmware_uuid
+from licensectl.devcluster.vm_semantics import firmware_uuid
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.cluster
 
 KV = ("kubevirt.io", "v1")
 RESTART = "/apis/subresources.kubevirt.io/v1/namespaces/{namespace}/virtualmachines/{name}/restart"
@@ -53,6 +53,15 @@ async def _restart(api: ApiClient, ns: str, name: str, body: dict[str, Any] | No
         auth_settings=["BearerToken"], response_types_map={}, _return_http_data_only=False,
     )
     return int(status)
+
+
+async def _refused_restart_of_ready_vm(admin: ApiClient, caller: ApiClient, ns: str) -> int:
+    """Create VM `vm1`, wait for its Ready VMI, and return the HTTP status `caller`'s restart fails with."""
+    await _make_vm(admin, ns, "vm1")
+    await _ready_vmi(admin, ns, "vm1")
+    with pytest.raises(ApiException) as e:
+        await _restart(caller, ns, "vm1")
+    return int(e.value.status)
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -171,11 +180,7 @@ async def test_restart_disabled_looks_like_a_cluster_without_the_subresource(
     env = await kubevirt_factory(restart_enabled=False)
     api = await api_client_from_kubeconfig(env.kubeconfig_path)
     try:
-        await _make_vm(api_client, namespace, "vm1")
-        await _ready_vmi(api_client, namespace, "vm1")
-        with pytest.raises(ApiException) as e:
-            await _restart(api, namespace, "vm1")
-        assert e.value.status == 404
+        assert await _refused_restart_of_ready_vm(api_client, api, namespace) == 404
         assert env.record.restarts == []
     finally:
         await api.close()
@@ -192,11 +197,7 @@ async def test_restart_needs_rbac_on_the_subresource(
     path.write_text(kubevirt.proxy.kubeconfig_for(token))
     sa_api = await api_client_from_kubeconfig(path)
     try:
-        await _make_vm(api_client, namespace, "vm1")
-        await _ready_vmi(api_client, namespace, "vm1")
-        with pytest.raises(ApiException) as e:
-            await _restart(sa_api, namespace, "vm1")
-        assert e.value.status == 403
+        assert await _refused_restart_of_ready_vm(api_client, sa_api, namespace) == 403
         await rbac.create_namespaced_role(namespace, {"metadata": {"name": "restart"}, "rules": [{
             "apiGroups": ["subresources.kubevirt.io"], "resources": ["virtualmachines/restart"],
             "verbs": ["update"]}]})

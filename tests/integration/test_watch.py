@@ -343,22 +343,19 @@ async def test_contract_listers_feed_informers(api_client: ApiClient, namespace:
 
 async def test_make_api_client_counts_requests(kubeconfig_path: Any, namespace: str) -> None:
     seen: list[tuple[str, int]] = []
-    kclient.set_request_observer(lambda verb, code: seen.append((verb, code)))
+    tracing = kclient.request_tracing(on_request=lambda verb, code: seen.append((verb, code)))
+    api = await kclient.make_api_client(config.Settings(kubeconfig=str(kubeconfig_path)), trace_configs=[tracing])
     try:
-        api = await kclient.make_api_client(config.Settings(kubeconfig=str(kubeconfig_path)))
-        try:
-            assert api.configuration.connection_pool_maxsize == kclient.POOL_MAXSIZE
-            core = CoreV1Api(api)
-            inf = Informer("observed", functools.partial(core.list_namespaced_secret, namespace),
-                           projections.source_secret_from)
-            async with running(inf):
-                assert await inf.wait_synced(15)
-                await until(lambda: ("WATCH", 200) in seen, what="watch request observed")
-            await core.create_namespaced_secret(namespace, secret_body("x"))
-            with contextlib.suppress(ApiException):
-                await core.create_namespaced_secret(namespace, secret_body("x"))  # 409 AlreadyExists
-        finally:
-            await api.close()
+        assert api.configuration.connection_pool_maxsize == kclient.POOL_MAXSIZE
+        core = CoreV1Api(api)
+        inf = Informer("observed", functools.partial(core.list_namespaced_secret, namespace),
+                       projections.source_secret_from)
+        async with running(inf):
+            assert await inf.wait_synced(15)
+            await until(lambda: ("WATCH", 200) in seen, what="watch request observed")
+        await core.create_namespaced_secret(namespace, secret_body("x"))
+        with contextlib.suppress(ApiException):
+            await core.create_namespaced_secret(namespace, secret_body("x"))  # 409 AlreadyExists
     finally:
-        kclient.set_request_observer(None)
+        await api.close()
     assert ("GET", 200) in seen and ("POST", 201) in seen and ("POST", 409) in seen

@@ -1,20 +1,16 @@
-"""The benchmarks' pure helpers: metric parsing and deltas, /proc parsing, fleet shapes, tables."""
+"""The benchmarks' pure helpers: /proc parsing, fleet shapes, tables (metrics parsing: test_testkit.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from benchmarks.common import (
-    MetricSnapshot,
-    delta,
-    delta_by_label,
     fmt_mib,
     fmt_num,
     fmt_ratio,
     fmt_seconds,
     format_table,
     level_sizes,
-    parse_metrics,
     parse_proc_stat_cpu,
     parse_proc_status,
     ratio,
@@ -22,56 +18,6 @@ from benchmarks.common import (
     tenant_tree,
 )
 from benchmarks.rollout import SIM, bottleneck
-
-EXPOSITION = """\
-# HELP licensectl_api_requests_total Requests to the apiserver by verb and code.
-# TYPE licensectl_api_requests_total counter
-licensectl_api_requests_total{code="200",verb="GET"} 12.0
-licensectl_api_requests_total{code="404",verb="GET"} 3.0
-licensectl_api_requests_total{code="201",verb="POST"} 5.0
-# HELP licensectl_replicas Replica Secrets by state (in_sync, drifted, missing, conflict).
-# TYPE licensectl_replicas gauge
-licensectl_replicas{state="in_sync"} 4999.0
-licensectl_replicas{state="missing"} 1.0
-# HELP licensectl_source_revision_info Current license revision per source and class.
-# TYPE licensectl_source_revision_info gauge
-licensectl_source_revision_info{class="vws",revision="ab\\"c,d}e",source_name="n",source_namespace="s"} 1.0
-# HELP licensectl_ready 1 once every cache completed its initial sync.
-# TYPE licensectl_ready gauge
-licensectl_ready 1.0
-"""
-
-
-def test_parse_metrics_sums_matching_label_subsets() -> None:
-    s = parse_metrics(EXPOSITION, at=7.0)
-    assert s.at == 7.0
-    assert s.value("licensectl_api_requests_total") == 20.0
-    assert s.value("licensectl_api_requests_total", verb="GET") == 15.0
-    assert s.value("licensectl_api_requests_total", verb="GET", code="404") == 3.0
-    assert s.value("licensectl_replicas", state="in_sync") == 4999.0
-    assert s.value("licensectl_ready") == 1.0
-    assert s.value("licensectl_replicas", state="drifted") == 0.0
-    assert not s.has("licensectl_replicas", state="drifted")
-    assert s.has("licensectl_replicas", state="missing")
-
-
-def test_parse_metrics_keeps_escaped_label_values() -> None:
-    s = parse_metrics(EXPOSITION)
-    labels = [dict(ls) for (n, ls) in s.samples if n == "licensectl_source_revision_info"]
-    assert labels == [{"class": "vws", "revision": 'ab"c,d}e', "source_name": "n", "source_namespace": "s"}]
-
-
-def test_by_label_and_deltas() -> None:
-    before = parse_metrics(EXPOSITION)
-    after = parse_metrics(EXPOSITION.replace('verb="POST"} 5.0', 'verb="POST"} 9.0')
-                          + 'licensectl_api_requests_total{code="200",verb="PUT"} 2.0\n')
-    assert after.by_label("licensectl_api_requests_total", "verb") == {"GET": 15.0, "POST": 9.0, "PUT": 2.0}
-    assert delta(after, before, "licensectl_api_requests_total") == 6.0
-    assert delta(after, before, "licensectl_api_requests_total", verb="GET") == 0.0
-    # Unchanged verbs are left out; a series that appeared counts from zero.
-    assert delta_by_label(after, before, "licensectl_api_requests_total", "verb") == {"POST": 4.0, "PUT": 2.0}
-    assert delta_by_label(after, MetricSnapshot({}), "licensectl_replicas", "state") == {
-        "in_sync": 4999.0, "missing": 1.0}
 
 
 def test_parse_proc_status_in_bytes() -> None:

@@ -52,12 +52,12 @@ def test_new_signing_key_is_random_32_bytes() -> None:
 def test_verify_current_key() -> None:
     ring = KeyRing(current=K1)
     c = ring.credential("tenant-foo")
-    assert ring.verify("tenant-foo", c, T0, GRACE)
-    assert not ring.verify("tenant-bar", c, T0, GRACE)  # another namespace's credential
-    assert not ring.verify("tenant-foo", c[:-1] + ("A" if c[-1] != "A" else "B"), T0, GRACE)  # forged
-    assert not ring.verify("tenant-foo", "", T0, GRACE)
-    assert not ring.verify("", c, T0, GRACE)
-    assert not ring.verify("tenant-foo", "\u00e9" * 43, T0, GRACE)  # non-ASCII must not raise
+    assert ring.verify("tenant-foo", c, now=T0, grace=GRACE)
+    assert not ring.verify("tenant-bar", c, now=T0, grace=GRACE)  # another namespace's credential
+    assert not ring.verify("tenant-foo", c[:-1] + ("A" if c[-1] != "A" else "B"), now=T0, grace=GRACE)  # forged
+    assert not ring.verify("tenant-foo", "", now=T0, grace=GRACE)
+    assert not ring.verify("", c, now=T0, grace=GRACE)
+    assert not ring.verify("tenant-foo", "\u00e9" * 43, now=T0, grace=GRACE)  # non-ASCII must not raise
 
 
 def test_previous_key_accepted_only_within_grace() -> None:
@@ -65,15 +65,15 @@ def test_previous_key_accepted_only_within_grace() -> None:
     old = derive_credential(K1, "tenant-foo")
     new = derive_credential(K2, "tenant-foo")
     assert ring.credential("tenant-foo") == new
-    assert ring.verify("tenant-foo", new, T0 + GRACE * 10, GRACE)
-    assert ring.verify("tenant-foo", old, T0 + GRACE - dt.timedelta(seconds=1), GRACE)
-    assert not ring.verify("tenant-foo", old, T0 + GRACE, GRACE)
-    assert not ring.verify("tenant-bar", old, T0, GRACE)
+    assert ring.verify("tenant-foo", new, now=T0 + GRACE * 10, grace=GRACE)
+    assert ring.verify("tenant-foo", old, now=T0 + GRACE - dt.timedelta(seconds=1), grace=GRACE)
+    assert not ring.verify("tenant-foo", old, now=T0 + GRACE, grace=GRACE)
+    assert not ring.verify("tenant-bar", old, now=T0, grace=GRACE)
 
 
 def test_previous_key_without_rotation_time_is_not_trusted() -> None:
     ring = KeyRing(current=K2, previous=K1)
-    assert not ring.verify("ns", derive_credential(K1, "ns"), T0, GRACE)
+    assert not ring.verify("ns", derive_credential(K1, "ns"), now=T0, grace=GRACE)
 
 
 def test_prune_drops_previous_after_grace() -> None:
@@ -107,6 +107,18 @@ def test_secret_round_trip() -> None:
     only = keyring_to_secret_data(KeyRing(current=K1))
     assert only == {SECRET_KEY_CURRENT: K1}
     assert keyring_from_secret_data(only) == KeyRing(current=K1)
+
+
+def test_rotated_at_keeps_its_stored_form() -> None:
+    """Whole seconds, microseconds only when there are some; zone-less values are read as UTC."""
+    ring = KeyRing(current=K1).rotate(K2, T0 + dt.timedelta(microseconds=250_000))
+    data = keyring_to_secret_data(ring)
+    assert data[SECRET_KEY_ROTATED_AT] == b"2026-01-01T00:00:00.250000Z"
+    assert keyring_from_secret_data(data) == ring
+    by_hand = keyring_from_secret_data({SECRET_KEY_CURRENT: K1, SECRET_KEY_ROTATED_AT: b" 2026-01-01T01:00:00+01:00\n"})
+    assert by_hand.rotated_at == T0
+    zone_less = keyring_from_secret_data({SECRET_KEY_CURRENT: K1, SECRET_KEY_ROTATED_AT: b"2026-01-01T00:00:00"})
+    assert zone_less.rotated_at == T0
 
 
 @pytest.mark.parametrize(

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import socket
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -23,14 +25,16 @@ from licensectl.devcluster.controlplane import (
     render_kubeconfig,
 )
 from licensectl.devcluster.kubeapi import load_crd_manifests
-from licensectl.devcluster.simulator import (
-    Interval,
-    SimulatorRecord,
+from licensectl.devcluster.ledger import Interval, SimulatorRecord
+from licensectl.devcluster.virt_controller import WatchedKind
+from licensectl.devcluster.vm_semantics import (
     change_request_patch,
     firmware_uuid,
     run_strategy,
     trim_first_request_needed,
 )
+
+from .test_watch_unit import FakeApi, FakeResp, ev, obj, page
 
 
 def test_free_port_is_bindable_on_loopback() -> None:
@@ -183,24 +187,50 @@ def test_max_concurrent_unavailable_sweeps_intervals() -> None:
 
 def test_first_boot_is_not_unavailability_but_loss_of_ready_is() -> None:
     r = SimulatorRecord()
-    r._down("ns", "vm", 1.0)  # never Ready before: a first boot
+    r.vm_down("ns", "vm", 1.0)  # never Ready before: a first boot
     assert r.unavailable == []
-    r._up("ns", "vm", 2.0)
-    r._down("ns", "vm", 3.0)
-    r._down("ns", "vm", 3.5)  # already down: same interval
+    r.vm_up("ns", "vm", 2.0)
+    r.vm_down("ns", "vm", 3.0)
+    r.vm_down("ns", "vm", 3.5)  # already down: same interval
     assert r.currently_unavailable() == [("ns", "vm")]
-    r._up("ns", "vm", 4.0)
+    r.vm_up("ns", "vm", 4.0)
     assert [(i.start, i.end) for i in r.unavailable] == [(3.0, 4.0)]
 
 
 def test_a_deleted_vm_closes_its_interval_and_is_no_longer_tracked() -> None:
     r = SimulatorRecord()
-    r._up("ns", "vm", 1.0)
-    r._down("ns", "vm", 2.0)
-    r._gone("ns", "vm", 2.5)
-    r._down("ns", "vm", 3.0)  # e.g. its VMI garbage-collected afterwards
+    r.vm_up("ns", "vm", 1.0)
+    r.vm_down("ns", "vm", 2.0)
+    r.vm_gone("ns", "vm", 2.5)
+    r.vm_down("ns", "vm", 3.0)  # e.g. its VMI garbage-collected afterwards
     assert [(i.start, i.end) for i in r.unavailable] == [(2.0, 2.5)]
     assert r.currently_unavailable() == []
+
+
+async def test_watched_kind_turns_informer_changes_into_kubevirt_style_events() -> None:
+    """The simulator reacts to ADDED/MODIFIED/DELETED like virt-controller's handlers; a DELETED
+    carries the last object seen (its UID and ownerReferences), and `store` follows every change."""
+    api = FakeApi()
+    api.list_round([page([obj("a", "1"), obj("b", "2")], "10")])
+    api.watches.append(FakeResp(200, [ev("MODIFIED", obj("a", "11", spec={"v": 2})),
+                                      ev("DELETED", obj("b", "12"))], hang=api.release))
+    seen: list[tuple[str, str, str]] = []
+    all_four = asyncio.Event()
+
+    def on_event(typ: str, o: dict[str, Any]) -> None:
+        seen.append((typ, o["metadata"]["name"], o["metadata"]["resourceVersion"]))
+        if len(seen) == 4:
+            all_four.set()
+
+    kind = WatchedKind("things", api, on_event)
+    kind.start()
+    try:
+        await kind.wait_synced(2)
+        await asyncio.wait_for(all_four.wait(), 3)
+    finally:
+        await kind.stop()
+    assert seen == [("ADDED", "a", "1"), ("ADDED", "b", "2"), ("MODIFIED", "a", "11"), ("DELETED", "b", "2")]
+    assert list(kind.store) == [("n", "a")] and kind.store[("n", "a")]["spec"] == {"v": 2}
 
 
 def test_ensure_binaries_reports_a_cache_hit(tmp_path: Path) -> None:

@@ -11,7 +11,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from licensectl.config import Settings
 from licensectl.entitlement import (
     EntitlementResult,
     Problem,
@@ -76,7 +75,7 @@ def claims_for(names: Iterable[str], class_name: str = "vws") -> list[GpuClaim]:
 
 def run(namespaces: Mapping[str, Namespace], claims: Iterable[GpuClaim] = (),
         classes: Mapping[str, GpuClass] = CLASSES) -> EntitlementResult:
-    return compute_entitlement(namespaces, classes, claims, S)
+    return compute_entitlement(namespaces, classes, claims, settings=S)
 
 
 def kinds(r: EntitlementResult) -> dict[str, ProblemKind]:
@@ -129,13 +128,8 @@ def test_configured_label_names_are_used() -> None:
                             root_tenant=ROOT)
     labels = {"t.example.org/tenant-a": "", "example.org/gpu": "true"}
     namespaces = index(ns(ROOT, labels={"example.org/gpu": "true"}), ns("tenant-a", labels=labels))
-    r = compute_entitlement(namespaces, CLASSES, claims_for(["tenant-a"]), custom)
+    r = compute_entitlement(namespaces, CLASSES, claims_for(["tenant-a"]), settings=custom)
     assert ("tenant-a", "vws") in r.entitled and r.problems == ()
-
-
-def test_settings_come_from_config() -> None:
-    s = Settings(vgpu_label="x/y", tenant_label_prefix="p/", root_tenant="tenant-top")
-    assert TenantSettings.from_settings(s) == TenantSettings("x/y", "p/", "tenant-top")
 
 
 # --- claims and classes -----------------------------------------------------------------------

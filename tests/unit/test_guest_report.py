@@ -148,7 +148,7 @@ def test_gridd_log_derived_iso_journal_format() -> None:
 
 
 def test_gridd_log_failed_with_info_derived() -> None:
-    # Derived from the documented message shape (domain.md §5).
+    # Derived from the documented message shape (docs/design.md#gridd-log).
     line = "nvidia-gridd[1]: Failed to acquire license from dls.example (Info: NVIDIA Virtual PC - Error: timeout)"
     (e,) = parse_gridd_log([line])
     assert (e.kind, e.server, e.product) == (GriddEventKind.FAILED, "dls.example", "NVIDIA Virtual PC")

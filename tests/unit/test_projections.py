@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from licensectl import model, render
+from licensectl import model
 from licensectl.kube import projections as p
 
 UTC = dt.UTC
@@ -150,10 +150,10 @@ def test_source_secret_drops_undecodable_keys() -> None:
     assert s is not None and dict(s.data) == {"good": b"x"}
 
 
-def test_replica_secret_digest_matches_render() -> None:
+def test_replica_secret_keeps_the_data_digest() -> None:
     r = p.replica_secret_from(SECRET)
     assert r is not None
-    expected = render.data_digest({"client_configuration_token.tok": b"eyJhbGciOi.payload.sig",
+    expected = model.data_digest({"client_configuration_token.tok": b"eyJhbGciOi.payload.sig",
                                    "gridd.conf": b"FeatureType=1\n"})
     assert r.data_digest == expected
     assert r.labels[model.MANAGED_BY_LABEL] == model.MANAGED_BY_VALUE
@@ -206,26 +206,6 @@ def test_vm_run_strategy(spec: dict[str, Any], expected: str | None) -> None:
     assert vm is not None
     assert vm.run_strategy == expected
     assert vm.resource_version == "4" and vm.annotations[model.ANN_RESTART_REVISION] == "r1"
-
-
-@pytest.mark.parametrize(("raw", "expected"), [
-    ("2024-05-01T10:00:00Z", dt.datetime(2024, 5, 1, 10, tzinfo=UTC)),
-    ("2024-05-01T12:00:00+02:00", dt.datetime(2024, 5, 1, 10, tzinfo=UTC)),
-    ("2024-05-01T10:00:00.123456Z", dt.datetime(2024, 5, 1, 10, 0, 0, 123456, tzinfo=UTC)),
-    ("2024-05-01T10:00:00.123456789Z", dt.datetime(2024, 5, 1, 10, 0, 0, 123456, tzinfo=UTC)),
-    ("2024-05-01T10:00:00", None),  # naive: not RFC 3339
-    ("2024-05-01", None),
-    ("2024-13-01T10:00:00Z", None),
-    ("2024-05-01T10:00:00Z\n", None),
-    ("", None),
-    (None, None),
-    (1714557600, None),
-])
-def test_parse_time(raw: object, expected: dt.datetime | None) -> None:
-    got = p.parse_time(raw)
-    assert got == expected
-    if got is not None:
-        assert got.tzinfo is UTC
 
 
 GARBAGE: list[Any] = [

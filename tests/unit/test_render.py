@@ -12,25 +12,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from licensectl.model import (
-    ANN_CLASS,
-    ANN_REVISION,
-    ANN_REVISION_TIME,
-    ANN_SOURCE_NAME,
-    ANN_SOURCE_NAMESPACE,
-    ANN_SOURCE_UID,
-    KEY_GRIDD_CONF,
-    KEY_REPORT_CREDENTIAL,
-    KEY_REPORT_NAMESPACE,
-    KEY_REPORT_URL,
-    KEY_TOKEN,
-    MANAGED_BY_LABEL,
-    MANAGED_BY_VALUE,
-    GpuClass,
-    ObjectRef,
-    ReplicaSecret,
-    SourceSecret,
-)
+from licensectl import model
+from licensectl.model import data_digest
 from licensectl.render import (
     GRIDD_CONF_HEADER,
     MAX_GRIDD_CONF_BYTES,
@@ -41,7 +24,6 @@ from licensectl.render import (
     ReplicaState,
     SourceProblem,
     SourceProblemReason,
-    data_digest,
     render_license,
     render_replica,
     replica_diff,
@@ -52,36 +34,36 @@ from licensectl.render import (
 TOKEN_KEY = "client_configuration_token.tok"
 # A recognizable stand-in for token bytes, so leaks into reprs and messages are detectable.
 TOKEN = b"SENTINEL-token-bytes-4b1d\n"
-SREF = ObjectRef("licensectl-system", "vws-token")
-VWS = GpuClass("vws", "uid-vws", "vgpu", SREF, 1)
+SREF = model.ObjectRef("licensectl-system", "vws-token")
+VWS = model.GpuClass("vws", "uid-vws", "vgpu", SREF, 1)
 NOW = dt.datetime(2024, 5, 1, 12, 0, 0, tzinfo=dt.UTC)
 DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
-def source(data: Mapping[str, bytes] | None = None, **kw: object) -> SourceSecret:
+def source(data: Mapping[str, bytes] | None = None, **kw: object) -> model.SourceSecret:
     fields: dict[str, object] = dict(namespace=SREF.namespace, name=SREF.name, uid="uid-src",
                                      resource_version="1", data={TOKEN_KEY: TOKEN} if data is None else data)
     fields.update(kw)
-    return SourceSecret(**fields)  # type: ignore[arg-type]
+    return model.SourceSecret(**fields)  # type: ignore[arg-type]
 
 
-def rendered(src: SourceSecret | None = None, cls: GpuClass = VWS) -> RenderedLicense:
+def rendered(src: model.SourceSecret | None = None, cls: model.GpuClass = VWS) -> RenderedLicense:
     out = render_license(source() if src is None else src, cls, TOKEN_KEY)
     assert isinstance(out, RenderedLicense), out
     return out
 
 
-def desired(lic: RenderedLicense | None = None, *, existing: ReplicaSecret | None = None,
+def desired(lic: RenderedLicense | None = None, *, existing: model.ReplicaSecret | None = None,
             now: dt.datetime = NOW, credential: str = "cred-1", url: str = "https://r.example/v1/reports",
-            src: SourceSecret | None = None) -> DesiredReplica:
+            src: model.SourceSecret | None = None) -> DesiredReplica:
     return render_replica(lic or rendered(), namespace="tenant-a", gpu_class=VWS, source=src or source(),
                           report_url=url, credential=credential, existing=existing, now=now)
 
 
 def observed(d: DesiredReplica, *, labels: Mapping[str, str] | None = None,
-             annotations: Mapping[str, str] | None = None, digest: str | None = None) -> ReplicaSecret:
+             annotations: Mapping[str, str] | None = None, digest: str | None = None) -> model.ReplicaSecret:
     """The Secret the kube layer would see after writing `d`."""
-    return ReplicaSecret(namespace=d.namespace, name=d.name, uid="uid-replica", resource_version="7",
+    return model.ReplicaSecret(namespace=d.namespace, name=d.name, uid="uid-replica", resource_version="7",
                          labels=dict(d.labels) if labels is None else labels,
                          annotations=dict(d.annotations) if annotations is None else annotations,
                          data_digest=d.data_digest if digest is None else digest)
@@ -197,7 +179,7 @@ def test_revision_equal_iff_consumed_content_equal(t1: bytes, t2: bytes, c1: str
     assert (a.revision == b.revision) is same
 
 
-def _problem(src: SourceSecret | None, cls: GpuClass = VWS) -> SourceProblem:
+def _problem(src: model.SourceSecret | None, cls: model.GpuClass = VWS) -> SourceProblem:
     out = render_license(src, cls, TOKEN_KEY)
     assert isinstance(out, SourceProblem), out
     assert TOKEN.decode().strip() not in out.message
@@ -212,7 +194,7 @@ def test_source_missing() -> None:
 
 def test_secret_ref_missing() -> None:
     p = _problem(source(), dataclasses.replace(VWS, secret_ref=None))
-    assert p.reason is SourceProblemReason.SECRET_REF_MISSING and p.ref == ObjectRef("", "vws")
+    assert p.reason is SourceProblemReason.SECRET_REF_MISSING and p.ref == model.ObjectRef("", "vws")
 
 
 @pytest.mark.parametrize("mode", ["passthrough", "mig", None])
@@ -284,16 +266,16 @@ def test_replica_content() -> None:
     d = desired(lic)
     assert (d.namespace, d.name, d.class_name) == ("tenant-a", "nvidia-vgpu-license-vws", "vws")
     assert dict(d.data) == {
-        KEY_TOKEN: TOKEN,
-        KEY_GRIDD_CONF: lic.gridd_conf,
-        KEY_REPORT_URL: b"https://r.example/v1/reports",
-        KEY_REPORT_NAMESPACE: b"tenant-a",
-        KEY_REPORT_CREDENTIAL: b"cred-1",
+        model.KEY_TOKEN: TOKEN,
+        model.KEY_GRIDD_CONF: lic.gridd_conf,
+        model.KEY_REPORT_URL: b"https://r.example/v1/reports",
+        model.KEY_REPORT_NAMESPACE: b"tenant-a",
+        model.KEY_REPORT_CREDENTIAL: b"cred-1",
     }
-    assert dict(d.labels) == {MANAGED_BY_LABEL: MANAGED_BY_VALUE}
+    assert dict(d.labels) == {model.MANAGED_BY_LABEL: model.MANAGED_BY_VALUE}
     assert dict(d.annotations) == {
-        ANN_SOURCE_NAMESPACE: SREF.namespace, ANN_SOURCE_NAME: SREF.name, ANN_SOURCE_UID: "uid-src",
-        ANN_CLASS: "vws", ANN_REVISION: lic.revision, ANN_REVISION_TIME: "2024-05-01T12:00:00Z",
+        model.ANN_SOURCE_NAMESPACE: SREF.namespace, model.ANN_SOURCE_NAME: SREF.name, model.ANN_SOURCE_UID: "uid-src",
+        model.ANN_CLASS: "vws", model.ANN_REVISION: lic.revision, model.ANN_REVISION_TIME: "2024-05-01T12:00:00Z",
     }
     assert d.revision == lic.revision and d.revision_time == NOW
     assert d.data_digest == data_digest(d.data)
@@ -302,7 +284,7 @@ def test_replica_content() -> None:
 def test_revision_time_is_utc_whole_seconds() -> None:
     cest = dt.timezone(dt.timedelta(hours=2))
     d = desired(now=dt.datetime(2024, 5, 1, 14, 0, 0, 999_999, tzinfo=cest))
-    assert d.annotations[ANN_REVISION_TIME] == "2024-05-01T12:00:00Z"
+    assert d.annotations[model.ANN_REVISION_TIME] == "2024-05-01T12:00:00Z"
     assert d.revision_time == NOW
 
 
@@ -340,15 +322,25 @@ def test_revision_time_renewed_for_a_new_revision() -> None:
 @pytest.mark.parametrize("time_value", ["not-a-time", "", "2024-05-01T12:00:00", "2999-01-01T00:00:00Z"])
 def test_revision_time_renewed_when_the_kept_time_is_unusable(time_value: str) -> None:
     first = desired()
-    ann = dict(first.annotations) | {ANN_REVISION_TIME: time_value}
+    ann = dict(first.annotations) | {model.ANN_REVISION_TIME: time_value}
     again = desired(existing=observed(first, annotations=ann), now=LATER)
     assert again.revision_time == LATER
 
 
 def test_revision_time_kept_with_an_offset_form() -> None:
     first = desired()
-    ann = dict(first.annotations) | {ANN_REVISION_TIME: "2024-05-01T14:00:00+02:00"}
+    ann = dict(first.annotations) | {model.ANN_REVISION_TIME: "2024-05-01T14:00:00+02:00"}
     assert desired(existing=observed(first, annotations=ann), now=LATER).revision_time == NOW
+
+
+@pytest.mark.parametrize("time_value", [" 2024-05-01T12:00:00Z\n", "2024-05-01T12:00:00.750000Z"])
+def test_revision_time_read_as_the_rollout_reads_it(time_value: str) -> None:
+    """A hand edit's whitespace is forgiven (as the rollout planner does) and a fraction is cut."""
+    first = desired()
+    ann = dict(first.annotations) | {model.ANN_REVISION_TIME: time_value}
+    again = desired(existing=observed(first, annotations=ann), now=LATER)
+    assert again.revision_time == NOW
+    assert again.annotations[model.ANN_REVISION_TIME] == "2024-05-01T12:00:00Z"
 
 
 def test_revision_time_not_taken_from_a_foreign_secret() -> None:
@@ -391,8 +383,8 @@ def test_diff_data_drift_updates() -> None:
     assert replica_state(drifted, d) is ReplicaState.DRIFTED
 
 
-@pytest.mark.parametrize("key", [ANN_SOURCE_NAMESPACE, ANN_SOURCE_NAME, ANN_SOURCE_UID, ANN_REVISION,
-                                 ANN_REVISION_TIME])
+@pytest.mark.parametrize("key", [model.ANN_SOURCE_NAMESPACE, model.ANN_SOURCE_NAME, model.ANN_SOURCE_UID,
+                                 model.ANN_REVISION, model.ANN_REVISION_TIME])
 def test_diff_owned_annotation_changed_or_missing_updates(key: str) -> None:
     d = desired()
     changed = observed(d, annotations=dict(d.annotations) | {key: "edited"})
@@ -404,8 +396,8 @@ def test_diff_owned_annotation_changed_or_missing_updates(key: str) -> None:
 def test_diff_foreign_secret_is_a_conflict() -> None:
     d = desired()
     no_label = observed(d, labels={"app": "someone-else"})
-    other_manager = observed(d, labels={MANAGED_BY_LABEL: "helm"})
-    no_class = observed(d, annotations={k: v for k, v in d.annotations.items() if k != ANN_CLASS})
+    other_manager = observed(d, labels={model.MANAGED_BY_LABEL: "helm"})
+    no_class = observed(d, annotations={k: v for k, v in d.annotations.items() if k != model.ANN_CLASS})
     for foreign in (no_label, other_manager, no_class):
         assert not foreign.owned
         assert replica_diff(foreign, d) is ReplicaAction.CONFLICT
@@ -414,7 +406,7 @@ def test_diff_foreign_secret_is_a_conflict() -> None:
 
 def test_diff_owned_by_another_class_is_a_conflict() -> None:
     d = desired()
-    other = observed(d, annotations=dict(d.annotations) | {ANN_CLASS: "vcs"})
+    other = observed(d, annotations=dict(d.annotations) | {model.ANN_CLASS: "vcs"})
     assert other.owned
     assert replica_diff(other, d) is ReplicaAction.CONFLICT
 

@@ -9,7 +9,6 @@ import re
 import pytest
 from prometheus_client import generate_latest
 
-from benchmarks.common import parse_metrics
 from benchmarks.reports import (
     MARKER,
     PLACEHOLDERS,
@@ -34,6 +33,7 @@ from benchmarks.reports import (
 from licensectl.guest_report import evaluate, parse_report, render_report
 from licensectl.guests import GuestStore
 from licensectl.metrics import Metrics
+from licensectl.testkit.metrics_text import parse_metrics
 
 NOW = dt.datetime(2026, 5, 1, 12, 0, 0, tzinfo=dt.UTC)
 

@@ -15,7 +15,6 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as hst
 
 from licensectl import model
-from licensectl.config import Settings
 from licensectl.model import ObjectRef, ReplicaSecret, Vm, Vmi, frozen_map
 from licensectl.rollout import (
     GuestGate,
@@ -29,10 +28,9 @@ from licensectl.rollout import (
     RolloutSettings,
     SourceControl,
     VmiState,
-    format_time,
-    parse_time,
     plan_rollout,
 )
+from licensectl.timecodec import annotation_time
 
 T0 = dt.datetime(2024, 5, 1, 12, 0, 0, tzinfo=dt.UTC)
 SRC = ObjectRef("licensectl-system", "nvidia-license")
@@ -81,25 +79,12 @@ def intent(rev: str, issued: float, uid: str, *, attempted: float | None = None,
 def plan(replicas: Sequence[ReplicaRevision], vmis: Sequence[Vmi], vms: Sequence[Vm], now: float, *,
          st: RolloutSettings = ST, guests: Mapping[tuple[str, str], GuestGate] | None = None,
          sources: Mapping[ObjectRef, SourceControl] | None = None) -> RolloutPlan:
-    return plan_rollout(replicas, vmis, vms, guests or {}, sources or {}, st, at(now))
+    return plan_rollout(replicas=replicas, vmis=vmis, vms=vms, guests=guests or {}, sources=sources or {},
+                        settings=st, now=at(now))
 
 
 def state(p: RolloutPlan, ns: str = "t-a", name: str = "vm1") -> VmiState:
     return p.vmi_states[(ns, name)].state
-
-
-# ---------------------------------------------------------------------------------------------
-# Parsing and formatting
-# ---------------------------------------------------------------------------------------------
-
-
-def test_time_roundtrip_and_rejects() -> None:
-    t = dt.datetime(2024, 5, 1, 12, 0, 1, 250000, tzinfo=dt.UTC)
-    assert parse_time(format_time(t)) == t
-    assert parse_time("2024-05-01T14:00:00+02:00") == at(0)
-    assert parse_time("2024-05-01T12:00:00") is None  # no zone: ambiguous, rejected
-    assert parse_time("yesterday") is None
-    assert parse_time(None) is None
 
 
 def test_replica_revision_from_secret() -> None:
@@ -131,10 +116,8 @@ def test_intent_roundtrip_through_annotations() -> None:
     assert RecordResult("t-a", "vm1", "r1", "done").annotations() == {model.ANN_RESTART_RESULT: "done"}
 
 
-def test_settings_from_config_and_limits() -> None:
-    s = RolloutSettings.from_settings(Settings(max_unavailable="25%", restart_reissue_seconds=12.0))
-    assert s.max_unavailable == "25%" and s.reissue_after_seconds == 12.0
-    assert s.done_gate == Settings().done_gate and s.settle_seconds == Settings().settle_seconds
+def test_unavailable_limits() -> None:
+    s = RolloutSettings(max_unavailable="25%", reissue_after_seconds=12.0)
     assert s.unavailable_limit(10) == 2  # 2.5 rounded down
     assert s.unavailable_limit(3) == 1  # minimum 1
     assert RolloutSettings(max_unavailable="5").unavailable_limit(1000) == 5
@@ -393,6 +376,22 @@ def test_failures_count_per_revision() -> None:
     assert {a.vm for a in new.restarts} == {"vm1", "vm2"}
 
 
+def test_vmis_of_failed_restarts_do_not_hold_the_budget_of_a_newer_revision() -> None:
+    """Two VMIs recreated by failed r1 restarts never become Ready; once r2 makes them stale they
+    must not count as unavailable, or a limit of 1 would stall the r2 rollout forever."""
+    st = dataclasses.replace(ST, max_unavailable="1", max_per_namespace=1)
+    ms = [vm(name="a", ann=intent("r1", 100, "a-old", result="failed")),
+          vm(name="b", ann=intent("r1", 100, "b-old", attempted=150))]  # times out at 750, unrecorded
+    vs = [vmi(name="a", uid="a-new", started=130, ready=False), vmi(name="b", uid="b-new", started=160, ready=False)]
+    p = plan([rep(rev="r2", t=700)], vs, ms, now=800, st=st)
+    assert (state(p, name="a"), state(p, name="b")) == (VmiState.STALE, VmiState.STALE)
+    assert [(a.vm, a.vmi_uid, a.revision) for a in p.restarts] == [("a", "a-new", "r2")]
+    assert p.sources[SRC].unavailable == 1  # the restart just issued, nothing else
+    # Before b's r1 restart timed out it is a rollout step under way: it holds the budget.
+    early = plan([rep(rev="r2", t=220)], vs, ms, now=260, st=st)
+    assert early.sources[SRC].unavailable == 1 and early.restarts == ()
+
+
 # ---------------------------------------------------------------------------------------------
 # Pause and resume
 # ---------------------------------------------------------------------------------------------
@@ -633,7 +632,7 @@ class Cluster:
     def failed_at(self, key: tuple[str, str], timeout: dt.timedelta) -> bool:
         """A restart that took effect fails when no Ready VMI exists timeout after its last call."""
         m = self.vms.get(key)
-        called = parse_time(m.annotations.get(model.ANN_RESTART_ATTEMPTED_AT)) if m else None
+        called = annotation_time(m.annotations, model.ANN_RESTART_ATTEMPTED_AT) if m else None
         return called is not None and self.now >= called + timeout
 
 
@@ -703,10 +702,12 @@ def run_simulation(f: Fleet, max_steps: int = 1500) -> tuple[Cluster, RolloutPla
             control, resume_at = dataclasses.replace(control, resumed_at=c.now), None
         replicas = [ReplicaRevision(f"t-{i}", LIC, revision, rev_time, SRC) for i in range(len(f.namespaces))]
         vmis, vms = c.observe()
-        plan_ = plan_rollout(replicas, vmis, vms, {}, {SRC: control}, f.st, c.now)
+        plan_ = plan_rollout(replicas=replicas, vmis=vmis, vms=vms, guests={}, sources={SRC: control},
+                             settings=f.st, now=c.now)
         status = plan_.sources[SRC]
-        assert plan_ == plan_rollout(replicas, list(reversed(vmis)), list(reversed(vms)), {}, {SRC: control},
-                                     f.st, c.now), "plan depends on input order"
+        assert plan_ == plan_rollout(replicas=replicas, vmis=list(reversed(vmis)), vms=list(reversed(vms)),
+                                     guests={}, sources={SRC: control}, settings=f.st, now=c.now), \
+            "plan depends on input order"
 
         # Paused means no restart call at all.
         if status.pause_reason is not None:
@@ -719,7 +720,7 @@ def run_simulation(f: Fleet, max_steps: int = 1500) -> tuple[Cluster, RolloutPla
             if v.uid in c.doomed and c.failed_at(key, timeout)
             and c.vms[key].annotations.get(model.ANN_RESTART_REVISION) == revision
             and (control.resumed_at is None
-                 or parse_time(c.vms[key].annotations[model.ANN_RESTART_ISSUED_AT]) >= control.resumed_at))
+                 or annotation_time(c.vms[key].annotations, model.ANN_RESTART_ISSUED_AT) >= control.resumed_at))
         if gt_failures >= f.st.max_failures:
             assert status.pause_reason is not None, (gt_failures, status)
         # Standalone and manual VMIs: never acted on, reported as blocked / manual (overdue on time).

@@ -1,11 +1,24 @@
-"""The server clock corrects a skewed local clock from apiserver Date headers."""
+"""The server clock corrects a skewed local clock from apiserver Date headers, fed by the API
+client's request tracing, which also counts every request by (verb, code)."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import json
 import time
+from collections.abc import AsyncIterator
 from email.utils import format_datetime
+from pathlib import Path
 
+import aiohttp
+import pytest
+from aiohttp import web
+from kubernetes_asyncio.client import ApiException, CoreV1Api
+from yarl import URL
+
+from licensectl.config import Settings
+from licensectl.kube import client as kclient
 from licensectl.kube.server_clock import ServerClock
 
 
@@ -45,3 +58,103 @@ def test_samples_are_rate_limited() -> None:
     c.observe(header(local + 60), local)
     c.observe(header(local - 60), local + 0.5)  # ignored: within the interval
     assert 59.0 <= c.offset <= 61.0
+
+
+# -- fed by the API client's request tracing ---------------------------------------------------------
+SKEW = 3600.0  # the fake apiserver runs an hour ahead of this machine
+
+
+@contextlib.asynccontextmanager
+async def fake_apiserver() -> AsyncIterator[str]:
+    """A tiny HTTP apiserver: namespaces list (Date an hour ahead), 404 for a Secret, a watch stream."""
+
+    def dated(resp: web.StreamResponse) -> web.StreamResponse:
+        resp.headers["Date"] = header(time.time() + SKEW)
+        return resp
+
+    async def namespaces(request: web.Request) -> web.StreamResponse:
+        if request.query.get("watch", "").lower() == "true":
+            resp = dated(web.StreamResponse())
+            await resp.prepare(request)
+            await resp.write_eof()
+            return resp
+        return dated(web.json_response({"kind": "NamespaceList", "apiVersion": "v1", "metadata": {}, "items": []}))
+
+    async def secret(_request: web.Request) -> web.StreamResponse:
+        return dated(web.json_response({"kind": "Status", "code": 404, "reason": "NotFound"}, status=404))
+
+    app = web.Application()
+    app.router.add_get("/api/v1/namespaces", namespaces)
+    app.router.add_get("/api/v1/namespaces/{ns}/secrets/{name}", secret)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+def kubeconfig_for(server: str, path: Path) -> Path:
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "t",
+        "clusters": [{"name": "t", "cluster": {"server": server}}],
+        "users": [{"name": "t", "user": {"token": "t"}}],
+        "contexts": [{"name": "t", "context": {"cluster": "t", "user": "t"}}],
+    }))
+    return path
+
+
+async def test_client_counts_every_request_and_feeds_the_clock(tmp_path: Path) -> None:
+    seen: list[tuple[str, int]] = []
+    clock = ServerClock(min_interval=0.0)
+    tracing = kclient.request_tracing(on_request=lambda verb, code: seen.append((verb, code)), clock=clock)
+    async with fake_apiserver() as server:
+        api = await kclient.make_api_client(Settings(kubeconfig=str(kubeconfig_for(server, tmp_path / "kc"))),
+                                            trace_configs=[tracing])
+        try:
+            session = api.rest_client.pool_manager
+            assert session.trust_env is False  # no ~/.netrc or proxy-environment lookups per request
+            core = CoreV1Api(api)
+            await core.list_namespace()
+            with pytest.raises(ApiException) as err:
+                await core.read_namespaced_secret("s", "ns")
+            assert err.value.status == 404
+            resp = await core.list_namespace(watch=True, _preload_content=False)
+            resp.release()
+        finally:
+            await api.close()
+    # An unreachable apiserver: no response at all is code 0.
+    closed = await kclient.make_api_client(Settings(kubeconfig=str(kubeconfig_for(server, tmp_path / "kc2"))),
+                                           trace_configs=[tracing])
+    try:
+        with pytest.raises(aiohttp.ClientError):
+            await CoreV1Api(closed).list_namespace()
+    finally:
+        await closed.close()
+    assert seen == [("GET", 200), ("GET", 404), ("WATCH", 200), ("GET", 0)]
+    assert SKEW - 2.0 <= clock.offset <= SKEW + 2.0
+    assert abs(clock.now().timestamp() - (time.time() + SKEW)) < 2.0
+
+
+async def test_a_failing_observer_never_fails_the_request(tmp_path: Path) -> None:
+    def broken(_verb: str, _code: int) -> None:
+        raise RuntimeError("metrics bug")
+
+    async with fake_apiserver() as server:
+        api = await kclient.make_api_client(Settings(kubeconfig=str(kubeconfig_for(server, tmp_path / "kc"))),
+                                            trace_configs=[kclient.request_tracing(on_request=broken)])
+        try:
+            listed = await CoreV1Api(api).list_namespace()
+        finally:
+            await api.close()
+    assert listed.items == []
+
+
+def test_watch_is_told_from_the_query() -> None:
+    assert kclient.request_verb("get", URL("http://h/api/v1/pods?watch=True&resourceVersion=5")) == "WATCH"
+    assert kclient.request_verb("GET", URL("http://h/api/v1/pods?watch=true")) == "WATCH"
+    assert kclient.request_verb("GET", URL("http://h/api/v1/pods?watch=false")) == "GET"
+    assert kclient.request_verb("patch", URL("http://h/api/v1/namespaces/a")) == "PATCH"

@@ -1,0 +1,65 @@
+"""Hoster actions that write to the cluster: `licensectl rollout pause|resume` and `keys rotate`.
+
+Kept apart from `licensectl.status` (which only reads) so that what can change a cluster is visible
+from the module name alone. Each action is one small write; the controller reacts to it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import sys
+from typing import Any
+
+from kubernetes_asyncio.client import ApiException, CoreV1Api
+
+from licensectl import config
+from licensectl.kube.client import make_api_client
+from licensectl.kube.raw import RawApi
+from licensectl.kube.signing_key import SECRET_NAME, SigningKeyStore
+from licensectl.model import ANN_ROLLOUT_PAUSED, ANN_ROLLOUT_RESUMED_AT
+from licensectl.timecodec import format_micro_time
+
+
+async def pause_resume_main(args: Any, settings: config.Settings) -> int:
+    """Pause or resume the rollout of one source Secret by annotating it (`args.rollout_command`)."""
+    verb, source = args.rollout_command, args.source
+    api = await make_api_client(settings)
+    try:
+        ns, _, name = source.partition("/")
+        if not ns or not name:
+            print(f"licensectl rollout {verb}: SOURCE must be NAMESPACE/NAME", file=sys.stderr)
+            return 2
+        ann: dict[str, str | None] = {ANN_ROLLOUT_PAUSED: "true"}
+        if verb == "resume":
+            ann = {ANN_ROLLOUT_PAUSED: None, ANN_ROLLOUT_RESUMED_AT: format_micro_time(dt.datetime.now(dt.UTC))}
+        try:
+            await RawApi(CoreV1Api(api)).patch_namespaced_secret(name, ns, {"metadata": {"annotations": ann}})
+        except ApiException as e:
+            print(f"licensectl rollout {verb}: {source}: HTTP {e.status} {e.reason}", file=sys.stderr)
+            return 1
+        print(f"rollout of {source} {'paused' if verb == 'pause' else 'resumed'}")
+        return 0
+    finally:
+        await api.close()
+
+
+async def keys_rotate_main(args: Any, settings: config.Settings) -> int:
+    """Rotate the report signing key. The controller rewrites every replica's credential (no
+    revision change, so no VM restart); guests keep reporting with the previous credential until
+    their next restart, accepted for LICENSECTL_KEY_GRACE_SECONDS."""
+    if args.namespace:
+        settings = dataclasses.replace(settings, namespace=args.namespace)
+    api = await make_api_client(settings)
+    try:
+        store = SigningKeyStore(api, settings.namespace, grace=dt.timedelta(seconds=settings.key_grace_seconds))
+        try:
+            ring = await store.rotate()
+        except (RuntimeError, ApiException, ValueError) as e:
+            print(f"licensectl keys rotate: {e}", file=sys.stderr)
+            return 1
+        print(f"signing key rotated in {settings.namespace}/{SECRET_NAME} at {ring.rotated_at:%Y-%m-%dT%H:%M:%SZ}; "
+              f"the previous key is accepted for {settings.key_grace_seconds:g} s")
+        return 0
+    finally:
+        await api.close()

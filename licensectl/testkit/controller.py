@@ -1,0 +1,212 @@
+"""licensectl as a real process (`python -m licensectl run`), for e2e tests, fault scenarios and benchmarks.
+
+Built on `ManagedProcess`: own process group, environment hygiene, one log file that every
+incarnation appends to (so a restarted controller's whole story can be scanned afterwards).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from licensectl.devcluster.controlplane import free_port
+from licensectl.testkit.metrics_text import Scrape, parse_metrics
+from licensectl.testkit.poll import EventuallyTimeout
+from licensectl.testkit.process import ManagedProcess, child_env
+from licensectl.testkit.proxy import LOOPBACK
+
+
+def settings_args(**settings: Any) -> list[str]:
+    """`max_unavailable="2"` -> ["--max-unavailable", "2"]; booleans become true/false."""
+    out: list[str] = []
+    for k, v in settings.items():
+        out.append("--" + k.replace("_", "-"))
+        out.append(str(v).lower() if isinstance(v, bool) else str(v))
+    return out
+
+
+class ControllerProcess:
+    """`python -m licensectl run` against a kubeconfig on loopback ports chosen up front; restartable.
+
+    `settings` are Settings field names -> values, passed as flags (JSON logs always). `wrapper`
+    runs it under another program (e.g. faketime); ending the process ends the wrapper's whole
+    group. With `keep_bodies`, every body read through `get()` is kept in `http_bodies` for a
+    secrecy scan.
+    """
+
+    def __init__(self, kubeconfig: str | Path, namespace: str, *, log_dir: Path, name: str = "controller",
+                 settings: Mapping[str, Any] | None = None, args: Sequence[str] = (), wrapper: Sequence[str] = (),
+                 extra_env: Mapping[str, str] | None = None, metrics_port: int | None = None,
+                 reports_port: int | None = None, keep_bodies: bool = False) -> None:
+        self.kubeconfig = str(kubeconfig)
+        self.namespace = namespace
+        self.name = name
+        self.metrics_port = free_port() if metrics_port is None else metrics_port
+        self.reports_port = free_port() if reports_port is None else reports_port
+        self.args = [*settings_args(**(settings or {})), *args]
+        self.wrapper = list(wrapper)
+        self.log_path = log_dir / f"{name}.log"
+        self.keep_bodies = keep_bodies
+        self.http_bodies: list[tuple[str, str]] = []
+        self.incarnations = 0
+        self.kills = 0
+        self.process = ManagedProcess(self.cmd, log_path=self.log_path, env=child_env(extra_env), name=name)
+        self._session: aiohttp.ClientSession | None = None
+
+    def __repr__(self) -> str:
+        return f"ControllerProcess({self.name!r}, pid={self.pid})"
+
+    @property
+    def cmd(self) -> list[str]:
+        return [*self.wrapper, sys.executable, "-m", "licensectl", "run", "--kubeconfig", self.kubeconfig,
+                "--namespace", self.namespace, "--metrics-address", f"{LOOPBACK}:{self.metrics_port}",
+                "--reports-address", f"{LOOPBACK}:{self.reports_port}", "--log-format", "json", *self.args]
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.returncode
+
+    @property
+    def started_at(self) -> float:
+        return self.process.started_at
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.metrics_port}/metrics"
+
+    @property
+    def reports_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.reports_port}/v1/reports"
+
+    def alive(self) -> bool:
+        return self.process.alive()
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        self.process.start()
+        self.incarnations += 1
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+
+    def sigterm(self) -> None:
+        """SIGTERM (what the kubelet sends), without waiting."""
+        if self.alive():
+            self.process.signal(signal.SIGTERM)
+
+    async def kill(self) -> int | None:
+        """SIGKILL: a crash. Nothing graceful runs; a held Lease stays held until it expires."""
+        if self.alive():
+            self.kills += 1
+        elif not self.process.group_alive():
+            return self.returncode
+        return await self.process.kill()
+
+    async def stop(self, grace: float = 40.0) -> int | None:
+        """SIGTERM, SIGKILL after `grace` s; the exit code of the last incarnation."""
+        return await self.process.stop(grace)
+
+    async def restart(self) -> None:
+        await self.kill()
+        await self.start()
+
+    async def close(self) -> None:
+        """Stop the process and release the HTTP session (safe to call more than once)."""
+        await self.stop()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # -- HTTP ----------------------------------------------------------------------------------
+    async def get(self, path: str) -> tuple[int, str] | None:
+        """GET on the metrics listener; None while it does not answer."""
+        if self._session is None:
+            return None
+        try:
+            async with self._session.get(f"http://{LOOPBACK}:{self.metrics_port}{path}") as r:
+                text = await r.text()
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            return None
+        if self.keep_bodies:
+            self.http_bodies.append((f"{self.name}{path}", text))
+        return r.status, text
+
+    async def scrape(self) -> Scrape | None:
+        """One /metrics scrape, or None while the listener does not answer."""
+        got = await self.get("/metrics")
+        if got is None or got[0] != 200:
+            return None
+        return parse_metrics(got[1], time.monotonic())
+
+    async def must_scrape(self, within: float = 60.0) -> Scrape:
+        """A scrape, waiting up to `within` s for the listener; fails at once if the process exited."""
+        deadline = time.monotonic() + within
+        while True:
+            self._check_alive("a scrape")
+            s = await self.scrape()
+            if s is not None:
+                return s
+            if time.monotonic() > deadline:
+                raise EventuallyTimeout(f"{self.name}: /metrics did not answer within {within:g}s")
+            await asyncio.sleep(0.1)
+
+    async def status(self) -> dict[str, Any] | None:
+        got = await self.get("/v1/status")
+        if got is None or got[0] != 200:
+            return None
+        doc: dict[str, Any] = json.loads(got[1])
+        return doc
+
+    async def wait_ready(self, timeout: float = 60.0) -> None:  # noqa: ASYNC109 - also bounds the sleeps
+        """Until /readyz answers 200; fails at once if the process exits."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self._check_alive("readiness")
+            got = await self.get("/readyz")
+            if got is not None and got[0] == 200:
+                return
+            if time.monotonic() > deadline:
+                raise EventuallyTimeout(f"{self.name} not ready within {timeout:g}s:\n{self.log_tail()}")
+            await asyncio.sleep(0.1)
+
+    async def wait_metric(self, name: str, want: float, *,
+                          timeout: float = 30.0,  # noqa: ASYNC109 - also bounds the sleeps between scrapes
+                          **labels: str) -> Scrape:
+        """Until the (summed) series `name{labels}` equals `want`; fails at once if the process exits."""
+        deadline = time.monotonic() + timeout
+        last: float | None = None
+        while True:
+            s = await self.scrape()
+            if s is not None:
+                last = s.value(name, **labels)
+                if last == want:
+                    return s
+            self._check_alive(name)
+            if time.monotonic() > deadline:
+                raise EventuallyTimeout(f"{self.name}: {name}{labels} = {last}, wanted {want}")
+            await asyncio.sleep(0.1)
+
+    def _check_alive(self, what: str) -> None:
+        if not self.alive():
+            raise AssertionError(f"{self.name} exited ({self.returncode}) waiting for {what}:\n{self.log_tail()}")
+
+    # -- the log -------------------------------------------------------------------------------
+    def log_lines(self) -> list[str]:
+        return self.process.log_lines()
+
+    def log_tail(self, lines: int = 40) -> str:
+        return self.process.log_tail(lines)
+
+    def log_records(self) -> list[dict[str, Any]]:
+        return self.process.log_records()

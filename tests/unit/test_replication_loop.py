@@ -1,0 +1,212 @@
+"""The replication loop (controller.py) against in-memory caches and writer: what it writes, when it
+holds back, and what it never touches. The same loop runs against the real apiserver in
+tests/integration/test_replication.py."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import dataclasses
+
+from licensectl.config import Settings
+from licensectl.controller import CONFLICT_RECHECK_SECONDS, ReplicationController
+from licensectl.metrics import Metrics
+from licensectl.model import KEY_TOKEN, GpuClaim, GpuClass, Namespace, ObjectRef, SourceSecret
+from licensectl.render import replica_name
+from licensectl.testkit.memory import ManualClock, MemoryCaches, MemoryEvents, MemoryReplicaWriter
+
+SRC = ObjectRef("licensectl-system", "vws-token")
+VWS = GpuClass("vws", "uid-vws", "vgpu", SRC, 1)
+ROOT = "tenant-root"
+PREFIX = "tenant.cozystack.io/"
+VGPU_LABEL = "gpu.cozystack.io/vgpu"
+TOKEN = b"fake-token-one\n"
+REPLICA = replica_name("vws")
+
+
+def tenant(name: str, *, flag: bool = True) -> Namespace:
+    """A Cozystack tenant namespace directly under the root (the root itself when name == ROOT)."""
+    labels = {PREFIX + ROOT: "", VGPU_LABEL: "true" if flag else "false"}
+    if name != ROOT:
+        labels[PREFIX + name] = ""
+    parent = None if name == ROOT else ROOT
+    return Namespace(name=name, uid=f"uid-{name}", labels=labels, owner_name=parent,
+                     owner_uid=f"uid-{parent}" if parent else None)
+
+
+def source(token: bytes = TOKEN, rv: str = "1") -> SourceSecret:
+    return SourceSecret(namespace=SRC.namespace, name=SRC.name, uid="uid-src", resource_version=rv,
+                        data={KEY_TOKEN: token})
+
+
+class World:
+    def __init__(self, tenants: list[str], **settings: object) -> None:
+        self.clock = ManualClock()
+        self.caches = MemoryCaches(with_kubevirt=False)
+        self.caches.namespaces.put(tenant(ROOT), *(tenant(t) for t in tenants))
+        self.caches.classes.put(VWS)
+        self.caches.claims.put(*(GpuClaim(t, "gpu", "vws") for t in [ROOT, *tenants]))
+        self.caches.source_secrets[SRC] = source()
+        self.writer = MemoryReplicaWriter(self.caches)
+        self.events = MemoryEvents()
+        self.metrics = Metrics()
+        self.loop = ReplicationController(
+            caches=self.caches, writer=self.writer, events=self.events, metrics=self.metrics,
+            settings=Settings(**settings),  # type: ignore[arg-type]
+            credential_for=lambda ns: f"cred-{ns}", report_url="http://reports.invalid/v1/reports",
+            clock=self.clock.now, monotonic=self.clock.monotonic)
+
+    def replicas(self) -> set[str]:
+        return {ns for ns, name in self.caches.replicas.cache if name == REPLICA}
+
+    def token_in(self, namespace: str) -> bytes:
+        return base64.b64decode(self.writer.secrets[(namespace, REPLICA)]["data"][KEY_TOKEN])
+
+    def writes(self) -> list[tuple[str, str, str]]:
+        calls = list(self.writer.calls)
+        self.writer.calls.clear()
+        return calls
+
+
+async def test_creates_one_replica_per_entitled_namespace_then_stays_quiet() -> None:
+    w = World(["tenant-a", "tenant-b"])
+    w.caches.namespaces.put(tenant("tenant-c", flag=False))  # not entitled: no replica
+    await w.loop.reconcile()
+    assert w.replicas() == {ROOT, "tenant-a", "tenant-b"}
+    assert sorted(verb for verb, _, _ in w.writes()) == ["create"] * 3
+    assert all(w.token_in(ns) == TOKEN for ns in w.replicas())
+    assert w.events.reasons().count("ReplicaCreated") == 3
+    await w.loop.reconcile()
+    assert w.writes() == []  # level-based and idempotent: an in-sync world needs no write
+
+
+async def test_nothing_is_decided_before_every_core_cache_has_listed() -> None:
+    w = World(["tenant-a"])
+    w.caches.claims.synced = False
+    assert await w.loop.reconcile() is None
+    assert w.writes() == [] and w.replicas() == set()
+
+
+async def test_a_new_token_rotates_every_replica() -> None:
+    w = World(["tenant-a", "tenant-b"])
+    await w.loop.reconcile()
+    w.writes()
+    w.caches.source_secrets[SRC] = source(b"fake-token-two\n", rv="2")
+    await w.loop.reconcile()
+    assert sorted(w.writes()) == [("update", ns, REPLICA) for ns in sorted([ROOT, "tenant-a", "tenant-b"])]
+    assert all(w.token_in(ns) == b"fake-token-two\n" for ns in w.replicas())
+    assert w.events.reasons().count("ReplicaRotated") == 3
+
+
+async def test_a_tenant_editing_its_replica_gets_it_reverted() -> None:
+    w = World(["tenant-a"])
+    await w.loop.reconcile()
+    edited = w.writer.secrets[("tenant-a", REPLICA)]
+    edited["data"][KEY_TOKEN] = base64.b64encode(b"tampered").decode()
+    w.caches.replicas.put(dataclasses.replace(w.caches.replicas.cache[("tenant-a", REPLICA)], data_digest="x"))
+    w.writes()
+    await w.loop.reconcile()
+    assert w.writes() == [("update", "tenant-a", REPLICA)]
+    assert w.token_in("tenant-a") == TOKEN
+    assert "ReplicaReverted" in w.events.reasons()
+
+
+async def test_deletions_wait_until_every_core_cache_is_healthy() -> None:
+    w = World(["tenant-a", "tenant-b"])
+    await w.loop.reconcile()
+    w.writes()
+    w.caches.namespaces.put(tenant("tenant-b", flag=False))  # entitlement revoked
+    w.caches.claims.healthy = False  # e.g. its watch is down: the picture may be incomplete
+    await w.loop.reconcile()
+    assert w.writes() == []
+    assert w.loop.status.deferred_deletions == 1
+    assert "tenant-b" in w.replicas()
+    w.caches.claims.healthy = True
+    await w.loop.reconcile()
+    assert w.writes() == [("delete", "tenant-b", REPLICA)]
+    assert w.replicas() == {ROOT, "tenant-a"}
+    assert w.loop.status.deferred_deletions == 0
+    assert "ReplicaDeleted" in w.events.reasons()
+
+
+async def test_deletions_never_exceed_the_cap_per_minute() -> None:
+    tenants = [f"tenant-t{i}" for i in range(5)]
+    w = World(tenants, deletions_per_minute=2)
+    await w.loop.reconcile()
+    assert len(w.replicas()) == 6
+    w.writes()
+    for t in tenants:
+        w.caches.claims.remove((t, "gpu"))
+    deleted: list[int] = []
+    for _ in range(3):
+        await w.loop.reconcile()
+        deleted.append(sum(1 for verb, _, _ in w.writes() if verb == "delete"))
+        if w.loop.retry_after is not None:
+            assert 1.0 <= w.loop.retry_after <= 60.0
+        w.clock.advance(20.0)  # three passes within one minute
+    assert deleted == [2, 0, 0]
+    assert w.loop.status.deferred_deletions == 3
+    assert "DeletionCapHit" in w.events.reasons()
+    w.clock.advance(1.0)  # 61 s after the first deletions: the window admits two more
+    await w.loop.reconcile()
+    assert sum(1 for verb, _, _ in w.writes() if verb == "delete") == 2
+    w.clock.advance(61.0)
+    await w.loop.reconcile()
+    assert w.replicas() == {ROOT}
+
+
+async def test_a_foreign_secret_under_the_replica_name_is_never_touched() -> None:
+    w = World(["tenant-a", "tenant-b"])
+    w.writer.put_foreign("tenant-a", REPLICA)
+    before = copy.deepcopy(w.writer.secrets[("tenant-a", REPLICA)])
+    await w.loop.reconcile()
+    assert w.writer.secrets[("tenant-a", REPLICA)] == before
+    assert "tenant-a" not in w.replicas()
+    assert w.loop.status.conflicts.keys() == {("tenant-a", REPLICA)}
+    assert "ReplicaConflict" in w.events.reasons()
+    w.writes()
+    # Within the recheck interval the name is not tried again; a pass after it tries once more.
+    plan = await w.loop.reconcile()
+    assert w.writes() == []
+    assert plan is not None and plan.states[("tenant-a", REPLICA)] == "conflict"
+    w.clock.advance(CONFLICT_RECHECK_SECONDS + 1)
+    await w.loop.reconcile()
+    assert w.writes() == [("create", "tenant-a", REPLICA)]
+    assert w.writer.secrets[("tenant-a", REPLICA)] == before
+    # Nor is it ever deleted when the tenant loses its entitlement.
+    w.caches.namespaces.put(tenant("tenant-a", flag=False))
+    w.clock.advance(CONFLICT_RECHECK_SECONDS + 1)
+    await w.loop.reconcile()
+    assert [c for c in w.writes() if c[1] == "tenant-a"] == []
+    assert w.writer.secrets[("tenant-a", REPLICA)] == before
+
+
+async def test_once_the_tenant_removes_its_secret_the_replica_appears() -> None:
+    w = World(["tenant-a"])
+    w.writer.put_foreign("tenant-a", REPLICA)
+    await w.loop.reconcile()
+    del w.writer.secrets[("tenant-a", REPLICA)]
+    w.clock.advance(CONFLICT_RECHECK_SECONDS + 1)
+    await w.loop.reconcile()
+    assert "tenant-a" in w.replicas() and w.token_in("tenant-a") == TOKEN
+    assert w.loop.status.conflicts == {}
+
+
+async def test_a_standby_plans_but_never_writes() -> None:
+    w = World(["tenant-a"])
+    plan = await w.loop.reconcile(leader=False)
+    assert plan is not None and len(plan.creates) == 2
+    assert w.writes() == [] and w.events.emitted == []
+
+
+async def test_one_failing_write_does_not_stop_the_others() -> None:
+    w = World(["tenant-a", "tenant-b"])
+    w.writer.failing.add(("tenant-a", REPLICA))
+    await w.loop.reconcile()
+    assert w.replicas() == {ROOT, "tenant-b"}
+    errors = w.metrics.registry.get_sample_value("licensectl_replica_writes_total",
+                                                 {"action": "write", "result": "error"})
+    assert errors == 1.0
+    w.writer.failing.clear()
+    await w.loop.reconcile()  # the next pass retries
+    assert w.replicas() == {ROOT, "tenant-a", "tenant-b"}

@@ -1,0 +1,212 @@
+"""The rollout loop (rollout_controller.py) against in-memory caches and KubeVirt: the order of its
+writes, the live check of the target, the limits, the failure pause, and a restart after a crash
+re-derived from the cluster alone. The pure planner has its own tests (test_rollout.py); the loop
+runs against the real apiserver in tests/integration/test_rollout.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+
+from licensectl.config import Settings
+from licensectl.guests import GuestStore
+from licensectl.kube.kubevirt import RestartResult
+from licensectl.metrics import Metrics
+from licensectl.model import (
+    ANN_CLASS,
+    ANN_RESTART_REVISION,
+    ANN_RESTART_VMI_UID,
+    ANN_REVISION,
+    ANN_REVISION_TIME,
+    ANN_ROLLOUT_PAUSED,
+    ANN_ROLLOUT_RESUMED_AT,
+    ANN_SOURCE_NAME,
+    ANN_SOURCE_NAMESPACE,
+    MANAGED_BY_LABEL,
+    MANAGED_BY_VALUE,
+    ObjectRef,
+    ReplicaSecret,
+    SourceSecret,
+)
+from licensectl.rollout import Phase, VmiState
+from licensectl.rollout_controller import RolloutController
+from licensectl.testkit.memory import ManualClock, MemoryCaches, MemoryEvents, MemoryKubevirt
+from licensectl.timecodec import format_micro_time
+
+SRC = ObjectRef("licensectl-system", "vws-token")
+REPLICA = "license-vws"
+REV = "a" * 64
+
+
+class World:
+    """VMs mounting one replica each, a revision made `age` seconds ago; one loop (a "process")."""
+
+    def __init__(self, vms: list[tuple[str, str]], **settings: object) -> None:
+        self.clock = ManualClock()
+        self.caches = MemoryCaches()
+        self.kubevirt = MemoryKubevirt(self.caches, self.clock)
+        self.settings = Settings(**{"settle_seconds": 0.0, "max_unavailable": "1", **settings})  # type: ignore[arg-type]
+        started = self.clock.now() - dt.timedelta(hours=1)
+        self.revision_time = self.clock.now()
+        for ns in sorted({ns for ns, _ in vms}):
+            self.caches.replicas.put(replica(ns, REV, self.revision_time))
+        for ns, name in vms:
+            self.kubevirt.add(ns, name, secret_volumes=(REPLICA,), started=started)
+        self.set_source()
+        self.events = MemoryEvents()
+        self.metrics = Metrics()
+        self.clock.advance(3.0)  # past the minimum settle time
+        self.loop = self.new_process()
+
+    def new_process(self) -> RolloutController:
+        """A fresh controller: no memory beyond what the cluster holds."""
+        return RolloutController(caches=self.caches, kubevirt=self.kubevirt, events=self.events,
+                                 metrics=self.metrics, settings=self.settings, guests=GuestStore(60.0),
+                                 clock=self.clock.now, monotonic=self.clock.monotonic)
+
+    def set_source(self, **annotations: str) -> None:
+        self.caches.source_secrets[SRC] = SourceSecret(SRC.namespace, SRC.name, "uid-src", "1", {}, annotations)
+        self.caches.ensure_sources([SRC])
+
+    def states(self) -> dict[str, VmiState]:
+        plan = self.loop.plan
+        assert plan is not None
+        return {vm: st.state for (_, vm), st in plan.vmi_states.items()}
+
+    def phase(self) -> Phase:
+        assert self.loop.plan is not None
+        return self.loop.plan.sources[SRC].phase
+
+    def restarts(self, result: str) -> float:
+        value = self.metrics.registry.get_sample_value("licensectl_restarts_total", {"result": result})
+        return value or 0.0
+
+
+def replica(namespace: str, revision: str, at: dt.datetime) -> ReplicaSecret:
+    return ReplicaSecret(namespace=namespace, name=REPLICA, uid=f"uid-{namespace}", resource_version="1",
+                         labels={MANAGED_BY_LABEL: MANAGED_BY_VALUE},
+                         annotations={ANN_CLASS: "vws", ANN_REVISION: revision,
+                                      ANN_REVISION_TIME: format_micro_time(at),
+                                      ANN_SOURCE_NAMESPACE: SRC.namespace, ANN_SOURCE_NAME: SRC.name})
+
+
+async def test_intent_is_written_before_the_restart_and_vmis_roll_one_at_a_time() -> None:
+    w = World([("tenant-a", "vm1"), ("tenant-b", "vm2"), ("tenant-c", "vm3")])
+    first_uid = w.kubevirt.vmis[("tenant-a", "vm1")].uid
+    await w.loop.reconcile()
+    assert w.kubevirt.ops == [("annotate", "tenant-a", "vm1"), ("live-get", "tenant-a", "vm1"),
+                              ("restart", "tenant-a", "vm1")]
+    vm = w.kubevirt.vms[("tenant-a", "vm1")]
+    assert vm.annotations[ANN_RESTART_REVISION] == REV and vm.annotations[ANN_RESTART_VMI_UID] == first_uid
+    for _ in range(6):
+        await w.loop.reconcile()
+    assert w.kubevirt.restarted() == [("tenant-a", "vm1"), ("tenant-b", "vm2"), ("tenant-c", "vm3")]
+    assert w.states() == {"vm1": VmiState.DONE, "vm2": VmiState.DONE, "vm3": VmiState.DONE}
+    assert w.phase() is Phase.COMPLETE
+    reasons = w.events.reasons()
+    assert reasons.count("RestartIssued") == 3 and reasons.count("RestartDone") == 3
+    assert reasons.count("RolloutStarted") == 1 and reasons[-1] == "RolloutCompleted"
+    for _ in range(3):
+        await w.loop.reconcile()
+    assert len(w.kubevirt.restarted()) == 3  # complete: nothing more to do
+
+
+async def test_no_restart_when_the_live_vmi_is_not_the_planned_one() -> None:
+    w = World([("tenant-a", "vm1")])
+    w.kubevirt.lag = True  # the VMI watch lags: the cache still shows the old VMI
+    key = ("tenant-a", "vm1")
+    w.kubevirt.vmis[key] = dataclasses.replace(w.kubevirt.vmis[key], uid="vmi-replaced-meanwhile")
+    await w.loop.reconcile()
+    assert ("live-get", "tenant-a", "vm1") in w.kubevirt.ops
+    assert w.kubevirt.restarted() == []
+    assert w.restarts(RestartResult.STALE_TARGET.value) == 1.0
+
+
+async def test_limits_hold_while_restarted_vmis_are_not_ready() -> None:
+    w = World([("tenant-a", f"vm{i}") for i in range(4)] + [("tenant-b", "vm9")], max_unavailable="5")
+    w.kubevirt.come_back_ready = False
+    for _ in range(4):
+        await w.loop.reconcile()
+        w.clock.advance(1.0)
+    # One unavailable VMI per namespace at a time, though the global limit would allow five.
+    assert sorted(w.kubevirt.restarted()) == [("tenant-a", "vm0"), ("tenant-b", "vm9")]
+    assert w.phase() is Phase.PROGRESSING
+
+
+async def test_the_global_unavailability_limit_holds_across_namespaces() -> None:
+    w = World([(f"tenant-{c}", "vm") for c in "abcd"], max_unavailable="2")
+    w.kubevirt.come_back_ready = False
+    for _ in range(4):
+        await w.loop.reconcile()
+    assert len(w.kubevirt.restarted()) == 2
+
+
+async def test_failed_restarts_pause_the_rollout_until_resumed() -> None:
+    w = World([(f"tenant-{c}", "vm") for c in "abcd"], max_failures=2, restart_timeout_seconds=30.0,
+              restart_reissue_seconds=1000.0)
+    w.kubevirt.stuck = set(w.kubevirt.vms)  # restart calls are accepted but never take effect
+    for _ in range(6):
+        await w.loop.reconcile()
+        w.clock.advance(31.0)
+    await w.loop.reconcile()
+    assert w.kubevirt.restarted() == [("tenant-a", "vm"), ("tenant-b", "vm")]
+    assert w.phase() is Phase.PAUSED
+    assert w.restarts("failed") == 2.0
+    assert "RolloutPaused" in w.events.reasons()
+    # The hoster resumes: earlier failures are forgiven and the rollout goes on.
+    w.kubevirt.stuck.clear()
+    w.set_source(**{ANN_ROLLOUT_RESUMED_AT: format_micro_time(w.clock.now())})
+    w.clock.advance(1.0)
+    for _ in range(8):
+        await w.loop.reconcile()
+    assert w.kubevirt.restarted()[2:] == [("tenant-c", "vm"), ("tenant-d", "vm")]
+    assert w.phase() is Phase.PROGRESSING
+    # The failed ones are planned afresh once their earlier call can no longer be in flight.
+    w.clock.advance(1000.0)
+    for _ in range(6):
+        await w.loop.reconcile()
+    assert sorted(w.kubevirt.restarted()[4:]) == [("tenant-a", "vm"), ("tenant-b", "vm")]
+    assert w.phase() is Phase.COMPLETE
+
+
+async def test_a_manual_pause_stops_new_restarts() -> None:
+    w = World([("tenant-a", "vm1"), ("tenant-b", "vm2")])
+    w.set_source(**{ANN_ROLLOUT_PAUSED: "true"})
+    for _ in range(3):
+        await w.loop.reconcile()
+    assert w.kubevirt.ops == []
+    assert w.phase() is Phase.PAUSED
+
+
+async def test_a_crash_between_intent_and_restart_never_restarts_twice() -> None:
+    w = World([("tenant-a", "vm1")], restart_reissue_seconds=60.0)
+    w.kubevirt.calls_lost = True  # the process dies after the intent, before the restart call
+    await w.loop.reconcile()
+    w.kubevirt.calls_lost = False
+    assert w.kubevirt.vms[("tenant-a", "vm1")].annotations[ANN_RESTART_REVISION] == REV  # intent written
+    assert w.kubevirt.restarted() == []
+    # A new process finds the intent: the target may have been restarted already, so it waits.
+    w.loop = w.new_process()
+    w.kubevirt.ops.clear()
+    await w.loop.reconcile()
+    assert w.kubevirt.ops == []
+    assert w.states() == {"vm1": VmiState.RESTARTING}
+    # After the re-issue delay, one restart for the very VMI the intent names.
+    w.clock.advance(61.0)
+    await w.loop.reconcile()
+    assert w.kubevirt.restarted() == [("tenant-a", "vm1")]
+    for _ in range(3):
+        await w.loop.reconcile()
+    assert w.kubevirt.restarted() == [("tenant-a", "vm1")]
+    assert w.states() == {"vm1": VmiState.DONE}
+
+
+async def test_a_crash_after_the_restart_is_picked_up_as_done() -> None:
+    w = World([("tenant-a", "vm1"), ("tenant-b", "vm2")])
+    await w.loop.reconcile()
+    assert w.kubevirt.restarted() == [("tenant-a", "vm1")]
+    w.loop = w.new_process()  # died before recording the result
+    for _ in range(4):
+        await w.loop.reconcile()
+    assert w.kubevirt.restarted() == [("tenant-a", "vm1"), ("tenant-b", "vm2")]
+    assert w.states() == {"vm1": VmiState.DONE, "vm2": VmiState.DONE}
