@@ -23,14 +23,20 @@ def _bool(v: str) -> bool:
     raise ValueError(f"not a boolean: {v!r}")
 
 
-def _choice(*allowed: str) -> Callable[[str], str]:
-    def parse(v: str) -> str:
-        if v not in allowed:
-            raise ValueError(f"must be one of {', '.join(allowed)}, got {v!r}")
+@dataclass(frozen=True)
+class _Choice:
+    """A parser accepting one of `allowed`; the list is kept so the Helm values schema can name it."""
+
+    allowed: tuple[str, ...]
+
+    def __call__(self, v: str) -> str:
+        if v not in self.allowed:
+            raise ValueError(f"must be one of {', '.join(self.allowed)}, got {v!r}")
         return v
 
-    parse.__name__ = "one of " + "|".join(allowed)
-    return parse
+
+def _choice(*allowed: str) -> Callable[[str], str]:
+    return _Choice(allowed)
 
 
 def _max_unavailable(v: str) -> str:
@@ -47,11 +53,11 @@ class Settings:
     kubeconfig: str = ""
     context: str = ""
     namespace: str = "licensectl-system"
-    # Tenant model (domain.md §1-2).
+    # Tenant model (docs/design.md#tenants, docs/design.md#vgpu-flag).
     vgpu_label: str = "gpu.cozystack.io/vgpu"
     tenant_label_prefix: str = "tenant.cozystack.io/"
     root_tenant: str = "tenant-root"
-    # GPU contract (domain.md §3, assumed): resource names behind one adapter.
+    # GPU contract (docs/design.md#gpu-contract, assumed): resource names behind one adapter.
     gpu_group: str = "gpu.cozystack.io"
     gpu_version: str = "v1alpha1"
     gpu_class_plural: str = "gpuclasses"
@@ -193,3 +199,86 @@ def reference_markdown(options: Sequence[Option] = OPTIONS) -> str:
         shown = "(empty)" if default == "" else f"`{str(default).lower() if isinstance(default, bool) else default}`"
         rows.append(f"| `{o.flag}` | `{o.env}` | {shown} | {o.help} |")
     return "\n".join(rows) + "\n"
+
+
+# --------------------------------------------------------------------------------------------------
+# Helm chart values (charts/licensectl): the same table, as the chart's `config:` block and schema.
+# --------------------------------------------------------------------------------------------------
+# What a pod sets differently from the CLI defaults, in the chart and in manifests/ alike: it listens
+# on all interfaces (Services and probes reach it), logs JSON, and elects a leader among replicas.
+IN_CLUSTER: Mapping[str, Any] = {
+    "metrics_address": "0.0.0.0:8080",
+    "reports_address": "0.0.0.0:8443",
+    "leader_elect": True,
+    "log_format": "json",
+}
+# Settings a pod takes from the downward API unless set explicitly.
+DOWNWARD_API: Mapping[str, str] = {"namespace": "metadata.namespace", "pod_name": "metadata.name"}
+
+HELM_VALUES_START = "# config-reference:start"
+HELM_VALUES_END = "# config-reference:end"
+
+
+def helm_key(field_name: str) -> str:
+    """Settings field -> the chart's camelCase value name (max_unavailable -> maxUnavailable)."""
+    head, *rest = field_name.split("_")
+    return head + "".join(w.capitalize() for w in rest)
+
+
+def _yaml_scalar(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, str):
+        return '""' if v == "" else f'"{v}"'
+    return str(v)
+
+
+def reference_helm_values(options: Sequence[Option] = OPTIONS) -> str:
+    """The chart's `config:` block of values.yaml: one documented value per `licensectl run` flag.
+
+    null leaves the setting unset in the pod, so licensectl's own default applies (and a changed
+    default in a new release is picked up); IN_CLUSTER settings and DOWNWARD_API ones are the
+    exceptions a pod needs.
+    """
+    lines = [HELM_VALUES_START + " (generated: `licensectl config-reference --format helm-values`)",
+             "# -- Every flag of `licensectl run`, set as its LICENSECTL_* environment variable in the pod.",
+             "# null: not set, so licensectl's built-in default (shown) applies.",
+             "config:"]
+    for o in options:
+        default = getattr(_DEFAULTS, o.field)
+        shown = "empty" if default == "" else _yaml_scalar(default).strip('"')
+        note = f"licensectl default: {shown}"
+        if o.field in DOWNWARD_API:
+            note = f"null: the pod's {DOWNWARD_API[o.field]} (downward API)"
+        elif o.field in IN_CLUSTER:
+            note += "; a pod needs the value set here"
+        lines.append(f"  # -- {o.help} ({o.flag}; {note})")
+        lines.append(f"  {helm_key(o.field)}: {_yaml_scalar(IN_CLUSTER.get(o.field))}")
+    lines.append(HELM_VALUES_END)
+    return "\n".join(lines) + "\n"
+
+
+MAX_UNAVAILABLE_PATTERN = r"^([1-9][0-9]*|([1-9]|[1-9][0-9]|100)%)$"
+
+
+def helm_values_schema(options: Sequence[Option] = OPTIONS) -> dict[str, Any]:
+    """JSON schema of the chart's `config:` block: `helm install` rejects a bad value up front."""
+    props: dict[str, Any] = {}
+    for o in options:
+        schema: dict[str, Any]
+        if isinstance(o.parse, _Choice):
+            schema = {"enum": [*o.parse.allowed, None]}
+        elif o.parse is _bool:
+            schema = {"type": ["boolean", "null"]}
+        elif o.parse is int:
+            schema = {"type": ["integer", "null"], "minimum": 0}
+        elif o.parse is float:
+            schema = {"type": ["number", "null"], "minimum": 0}
+        elif o.parse is _max_unavailable:
+            schema = {"type": ["string", "integer", "null"], "pattern": MAX_UNAVAILABLE_PATTERN, "minimum": 1}
+        else:
+            schema = {"type": ["string", "null"]}
+        props[helm_key(o.field)] = {"description": o.help, **schema}
+    return {"type": "object", "additionalProperties": False, "properties": props}

@@ -1,0 +1,107 @@
+{{/*
+Object names are fixed, not derived from the release name: licensectl is a cluster singleton, and
+its defaults name them (the Lease "licensectl", the report URL
+http://licensectl-reports.<namespace>.svc:8443/v1/reports in licensectl/config.py).
+*/}}
+
+{{/* Labels on every object. */}}
+{{- define "licensectl.labels" -}}
+app.kubernetes.io/name: licensectl
+{{ include "licensectl.releaseLabels" . }}
+{{- end }}
+
+{{/* Labels on objects that are not licensectl's own (the GPU CRDs): the release's only. */}}
+{{- define "licensectl.releaseLabels" -}}
+app.kubernetes.io/part-of: licensectl
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The controller pods; the same selector as manifests/base (objects keep their identity across an adoption). */}}
+{{- define "licensectl.selectorLabels" -}}
+app.kubernetes.io/name: licensectl
+app.kubernetes.io/component: controller
+{{- end }}
+
+{{/* The port of a host:port config value, e.g. "0.0.0.0:8080" -> 8080. */}}
+{{- define "licensectl.port" -}}
+{{- $parts := splitList ":" . -}}
+{{- $port := last $parts -}}
+{{- if not (regexMatch "^[0-9]+$" $port) -}}
+{{- fail (printf "config: %q is not host:port" .) -}}
+{{- end -}}
+{{- $port -}}
+{{- end }}
+
+{{/*
+A config value as an environment variable string: booleans lower-case, whole numbers without an
+exponent (YAML numbers reach templates as float64, and 1000000 would print as 1e+06).
+*/}}
+{{- define "licensectl.envValue" -}}
+{{- if kindIs "float64" . -}}
+{{- if eq (floor .) . -}}{{ printf "%.0f" . }}{{- else -}}{{ . }}{{- end -}}
+{{- else -}}
+{{- toString . -}}
+{{- end -}}
+{{- end }}
+
+{{/* Check value combinations the schema cannot express. */}}
+{{- define "licensectl.validate" -}}
+{{- if and (gt (int .Values.replicaCount) 1) (not .Values.config.leaderElect) -}}
+{{- fail "replicaCount > 1 needs config.leaderElect=true: without a Lease every replica would write" -}}
+{{- end -}}
+{{- range $key := list "metricsAddress" "reportsAddress" -}}
+{{- if not (get $.Values.config $key) -}}
+{{- fail (printf "config.%s must be host:port in a pod (the Services and probes use its port)" $key) -}}
+{{- end -}}
+{{- end -}}
+{{- end }}
+
+{{/*
+RBAC objects from a manifests/ file (files/ links to it): the rules are written, commented and
+tested once (tests/e2e/test_rbac.py proves each is used), and the chart moves them into the release
+namespace and adds its labels. A custom config.leaseName replaces the Lease's resourceNames.
+Call: include "licensectl.rbacFrom" (list $ "files/rbac.yaml").
+*/}}
+{{- define "licensectl.rbacFrom" -}}
+{{- $root := index . 0 -}}
+{{- range $doc := splitList "\n---\n" ($root.Files.Get (index . 1)) }}
+{{- $o := fromYaml $doc }}
+{{- if $o }}
+{{- $meta := $o.metadata }}
+{{- $_ := set $meta "labels" (merge (include "licensectl.labels" $root | fromYaml) ($meta.labels | default dict)) }}
+{{- if has $o.kind (list "Role" "RoleBinding") }}
+{{- $_ := set $meta "namespace" $root.Release.Namespace }}
+{{- end }}
+{{- range $s := $o.subjects | default list }}
+{{- $_ := set $s "namespace" $root.Release.Namespace }}
+{{- end }}
+{{- if and (eq $o.kind "Role") $root.Values.config.leaseName }}
+{{- range $r := $o.rules }}
+{{- if and (has "leases" $r.resources) $r.resourceNames }}
+{{- $_ := set $r "resourceNames" (list $root.Values.config.leaseName) }}
+{{- end }}
+{{- end }}
+{{- end }}
+---
+{{ toYaml $o }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The alert groups, from the one PrometheusRule file promtool and vmalert-tool test. */}}
+{{- define "licensectl.alertGroups" -}}
+{{- $rule := .Files.Get "files/prometheusrule.yaml" | fromYaml -}}
+{{- toYaml $rule.spec.groups -}}
+{{- end }}
+
+{{/* Labels on monitoring objects: the chart's, plus monitoring.labels for operator selectors. */}}
+{{- define "licensectl.monitoringLabels" -}}
+{{ include "licensectl.labels" . }}
+app.kubernetes.io/component: monitoring
+{{- with .Values.monitoring.labels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,369 @@
+"""charts/licensectl with the real helm and helm-unittest (no cluster needed).
+
+`helm lint --strict`, the helm-unittest suites in the chart's tests/ (Cozystack's convention) run
+through the real plugin, the generated `config:` block and schema against licensectl/config.py,
+schema rejections, a dead-value finder, and the proof that the chart and manifests/ are one
+source: rendered with the same settings they produce the same objects.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from licensectl import __version__, cli, config
+
+from ..manifests.test_manifests import kustomize, static_kubectl
+from .helm import CHART, NAMESPACE, ROOT, VALUES, Helm, objects_by_key
+
+# They need the Go-built helm, helm-unittest and kubectl (the control plane's build): the slow tier.
+pytestmark = pytest.mark.cluster
+
+# Every on/off switch of the chart; the dead-value test renders with all of them on.
+TOGGLES = {
+    "podDisruptionBudget.enabled": True,
+    "networkPolicy.enabled": True,
+    "gpuCRDs": False,
+    "monitoring.prometheusOperator.enabled": False,
+    "monitoring.victoriaMetrics.enabled": False,
+    "monitoring.dashboard.enabled": False,
+    "config.restartFallbackDelete": None,
+    "spreadAcrossNodes": True,
+}
+
+
+def set_path(values: dict[str, Any], path: str | tuple[str, ...], value: Any) -> None:
+    *parents, leaf = path.split(".") if isinstance(path, str) else path
+    node = values
+    for p in parents:
+        node = node.setdefault(p, {})
+    node[leaf] = value
+
+
+def default_values() -> dict[str, Any]:
+    v: dict[str, Any] = yaml.safe_load((CHART / "values.yaml").read_text())
+    return v
+
+
+def all_on() -> dict[str, Any]:
+    v = default_values()
+    for path in TOGGLES:
+        set_path(v, path, True)
+    v["replicaCount"] = 1  # so config.leaderElect can be switched off too
+    return v
+
+
+# --------------------------------------------------------------------------------------------------
+# helm lint, helm-unittest
+# --------------------------------------------------------------------------------------------------
+def test_helm_is_the_pinned_v4(helm: Helm) -> None:
+    res = helm.run("version", "--short")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("v4.3.2"), res.stdout
+
+
+@pytest.mark.parametrize("values", [{}, all_on(), "kustomize-example.yaml"], ids=["defaults", "all-on", "example"])
+def test_helm_lint_strict(helm: Helm, values: dict[str, Any] | str) -> None:
+    args = ["lint", "--strict", str(CHART), "--namespace", NAMESPACE]
+    if isinstance(values, str):
+        res = helm.run(*args, "--values", str(VALUES / values))
+    else:
+        res = helm.run(*args, "--values", "-", input=yaml.safe_dump(values))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "1 chart(s) linted, 0 chart(s) failed" in res.stdout, res.stdout
+
+
+def suite_cases(chart: Path) -> int:
+    return sum(len(yaml.safe_load(p.read_text())["tests"]) for p in (chart / "tests").glob("*_test.yaml"))
+
+
+def test_helm_unittest_suites_pass(helm: Helm) -> None:
+    res = helm.run("unittest", "--strict", str(CHART))
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    cases = suite_cases(CHART)
+    assert cases >= 20
+    # Every case ran (and passed): the plugin's own summary line.
+    assert re.search(rf"Tests:\s+{cases} passed, {cases} total", out), out
+
+
+def test_helm_unittest_fails_a_wrong_expectation(helm: Helm, tmp_path: Path) -> None:
+    """The suites can fail: the same chart with one expectation changed is reported."""
+    chart = tmp_path / "licensectl"
+    shutil.copytree(CHART, chart, symlinks=False)
+    suite = chart / "tests" / "deployment_test.yaml"
+    suite.write_text(suite.read_text().replace("value: licensectl:0.1.0", "value: licensectl:6.6.6", 1))
+    res = helm.run("unittest", str(chart))
+    assert res.returncode != 0
+    assert "licensectl:6.6.6" in res.stdout + res.stderr
+
+
+# --------------------------------------------------------------------------------------------------
+# Values: generated from config.py, documented, schema-checked, none dead
+# --------------------------------------------------------------------------------------------------
+def cli_output(capsys: pytest.CaptureFixture[str], fmt: str) -> str:
+    assert cli.main(["config-reference", "--format", fmt]) == 0
+    return capsys.readouterr().out
+
+
+def test_config_block_and_schema_are_generated_from_config_py(capsys: pytest.CaptureFixture[str]) -> None:
+    text = (CHART / "values.yaml").read_text()
+    start = text.index(config.HELM_VALUES_START)
+    end = text.index(config.HELM_VALUES_END) + len(config.HELM_VALUES_END) + 1
+    assert text[start:end] == config.reference_helm_values(), (
+        "run `licensectl config-reference --format helm-values` and paste it into charts/licensectl/values.yaml")
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert schema["properties"]["config"] == config.helm_values_schema(), (
+        "run `licensectl config-reference --format helm-schema` and put it under properties.config")
+    assert cli_output(capsys, "helm-values") == config.reference_helm_values()
+    assert json.loads(cli_output(capsys, "helm-schema")) == config.helm_values_schema()
+    # One value per `licensectl run` flag.
+    assert list(default_values()["config"]) == [config.helm_key(o.field) for o in config.OPTIONS]
+
+
+def test_chart_versions_follow_the_package() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["appVersion"] == __version__
+
+
+def leaves(values: Any, prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """(key path, value) of every leaf; empty maps and lists are leaves too."""
+    if isinstance(values, dict) and values:
+        for k, v in values.items():
+            yield from leaves(v, (*prefix, k))
+    else:
+        yield prefix, values
+
+
+def documented_paths() -> set[str]:
+    """Paths whose key line in values.yaml has a `# --` comment directly above it."""
+    out: set[str] = set()
+    stack: list[tuple[int, str]] = []
+    comment = False
+    for line in (CHART / "values.yaml").read_text().splitlines():
+        stripped = line.strip()
+        if stripped.startswith("# --"):
+            comment = True
+            continue
+        if stripped.startswith("#"):
+            continue
+        m = re.match(r"^(\s*)([A-Za-z0-9_.]+):", line)
+        if not m:
+            comment = False
+            continue
+        indent = len(m.group(1))
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        path = ".".join([*(k for _, k in stack), m.group(2)])
+        stack.append((indent, m.group(2)))
+        if comment:
+            out.add(path)
+        comment = False
+    return out
+
+
+def test_every_value_is_documented_and_in_the_schema() -> None:
+    documented = documented_paths()
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    for parts, _ in leaves(default_values()):
+        path = ".".join(parts)
+        assert any(".".join(parts[:i]) in documented for i in range(1, len(parts) + 1)), f"{path} undocumented"
+        node = schema
+        for p in parts:
+            props = node.get("properties", {})
+            if p in props:
+                node = props[p]
+            else:
+                assert isinstance(node.get("additionalProperties"), dict), f"{path} not in the schema"
+                node = node["additionalProperties"]
+        assert node.get("type") or node.get("enum") or node.get("properties"), f"{path} untyped in the schema"
+    assert schema["additionalProperties"] is False
+
+
+# A valid different value for each leaf whose change cannot be derived from its type.
+SAMPLES: dict[str, Any] = {
+    "image.repository": "registry.example.com/licensectl",
+    "image.tag": "9.9.9",
+    "image.pullPolicy": "Always",
+    "imagePullSecrets": [{"name": "regcred"}],
+    "resources.requests.cpu": "77m",
+    "resources.requests.memory": "99Mi",
+    "resources.limits.cpu": "2",
+    "resources.limits.memory": "1Gi",
+    "nodeSelector": {"kubernetes.io/os": "linux"},
+    "tolerations": [{"key": "dedicated", "operator": "Exists"}],
+    "priorityClassName": "system-cluster-critical",
+    "podAnnotations": {"example.com/a": "b"},
+    "networkPolicy.reportsFrom.matchExpressions": [{"key": "tenant", "operator": "Exists"}],
+    "networkPolicy.metricsFrom.matchLabels.kubernetes.io/metadata.name": "cozy-monitoring",
+    "monitoring.interval": "1m",
+    "monitoring.scrapeTimeout": "20s",
+    "monitoring.labels": {"release": "monitoring"},
+    "monitoring.dashboard.namespace": "cozy-grafana",
+    "monitoring.dashboard.sidecarLabel.grafana_dashboard": "yes",
+    "podDisruptionBudget.minAvailable": 2,
+    "replicaCount": 3,
+    "config.metricsAddress": "0.0.0.0:9000",
+    "config.reportsAddress": "0.0.0.0:9443",
+    "config.maxUnavailable": "5",
+    "config.doneGate": "ready-licensed",
+    "config.logFormat": "console",
+    "config.logLevel": "debug",
+}
+
+
+def changed(path: str, value: Any) -> Any:
+    if path in SAMPLES:
+        return SAMPLES[path]
+    if isinstance(value, bool):
+        return not value
+    if value is None and path.startswith("config."):
+        field = re.sub(r"([A-Z])", lambda m: "_" + m.group(1).lower(), path.removeprefix("config."))
+        parse = next(o.parse for o in config.OPTIONS if o.field == field)
+        if parse is int:
+            return 7
+        if parse is float:
+            return 7.5
+        return True if getattr(parse, "__name__", "") == "_bool" else "x"
+    raise AssertionError(f"no sample value for {path}={value!r}: add one to SAMPLES")
+
+
+def test_no_dead_values(helm: Helm) -> None:
+    """Every value changes at least one rendered object when changed (with every toggle on)."""
+    base = all_on()
+    reference = objects_by_key(helm.render(base))
+    paths, variants = [], []
+    for parts, value in leaves(base):
+        path = ".".join(parts)
+        values = copy.deepcopy(base)
+        set_path(values, parts, changed(path, value))
+        paths.append(path)
+        variants.append(values)
+    assert len(paths) > 60
+    dead = []
+    for path, res in zip(paths, helm.template_many(variants), strict=True):
+        assert res.returncode == 0, f"{path}: {res.stderr}"
+        if objects_by_key([d for d in yaml.safe_load_all(res.stdout) if d]) == reference:
+            dead.append(path)
+    assert not dead, f"values that change nothing: {dead}"
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"config": {"maxUnavailable": "0%"}}, "maxUnavailable"),
+    ({"config": {"doneGate": "soon"}}, "doneGate"),
+    ({"config": {"maxUnavailble": "5"}}, "maxUnavailble"),
+    ({"config": {"settleSeconds": "sixty"}}, "settleSeconds"),
+    ({"replicaCount": 0}, "replicaCount"),
+    ({"image": {"pullPolicy": "Sometimes"}}, "pullPolicy"),
+    ({"monitoring": {"interval": "often"}}, "interval"),
+    ({"podDisruptionBudget": {"minAvailable": "most"}}, "minAvailable"),
+    ({"gpuCRDs": "yes"}, "gpuCRDs"),
+], ids=lambda v: json.dumps(v) if isinstance(v, dict) else v)
+def test_schema_rejects_bad_values_naming_them(helm: Helm, values: dict[str, Any], message: str) -> None:
+    res = helm.template(values)
+    assert res.returncode != 0
+    assert "schema" in res.stderr and message in res.stderr, res.stderr
+
+
+# --------------------------------------------------------------------------------------------------
+# One source with manifests/
+# --------------------------------------------------------------------------------------------------
+HELM_ONLY_LABELS = {"helm.sh/chart", "app.kubernetes.io/managed-by", "app.kubernetes.io/instance",
+                    "app.kubernetes.io/version"}
+
+
+def normalized(obj: dict[str, Any]) -> dict[str, Any]:
+    """Drop what only Helm adds (its bookkeeping labels, the keep policy on CRDs); order env by name."""
+    o = copy.deepcopy(obj)
+    meta = o["metadata"]
+    labels = {k: v for k, v in (meta.get("labels") or {}).items() if k not in HELM_ONLY_LABELS}
+    meta["labels"] = labels
+    ann = {k: v for k, v in (meta.get("annotations") or {}).items() if k != "helm.sh/resource-policy"}
+    meta.pop("annotations", None)
+    if ann:
+        meta["annotations"] = ann
+    if o["kind"] == "Deployment":
+        for c in o["spec"]["template"]["spec"]["containers"]:
+            c["env"] = sorted(c["env"], key=lambda e: e["name"])
+    return o
+
+
+@pytest.mark.parametrize(("build", "values"), [
+    (ROOT / "manifests", "kustomize-default.yaml"),
+    (ROOT / "manifests" / "overlays" / "example", "kustomize-example.yaml"),
+], ids=["default", "example"])
+def test_chart_and_manifests_render_the_same_objects(helm: Helm, build: Path, values: str) -> None:
+    from_kustomize = {k: normalized(o) for k, o in objects_by_key(kustomize(static_kubectl(), build)).items()
+                      if k[0] != "Namespace"}  # helm installs into an existing namespace
+    from_chart = {k: normalized(o) for k, o in objects_by_key(helm.render(files=[VALUES / values])).items()}
+    assert sorted(from_chart) == sorted(from_kustomize)
+    for key, obj in from_kustomize.items():
+        assert from_chart[key] == obj, key
+
+
+def test_chart_reads_alerts_dashboard_rbac_and_crds_from_their_one_file() -> None:
+    """files/ holds links to the single sources, not copies."""
+    files = CHART / "files"
+    crds = ROOT / "licensectl" / "devcluster" / "crds"
+    components = ROOT / "manifests" / "components"
+    expected = {
+        "rbac.yaml": ROOT / "manifests" / "base" / "rbac.yaml",
+        "rbac-restart-fallback-delete.yaml": components / "restart-fallback-delete" / "rbac.yaml",
+        "prometheusrule.yaml": components / "monitoring" / "prometheusrule.yaml",
+        "dashboard.json": ROOT / "dashboards" / "licensectl.json",
+        "crds/gpu.cozystack.io_gpuclasses.yaml": crds / "gpu.cozystack.io_gpuclasses.yaml",
+        "crds/gpu.cozystack.io_gpuclaims.yaml": crds / "gpu.cozystack.io_gpuclaims.yaml",
+    }
+    present = {str(p.relative_to(files)) for p in files.rglob("*") if p.is_symlink() or p.is_file()}
+    assert present == set(expected)
+    for name, target in expected.items():
+        assert (files / name).is_symlink(), f"{name} must link to {target.relative_to(ROOT)}, not copy it"
+        assert (files / name).resolve() == target.resolve()
+
+
+def test_packaged_chart_carries_the_linked_files(helm: Helm, tmp_path: Path) -> None:
+    """`helm package` stores the content behind files/ links: the archive renders like the directory."""
+    res = helm.run("package", str(CHART), "--destination", str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    archive = tmp_path / f"licensectl-{yaml.safe_load((CHART / 'Chart.yaml').read_text())['version']}.tgz"
+    everything = {"gpuCRDs": True, "config": {"restartFallbackDelete": True},
+                  "monitoring": {"prometheusOperator": {"enabled": True}, "dashboard": {"enabled": True}}}
+    from_dir = helm.template(everything)
+    from_archive = helm.template(everything, chart=archive)
+    assert from_archive.returncode == 0, from_archive.stderr
+    assert from_archive.stdout == from_dir.stdout
+
+
+def test_rendered_alerts_and_dashboard_are_the_files(helm: Helm) -> None:
+    objs = objects_by_key(helm.render({"monitoring": {"prometheusOperator": {"enabled": True},
+                                                      "victoriaMetrics": {"enabled": True},
+                                                      "dashboard": {"enabled": True}}}))
+    source = yaml.safe_load((ROOT / "manifests" / "components" / "monitoring" / "prometheusrule.yaml").read_text())
+    assert objs[("PrometheusRule", NAMESPACE, "licensectl")]["spec"] == source["spec"]
+    assert objs[("VMRule", NAMESPACE, "licensectl")]["spec"] == source["spec"]
+    dashboard = objs[("ConfigMap", NAMESPACE, "licensectl-dashboard")]
+    assert json.loads(dashboard["data"]["licensectl.json"]) == json.loads(
+        (ROOT / "dashboards" / "licensectl.json").read_text())
+
+
+def test_deployment_env_names_are_licensectl_settings(helm: Helm) -> None:
+    """Every config value becomes a LICENSECTL_* variable licensectl reads, and parses there."""
+    values = all_on()
+    for parts, value in leaves(values["config"], ("config",)):
+        set_path(values, parts, changed(".".join(parts), value) if value is None else value)
+    values["config"]["kubeconfig"] = "/etc/kubeconfig"
+    dep = objects_by_key(helm.render(values))[("Deployment", NAMESPACE, "licensectl")]
+    env = {e["name"]: e["value"] for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert set(env) == {o.env for o in config.OPTIONS}
+    settings = config.settings_from(None, env)
+    assert settings.deletions_per_minute == 7
+    assert settings.settle_seconds == 7.5
+    assert settings.restart_fallback_delete is True

@@ -1,0 +1,268 @@
+"""charts/licensectl against the real apiserver: dry runs, install, upgrade, uninstall.
+
+Every object of every valid toggle combination goes through `kubectl apply --dry-run=server
+--validate=strict`. There is no earlier chart release, so the "previous version" is licensectl
+0.1.0 as manifests/ installs it: that install is applied, handed to Helm and adopted by a release
+with the same settings (tests/chart/values/kustomize-default.yaml); the controller then runs as a
+process with a token of the ServiceAccount the chart created (no kubelet runs pods here), the
+release is upgraded to the Cozystack setup (VictoriaMetrics, dashboard, tuned rollout), and
+uninstalled.
+
+prometheus-operator's CRDs come from its pinned Go module (tests/manifests); the VictoriaMetrics
+operator's Go modules are not reachable from here, so VMServiceScrape/VMRule are checked against
+minimal CRDs written from its documented API (tests/chart/crds/).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes_asyncio.client import ApiClient, CoordinationV1Api, CoreV1Api
+from kubernetes_asyncio.client.rest import ApiException
+
+from licensectl.devcluster.controlplane import ControlPlane, render_kubeconfig
+from licensectl.testkit.poll import eventually
+from licensectl.testkit.world import unique
+
+from ..e2e.support import controllers, create_pod, make_fleet, start_controller
+from ..manifests.test_manifests import cluster, dry_run, kustomize, operator_crds  # noqa: F401 - fixtures
+from .helm import CHART, NAMESPACE, ROOT, VALUES, Helm, objects_by_key
+
+VM_CRDS = sorted((Path(__file__).resolve().parent / "crds").glob("*.yaml"))
+
+# The switches whose combinations are dry-run (each valid combination; replicas>1 without leader
+# election is the invalid one, so `single` means one replica without it).
+COMBINATION_SWITCHES = {
+    "prometheusOperator": ("monitoring", "prometheusOperator", "enabled"),
+    "victoriaMetrics": ("monitoring", "victoriaMetrics", "enabled"),
+    "dashboard": ("monitoring", "dashboard", "enabled"),
+    "gpuCRDs": ("gpuCRDs",),
+    "pdb": ("podDisruptionBudget", "enabled"),
+    "networkPolicy": ("networkPolicy", "enabled"),
+    "restartFallbackDelete": ("config", "restartFallbackDelete"),
+}
+
+
+def run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False, **kw)
+
+
+@pytest.fixture(scope="module")
+def kube(cluster: list[str]) -> list[str]:  # noqa: F811 - the imported fixture
+    """kubectl argv for the session cluster, with every CRD the chart can render Established."""
+    res = run([*cluster, "apply", "--server-side", "--field-manager=licensectl-tests",
+               *[a for p in VM_CRDS for a in ("-f", str(p))]])
+    assert res.returncode == 0, res.stderr
+    names = [yaml.safe_load(p.read_text())["metadata"]["name"] for p in VM_CRDS]
+    res = run([*cluster, "wait", "--for=condition=Established", "--timeout=60s", *[f"crd/{n}" for n in names]])
+    assert res.returncode == 0, res.stderr
+    return cluster
+
+
+def combination(flags: dict[str, bool], single: bool) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for name, path in COMBINATION_SWITCHES.items():
+        node = values
+        for p in path[:-1]:
+            node = node.setdefault(p, {})
+        node[path[-1]] = flags[name]
+    if single:
+        values["replicaCount"] = 1
+        values.setdefault("config", {})["leaderElect"] = False
+    return values
+
+
+def test_every_valid_toggle_combination_passes_server_dry_run(helm: Helm, kube: list[str]) -> None:
+    combos = [combination(dict(zip(COMBINATION_SWITCHES, bits, strict=False)), single=bits[-1])
+              for bits in itertools.product((False, True), repeat=len(COMBINATION_SWITCHES) + 1)]
+    assert len(combos) == 2 ** (len(COMBINATION_SWITCHES) + 1)
+    unique_objs: dict[str, dict[str, Any]] = {}
+    for values, res in zip(combos, helm.template_many(combos), strict=True):
+        assert res.returncode == 0, f"{values}: {res.stderr}"
+        for o in yaml.safe_load_all(res.stdout):
+            if o:
+                unique_objs[json.dumps(o, sort_keys=True)] = o
+    objs = list(unique_objs.values())
+    kinds = {o["kind"] for o in objs}
+    assert {"VMRule", "VMServiceScrape", "PrometheusRule", "ServiceMonitor", "ConfigMap",
+            "CustomResourceDefinition", "PodDisruptionBudget", "NetworkPolicy"} <= kinds
+    res = dry_run(kube, objs)
+    assert res.returncode == 0, res.stderr
+    applied = [ln for ln in res.stdout.splitlines() if ln.endswith("(server dry run)")]
+    assert len(applied) == len(objs), res.stdout
+    assert "PodSecurity" not in res.stderr, res.stderr
+
+
+def test_server_dry_run_catches_a_broken_vm_rule(helm: Helm, kube: list[str]) -> None:
+    """The minimal VictoriaMetrics CRDs really validate what the chart renders."""
+    objs = objects_by_key(helm.render({"monitoring": {"victoriaMetrics": {"enabled": True}}}))
+    rule = objs[("VMRule", NAMESPACE, "licensectl")]
+    rule["spec"]["groups"][0]["rules"][0]["fro"] = "10m"
+    res = dry_run(kube, [rule])
+    assert res.returncode != 0
+    assert "fro" in res.stderr
+
+
+def kubectl_json(kube: list[str], *args: str) -> Any:
+    res = run([*kube, *args, "-o", "json"])
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def names(kube: list[str], ns: str, kinds: str) -> set[str]:
+    items = kubectl_json(kube, "get", kinds, "-n", ns)["items"]
+    return {f"{o['kind']}/{o['metadata']['name']}" for o in items}
+
+
+def kustomized_into(kube: list[str], ns: str) -> list[dict[str, Any]]:
+    """manifests/ (base + monitoring) rendered, its namespaced objects moved to `ns`."""
+    out = []
+    for o in kustomize(kube[0], ROOT / "manifests"):
+        if o["kind"] == "Namespace":
+            continue
+        if o["metadata"].get("namespace"):
+            o["metadata"]["namespace"] = ns
+        for s in o.get("subjects") or []:
+            s["namespace"] = ns
+        out.append(o)
+    return out
+
+
+def adoption_commands(ns: str) -> list[list[str]]:
+    """kubectl argv that mark a kustomize install's objects as the release's (docs/operations.md)."""
+    release = ["meta.helm.sh/release-name=licensectl", f"meta.helm.sh/release-namespace={ns}"]
+    owned = ["app.kubernetes.io/managed-by=Helm"]
+    selector = ["-l", "app.kubernetes.io/part-of=licensectl"]
+    namespaced = ["-n", ns, NAMESPACED_KINDS, *selector]
+    cluster_wide = ["clusterrole,clusterrolebinding", *selector]
+    return [["label", "--overwrite", *namespaced, *owned], ["annotate", "--overwrite", *namespaced, *release],
+            ["label", "--overwrite", *cluster_wide, *owned], ["annotate", "--overwrite", *cluster_wide, *release]]
+
+
+NAMESPACED_KINDS = ("deployments,services,serviceaccounts,roles,rolebindings,poddisruptionbudgets,"
+                    "networkpolicies,servicemonitors,prometheusrules,vmservicescrapes,vmrules,configmaps")
+CORE = {"Deployment/licensectl", "Service/licensectl-metrics", "Service/licensectl-reports",
+        "ServiceAccount/licensectl", "Role/licensectl", "RoleBinding/licensectl",
+        "NetworkPolicy/licensectl"}
+
+
+def test_install_refuses_bad_values_before_creating_anything(helm: Helm, kube: list[str],
+                                                             kubeconfig_path: Path) -> None:
+    ns = unique("lc-bad")
+    res = helm.run("install", "licensectl", str(CHART), "--namespace", ns, "--create-namespace",
+                   "--set", "config.doneGate=soon", kubeconfig=kubeconfig_path)
+    assert res.returncode != 0
+    assert "doneGate" in res.stderr and "schema" in res.stderr, res.stderr
+    res = run([*kube, "get", "namespace", ns])
+    assert res.returncode != 0  # not even the namespace was created
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_install_run_as_its_service_account_upgrade_and_uninstall(
+        helm: Helm, kube: list[str], control_plane: ControlPlane, kubeconfig_path: Path,
+        api_client: ApiClient, namespace_factory: Any, cleanup: Any, tmp_path: Path) -> None:
+    ns = unique("lc-helm")
+    core = CoreV1Api(api_client)
+
+    async def drop() -> None:
+        helm.run("uninstall", "licensectl", "--namespace", ns, "--ignore-not-found", kubeconfig=kubeconfig_path)
+        # Cluster-scoped leftovers of a run that failed before Helm adopted the kustomize objects.
+        run([*kube, "delete", "clusterrole/licensectl", "clusterrolebinding/licensectl", "--ignore-not-found"])
+        await core.delete_namespace(ns)
+
+    cleanup(drop)
+
+    # 0. The previous version: licensectl 0.1.0 installed with kustomize (manifests/), moved to `ns`.
+    res = run([*kube, "create", "namespace", ns])
+    assert res.returncode == 0, res.stderr
+    previous = kustomized_into(kube, ns)
+    res = run([*kube, "apply", "--server-side", "--field-manager=kubectl", "-f", "-"],
+              input=yaml.safe_dump_all(previous))
+    assert res.returncode == 0, res.stderr
+    before = kubectl_json(kube, "get", "deployment", "licensectl", "-n", ns)["metadata"]["uid"]
+
+    # 1. Hand the objects to Helm as docs/operations.md says, then install with the same settings:
+    # Helm adopts them in place (same Deployment, no pod restart for an unchanged template).
+    for argv in adoption_commands(ns):
+        res = run([*kube, *argv])
+        assert res.returncode == 0, f"{argv}: {res.stderr}"
+    res = helm.run("install", "licensectl", str(CHART), "--namespace", ns,
+                   "--values", str(VALUES / "kustomize-default.yaml"), kubeconfig=kubeconfig_path)
+    assert res.returncode == 0, res.stderr
+    assert kubectl_json(kube, "get", "deployment", "licensectl", "-n", ns)["metadata"]["uid"] == before
+    monitoring = {"ServiceMonitor/licensectl", "PrometheusRule/licensectl"}
+    assert names(kube, ns, NAMESPACED_KINDS) >= CORE | monitoring | {"PodDisruptionBudget/licensectl"}
+    binding = kubectl_json(kube, "get", "clusterrolebinding", "licensectl")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "licensectl", "namespace": ns}]
+    assert binding["metadata"]["annotations"]["meta.helm.sh/release-namespace"] == ns
+    deployment = kubectl_json(kube, "get", "deployment", "licensectl", "-n", ns)
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["LICENSECTL_LEADER_ELECT"] == "true"
+
+    # A second release (another namespace) is refused: licensectl is a cluster singleton.
+    other = unique("lc-helm2")
+    res = helm.run("install", "licensectl", str(CHART), "--namespace", other, "--create-namespace",
+                   kubeconfig=kubeconfig_path)
+    assert res.returncode != 0
+    assert "ClusterRole" in res.stderr and "release-namespace" in res.stderr, res.stderr
+    assert run([*kube, "get", "namespace", other]).returncode != 0  # refused before creating anything
+
+    # 2. The controller as that ServiceAccount: it leads, replicates, and is never refused.
+    await create_pod(api_client, "licensectl-0", ns, service_account="licensectl")
+    token = (await core.create_namespaced_service_account_token(
+        "licensectl", ns, {"spec": {"expirationSeconds": 3600}})).status.token
+    kubeconfig = tmp_path / "sa.kubeconfig"
+    kubeconfig.write_text(render_kubeconfig(control_plane.server, control_plane.ca_pem, token=token))
+    kubeconfig.chmod(0o600)
+    fl = await make_fleet(api_client, namespace_factory, cleanup, controller_ns=ns)
+    async with controllers() as started:
+        c = await start_controller("helm-sa", kubeconfig, ns, tmp_path, pod_name="licensectl-0",
+                                   leader_elect=True, lease_duration_seconds=4, renew_deadline_seconds=3,
+                                   retry_period_seconds=0.5, root_tenant=fl.root_name,
+                                   report_url="http://127.0.0.1:1/v1/reports")
+        started.append(c)
+        await c.wait_metric("licensectl_leader", 1)
+        await eventually(fl.revision, timeout=30, what="replicas in every tenant")
+        scrape = await c.must_scrape()
+        assert scrape.value("licensectl_api_requests_total") > 0
+        assert scrape.value("licensectl_api_requests_total", code="403") == 0
+        lease = await CoordinationV1Api(api_client).read_namespaced_lease("licensectl", ns)
+        assert lease.spec.holder_identity == "licensectl-0"
+        assert await c.stop() == 0
+
+    # 3. Upgrade to the Cozystack setup: objects are updated in place, switched-off ones removed.
+    uid = deployment["metadata"]["uid"]
+    res = helm.run("upgrade", "licensectl", str(CHART), "--namespace", ns,
+                   "--set", "monitoring.victoriaMetrics.enabled=true", "--set", "monitoring.dashboard.enabled=true",
+                   "--set", "podDisruptionBudget.enabled=false", "--set", "config.maxUnavailable=5",
+                   kubeconfig=kubeconfig_path)
+    assert res.returncode == 0, res.stderr
+    after = names(kube, ns, NAMESPACED_KINDS)
+    assert after >= CORE | {"VMServiceScrape/licensectl", "VMRule/licensectl", "ConfigMap/licensectl-dashboard"}
+    assert not after & (monitoring | {"PodDisruptionBudget/licensectl"})
+    deployment = kubectl_json(kube, "get", "deployment", "licensectl", "-n", ns)
+    assert deployment["metadata"]["uid"] == uid
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["LICENSECTL_MAX_UNAVAILABLE"] == "5"
+    history = json.loads(helm.run("history", "licensectl", "--namespace", ns, "-o", "json",
+                                  kubeconfig=kubeconfig_path).stdout)
+    assert [h["status"] for h in history] == ["superseded", "deployed"]
+
+    # 4. Uninstall: the chart's objects go; what licensectl wrote itself stays (by design).
+    res = helm.run("uninstall", "licensectl", "--namespace", ns, "--wait", kubeconfig=kubeconfig_path)
+    assert res.returncode == 0, res.stderr
+    left = names(kube, ns, NAMESPACED_KINDS)
+    assert not left & (CORE | {"VMServiceScrape/licensectl", "VMRule/licensectl", "ConfigMap/licensectl-dashboard"})
+    for kind in ("clusterrole", "clusterrolebinding"):
+        assert run([*kube, "get", kind, "licensectl"]).returncode != 0, f"{kind} left behind"
+    assert await fl.revision() is not None  # replicas in tenant namespaces are not the chart's
+    try:
+        await CoordinationV1Api(api_client).read_namespaced_lease("licensectl", ns)
+    except ApiException as e:  # pragma: no cover - reported below
+        pytest.fail(f"the Lease should outlive the release: {e.status}")
