@@ -11,30 +11,45 @@ import datetime as dt
 import sys
 from typing import Any
 
-from kubernetes_asyncio.client import ApiException, CoreV1Api
+from kubernetes_asyncio.client import ApiException, CoreV1Api, VersionApi
 
 from licensectl import config
-from licensectl.kube.client import make_api_client
-from licensectl.kube.raw import RawApi
+from licensectl.kube.client import make_api_client, request_tracing
+from licensectl.kube.raw import RawApi, checked
+from licensectl.kube.server_clock import ServerClock
 from licensectl.kube.signing_key import SECRET_NAME, SigningKeyStore
 from licensectl.model import ANN_ROLLOUT_PAUSED, ANN_ROLLOUT_RESUMED_AT
 from licensectl.timecodec import format_micro_time
 
 
+def pause_resume_annotations(verb: str, server_now: dt.datetime) -> dict[str, str | None]:
+    """The annotation patch for `rollout pause|resume`; `server_now` must be the apiserver's time.
+
+    The controller compares `resumed-at` with restart times it stamped on the apiserver's clock
+    (docs/design.md), so a workstation clock that is off would reset or extend the failure budget.
+    """
+    if verb == "resume":
+        return {ANN_ROLLOUT_PAUSED: None, ANN_ROLLOUT_RESUMED_AT: format_micro_time(server_now)}
+    return {ANN_ROLLOUT_PAUSED: "true"}
+
+
 async def pause_resume_main(args: Any, settings: config.Settings) -> int:
     """Pause or resume the rollout of one source Secret by annotating it (`args.rollout_command`)."""
     verb, source = args.rollout_command, args.source
-    api = await make_api_client(settings)
+    ns, _, name = source.partition("/")
+    if not ns or not name:
+        print(f"licensectl rollout {verb}: SOURCE must be NAMESPACE/NAME", file=sys.stderr)
+        return 2
+    clock = ServerClock()
+    api = await make_api_client(settings, trace_configs=[request_tracing(clock=clock)])
     try:
-        ns, _, name = source.partition("/")
-        if not ns or not name:
-            print(f"licensectl rollout {verb}: SOURCE must be NAMESPACE/NAME", file=sys.stderr)
-            return 2
-        ann: dict[str, str | None] = {ANN_ROLLOUT_PAUSED: "true"}
-        if verb == "resume":
-            ann = {ANN_ROLLOUT_PAUSED: None, ANN_ROLLOUT_RESUMED_AT: format_micro_time(dt.datetime.now(dt.UTC))}
+        raw = RawApi(CoreV1Api(api))
         try:
-            await RawApi(CoreV1Api(api)).patch_namespaced_secret(name, ns, {"metadata": {"annotations": ann}})
+            # One cheap request first (GET /version, allowed to every authenticated user): its
+            # response's Date header sets the clock; the Secret itself is never read.
+            await checked(VersionApi(api).get_code(_preload_content=False))
+            ann = pause_resume_annotations(verb, clock.now())
+            await raw.patch_namespaced_secret(name, ns, {"metadata": {"annotations": ann}})
         except ApiException as e:
             print(f"licensectl rollout {verb}: {source}: HTTP {e.status} {e.reason}", file=sys.stderr)
             return 1

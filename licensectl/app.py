@@ -23,6 +23,8 @@ from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api
 from licensectl import __version__, config, logs
 from licensectl.caches import Caches
 from licensectl.controller import CONFLICT_RECHECK_SECONDS, ReplicationController
+from licensectl.core_settings import tenant_settings
+from licensectl.entitlement import customer_tenant
 from licensectl.guest_report import GuestState
 from licensectl.guests import GuestStore
 from licensectl.kube import client as kclient
@@ -139,6 +141,8 @@ class App:
                 lease_duration=s.lease_duration_seconds, renew_deadline=s.renew_deadline_seconds,
                 retry_period=s.retry_period_seconds), on_change=self._leadership_changed, wall=self.clock)
             self._tasks.append(asyncio.create_task(self.elector.run(), name="leader-election"))
+        else:
+            self.guests.start_receiving(self.clock())
         self._tasks.append(asyncio.create_task(self._loop("replication", self._repl_trigger, self._replicate)))
         self._tasks.append(asyncio.create_task(self._loop("rollout", self._roll_trigger, self._roll)))
         log.info("licensectl started", version=__version__, identity=self.identity, metrics_port=self.metrics_port,
@@ -218,6 +222,10 @@ class App:
         return max(0.1, (plan.next_wakeup - self.clock()).total_seconds())
 
     def _leadership_changed(self, leader: bool) -> None:
+        if leader:
+            self.guests.start_receiving(self.clock())
+        else:
+            self.guests.stop_receiving()
         self._repl_trigger.set()
         self._roll_trigger.set()
         if not self._stopping:
@@ -267,8 +275,22 @@ class App:
                     return lic.token_sha256
         return None
 
+    def _feature_type(self, namespace: str, vmi: str) -> int | None:
+        """FeatureType of the class whose replica the VMI mounts: what its guest must hold."""
+        plan = self.replication.status.plan
+        v = self.caches.vmis.cache.get((namespace, vmi)) if self.caches.vmis else None
+        if plan is None or v is None:
+            return None
+        for secret_name in v.secret_volumes:
+            r = self.caches.replicas.cache.get((namespace, secret_name))
+            if r is not None and r.owned:
+                lic = plan.licenses.get(r.annotations.get(ANN_CLASS, ""))
+                if lic is not None:
+                    return lic.feature_type
+        return None
+
     def _on_report(self, namespace: str, vmi: str, state: GuestState) -> None:
-        self.guests.record(namespace, vmi, state)
+        self.guests.record(namespace, vmi, state, feature_type=self._feature_type(namespace, vmi))
         self._roll_trigger.set()
 
     def affected_vmis(self) -> list[tuple[str, str]]:
@@ -292,12 +314,24 @@ class App:
         live = self.affected_vmis()
         self.guests.prune(live)
         out: list[GaugeSample] = []
+        # Which pod exports what (docs/operations.md#which-pod-exports-what): replication series from
+        # every replica (the same watched cluster state, so `max` over pods is exact and a failover
+        # leaves no gap); rollout and guest series only from the leader, the one replica that holds
+        # the guest reports they depend on.
         out.extend(self.replication.samples())
-        out.extend(self.rollout.samples())
-        out.extend(self.guests.samples(now, live))
+        if self.is_leader:
+            out.extend(self.rollout.samples())
+            out.extend(self.guests.samples(now, live, tenant_of=self._tenant_of(),
+                                           per_vmi=self.settings.guest_metrics == "per-vmi"))
         out.append(GaugeSample("leader", (), 1.0 if self.is_leader else 0.0))
         out.append(GaugeSample("ready", (), 1.0 if self.ready() else 0.0))
         return out
+
+    def _tenant_of(self) -> Callable[[str], str]:
+        """Namespace -> its customer tenant, from the namespace cache (entitlement.customer_tenant)."""
+        namespaces = {k[1]: v for k, v in self.caches.namespaces.cache.items()}
+        settings = tenant_settings(self.settings)
+        return lambda ns: customer_tenant(ns, namespaces, settings)
 
     def status(self) -> dict[str, Any]:
         now = self.clock()
@@ -314,7 +348,8 @@ class App:
                 "list": [{"namespace": v.namespace, "vmi": v.vmi, "state": v.state,
                           "product": v.report.product if v.report else None,
                           "expiry": v.report.expiry.isoformat() if v.report and v.report.expiry else None,
-                          "token_current": v.report.token_current if v.report else None}
+                          "token_current": v.report.token_current if v.report else None,
+                          "reason": v.reason, "wrong_product": v.wrong_product}
                          for v in self.guests.views(now, live)],
             },
         }

@@ -25,20 +25,19 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the controller (in-cluster or with a kubeconfig)")
     config.add_arguments(run)
 
-    status = sub.add_parser("status", help="sources, revisions, replicas, rollout and guests at a glance")
+    status = sub.add_parser("status", help="sources, revisions, replicas, rollout and guests at a glance, "
+                                           "as the running controller decided them")
     status.add_argument("-o", "--output", choices=("table", "json"), default="table")
     status.add_argument("--kubeconfig", default=None)
     status.add_argument("--context", default=None)
-    status.add_argument("--url", default=None,
-                        help="controller internal URL (e.g. http://127.0.0.1:8080) for guest states")
+    _controller_arguments(status)
 
     rollout = sub.add_parser("rollout", help="rollout status / pause / resume")
     rsub = rollout.add_subparsers(dest="rollout_command", metavar="VERB", required=True)
     rs = rsub.add_parser("status", help="print progress; exit 0 when complete, non-zero when paused/failed")
     rs.add_argument("--watch", "-w", action="store_true")
     rs.add_argument("--timeout", type=float, default=0.0, help="give up after this many seconds (0: never)")
-    rs.add_argument("--url", default=None,
-                    help="controller internal URL: use its view (with guest evidence) instead of the cluster's")
+    _controller_arguments(rs)
     for verb in ("pause", "resume"):
         v = rsub.add_parser(verb, help=f"{verb} the rollout of a source Secret")
         v.add_argument("source", help="NAMESPACE/NAME of the source Secret")
@@ -65,6 +64,23 @@ def _parser() -> argparse.ArgumentParser:
     ref.add_argument("--format", choices=("markdown", "helm-values", "helm-schema"), default="markdown",
                      help="markdown: the README table; helm-values / helm-schema: the chart's config block")
     return p
+
+
+def _controller_arguments(p: argparse.ArgumentParser) -> None:
+    """How the read-only commands reach the controller's /v1/status (licensectl.status; its
+    STATUS_SERVICE / STATUS_SERVICE_PORT are the defaults, kept out of here so --help stays instant)."""
+    p.add_argument("--namespace", default=None,
+                   help="licensectl's namespace (default: LICENSECTL_NAMESPACE, else licensectl-system)")
+    p.add_argument("--service", default=None,
+                   help="Service in front of the controller's internal listener (default: licensectl-metrics), "
+                        "reached through the API server's services/proxy")
+    p.add_argument("--service-port", default=None,
+                   help="port name or number of that Service (default: metrics)")
+    p.add_argument("--url", default=None,
+                   help="the controller's internal URL instead (e.g. http://127.0.0.1:8080 through "
+                        "`kubectl port-forward`)")
+    p.add_argument("--offline", action="store_true",
+                   help="do not ask the controller: recompute from the cluster with local defaults (no guests)")
 
 
 def _command_settings(args: argparse.Namespace) -> config.Settings:

@@ -80,6 +80,7 @@ class Settings:
     report_url: str = ""
     report_interval_seconds: float = 60.0
     key_grace_seconds: float = 7 * 24 * 3600.0
+    guest_metrics: str = "per-vmi"
     # HTTP listeners.
     metrics_address: str = "127.0.0.1:8080"
     reports_address: str = "127.0.0.1:8443"
@@ -148,6 +149,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("report_interval_seconds", "Expected guest report interval; 3 missed make a guest unknown.", float),
     Option("key_grace_seconds", "After a signing-key rotation, the previous key is accepted this long.",
            float),
+    Option("guest_metrics", "Guest series: per-vmi (one set per VMI), or per-tenant (only the per-tenant "
+           "counts, for very large fleets; per-VMI alerts then stay silent).", _choice("per-vmi", "per-tenant")),
     Option("metrics_address", "host:port of the internal listener (/metrics, /healthz, /readyz)."),
     Option("reports_address", "host:port of the tenant-facing listener (POST /v1/reports)."),
     Option("leader_elect", "Use a coordination.k8s.io Lease so only one replica writes.", _bool),

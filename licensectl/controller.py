@@ -79,6 +79,7 @@ class ReplicationStatus:
     # CONFLICT_RECHECK_SECONDS: once the tenant removes the Secret, the replica appears.
     conflicts: dict[tuple[str, str], float] = field(default_factory=dict)
     token_expiry: dict[ObjectRef, dt.datetime | None] = field(default_factory=dict)
+    token_format: dict[ObjectRef, tokeninfo.TokenFormat] = field(default_factory=dict)
     last_pass: dt.datetime | None = None
 
 
@@ -101,7 +102,13 @@ class ReplicationController:
         self.status = ReplicationStatus()
         self._sem = asyncio.Semaphore(concurrency)
         self._class_api_version = gpu_class_api_version
-        self._expiry_cache: dict[str, dt.datetime | None] = {}  # revision -> exp
+        self._token_info: dict[str, tokeninfo.TokenInfo] = {}  # revision -> what the token says of itself
+        # What was already reported, so each finding gets one Event (and one count), not one per pass:
+        # labelled-but-foreign Secrets by (namespace, name) -> uid/resourceVersion; undecodable
+        # tokens by source -> token digest (so two classes sharing a source count as one).
+        self._reported_conflicts: dict[tuple[str, str], str] = {}
+        self._reported_tokens: dict[ObjectRef, str] = {}
+        self._token_sha: dict[ObjectRef, str] = {}
         self.retry_after: float | None = None  # seconds until the deletion cap frees up, if deferred
 
     # -- observe + plan ---------------------------------------------------------------------------
@@ -255,10 +262,54 @@ class ReplicationController:
     async def _report_problems(self, plan: ReplicationPlan, leader: bool) -> None:
         if not leader:
             return
+        await self._report_labelled_conflicts(plan)
+        await self._report_token_formats()
         for p in plan.tenant_problems:
             await self.events.emit(self._problem_object(p.kind, p.ref), "Warning", _camel(p.kind), p.message)
         for class_name, sp in sorted(plan.source_problems.items()):
             await self._source_problem_events(class_name, sp)
+
+    async def _report_labelled_conflicts(self, plan: ReplicationPlan) -> None:
+        """A Secret under a replica's name that carries licensectl's label but not its annotations (or
+        names another class) is in the replica cache, so the plan marks it conflict and no write ever
+        runs into it: report it here, once per object version, as the write path does for others."""
+        live = self.caches.replicas.cache
+        seen: dict[tuple[str, str], str] = {}
+        for key, state in sorted(plan.states.items()):
+            existing = live.get(key)
+            if state != "conflict" or existing is None:
+                continue
+            version = f"{existing.uid}/{existing.resource_version}"
+            seen[key] = version
+            if self._reported_conflicts.get(key) == version:
+                continue
+            self.metrics.conflicts_total.inc()
+            why = ("carries the label app.kubernetes.io/managed-by=licensectl but not licensectl's annotations"
+                   if not existing.owned else "is a licensectl replica of another GPU class")
+            log.warning("replica conflict", namespace=key[0], name=key[1], labelled=True)
+            await self.events.emit(secret_object(key[0], key[1], existing.uid), "Warning", "ReplicaConflict",
+                                   f"Secret {key[0]}/{key[1]} {why}; left untouched. Rename or delete it "
+                                   f"to let licensectl replicate.")
+        self._reported_conflicts = seen
+
+    async def _report_token_formats(self) -> None:
+        """A source token that is not a decodable JWT is still delivered byte for byte, but its expiry
+        (and so the expiry alert) is unknown: say so once per revision, naming only the Secret."""
+        for ref, fmt in sorted(self.status.token_format.items(), key=lambda kv: str(kv[0])):
+            token_sha = self._token_sha.get(ref, "")
+            if fmt is tokeninfo.TokenFormat.JWT:
+                self._reported_tokens.pop(ref, None)
+                continue
+            if self._reported_tokens.get(ref) == token_sha:
+                continue
+            self._reported_tokens[ref] = token_sha
+            what = ("is not a decodable JWT" if fmt is tokeninfo.TokenFormat.NOT_JWT
+                    else "is a JWT without a usable exp claim")
+            log.warning("license token expiry unknown", source_namespace=ref.namespace, source_name=ref.name,
+                        format=fmt.value)
+            await self.events.emit(secret_object(ref.namespace, ref.name), "Warning", "LicenseTokenUnreadable",
+                                   f"Token in Secret {ref.namespace}/{ref.name} {what}: delivered unchanged, "
+                                   f"but its expiry is unknown, so no expiry alert can fire for it")
 
     def _problem_object(self, kind: str, ref: ObjectRef) -> InvolvedObject:
         if kind == "unknown_class":
@@ -277,17 +328,22 @@ class ReplicationController:
 
     def _update_token_expiry(self, plan: ReplicationPlan) -> None:
         out: dict[ObjectRef, dt.datetime | None] = {}
+        formats: dict[ObjectRef, tokeninfo.TokenFormat] = {}
         classes = {k[1]: v for k, v in self.caches.classes.snapshot().items()}
         for class_name, lic in plan.licenses.items():
             gc = classes.get(class_name)
             if gc is None or gc.secret_ref is None:
                 continue
-            if lic.revision not in self._expiry_cache:
-                if len(self._expiry_cache) > 256:
-                    self._expiry_cache.clear()
-                self._expiry_cache[lic.revision] = tokeninfo.token_expiry(lic.token)
-            out[gc.secret_ref] = self._expiry_cache[lic.revision]
+            if lic.revision not in self._token_info:
+                if len(self._token_info) > 256:
+                    self._token_info.clear()
+                self._token_info[lic.revision] = tokeninfo.token_info(lic.token)
+            info = self._token_info[lic.revision]
+            out[gc.secret_ref] = info.expiry
+            formats[gc.secret_ref] = info.format
+            self._token_sha[gc.secret_ref] = lic.token_sha256
         self.status.token_expiry = out
+        self.status.token_format = formats
 
     # -- metrics ----------------------------------------------------------------------------------
     def samples(self) -> Iterable[GaugeSample]:
@@ -319,6 +375,9 @@ class ReplicationController:
         for ref, exp in sorted(self.status.token_expiry.items(), key=lambda kv: str(kv[0])):
             labels = (("source_namespace", ref.namespace), ("source_name", ref.name))
             yield GaugeSample("token_expiry_known", labels, 0.0 if exp is None else 1.0)
+            fmt = self.status.token_format.get(ref)
+            if fmt is not None:
+                yield GaugeSample("token_format", (*labels, ("format", fmt.value)), 1.0)
             if exp is not None:
                 yield GaugeSample("token_expiry_timestamp_seconds", labels, exp.timestamp())
         kinds: dict[str, int] = {}

@@ -28,7 +28,7 @@ from licensectl.devcluster.virt_api import RestartProxy
 from licensectl.devcluster.virt_controller import KubevirtSimulator
 from licensectl.render import replica_name
 from licensectl.rollout_view import progress_line
-from licensectl.status import read_cluster, status_json, status_table
+from licensectl.status import read_cluster, status_from_controller, status_table
 
 ROOT = "tenant-root"
 CONTROLLER_NS = "licensectl-system"
@@ -67,7 +67,16 @@ VMS: tuple[tuple[str, str, str, str], ...] = (
     ("tenant-globex-ml", "train1", COMPUTE, "licensed"),
     ("tenant-globex-ml", "train2", COMPUTE, "unlicensed"),
 )
-EXPECTED_ALERTS = {"LicensectlGuestUnlicensed", "LicensectlGuestNotReporting", "LicensectlGuestLicenseExpiringSoon"}
+EXPECTED_ALERTS = {"LicensectlGuestUnlicensed", "LicensectlGuestNotReporting", "LicensectlGuestLicenseExpiringSoon",
+                   "LicensectlGuestWrongProduct"}
+# Which guest each guest alert names: train1's compute class (FeatureType 4) implies Virtual Compute
+# Server, but its guest holds the recorded RTX Virtual Workstation license (the dearer pool); train2's
+# gridd log says the token is missing.
+EXPECTED_ALERT_GUESTS = {
+    "LicensectlGuestUnlicensed": ["tenant-globex-ml/train2"],
+    "LicensectlGuestWrongProduct": ["tenant-globex-ml/train1"],
+    "LicensectlGuestNotReporting": ["tenant-acme-render-farm/node2"],
+}
 
 
 def profile(name: str) -> GuestProfile:
@@ -143,8 +152,7 @@ class Demo:
             ok = await self.watch_rollout(app, sim, stop=stop, started=started)
             await asyncio.sleep(3)  # one more probe round after the last restart
             view = await read_cluster(api, settings)
-            doc = status_json(view, app.status()["guests"])
-            doc["rollouts"] = app.status()["rollout"]["sources"]  # the controller's view includes guest evidence
+            doc = status_from_controller(app.status())  # what `licensectl status` shows: the controller's view
             say("7. licensectl status:")
             say(status_table(doc))
             alerts: list[str] = []
@@ -334,6 +342,15 @@ class Demo:
         names = sorted({(a["labels"]["alertname"], a["state"], a["labels"].get("vmi", "")) for a in alerts})
         for name, state, vmi in names:
             say(f"   {state:<8} {name} {vmi}")
+        guests: dict[str, set[str]] = {}
+        for a in alerts:
+            lab = a["labels"]
+            if "vmi" in lab and "namespace" in lab:
+                guests.setdefault(lab["alertname"], set()).add(f"{lab['namespace']}/{lab['vmi']}")
+        self.summary["alert_guests"] = {k: sorted(v) for k, v in sorted(guests.items())}
+        self.summary["alert_reasons"] = {f"{a['labels']['namespace']}/{a['labels']['vmi']}": a["labels"]["reason"]
+                                         for a in alerts if a["labels"]["alertname"] == "LicensectlGuestUnlicensed"
+                                         and "reason" in a["labels"]}
         return sorted({n for n, _, _ in names})
 
     def summarize(self, view: Any, doc: dict[str, Any], *, sim: KubevirtSimulator, app: App, alerts: list[str],
@@ -353,6 +370,7 @@ class Demo:
             "guest_profiles": {f"{ns}/{name}": p for ns, name, _, p in VMS},
             "alerts": alerts,
             "expected_alerts": sorted(EXPECTED_ALERTS),
+            "expected_alert_guests": EXPECTED_ALERT_GUESTS,
             "metrics_url": f"http://127.0.0.1:{app.metrics_port}/metrics",
         })
 

@@ -242,3 +242,24 @@ def compute_entitlement(namespaces: Mapping[str, Namespace], classes: Mapping[st
         problems=tuple(problems),
         broken_by=MappingProxyType(dict(sorted(tree.broken_by.items()))),
     )
+
+
+def customer_tenant(namespace: str, namespaces: Mapping[str, Namespace], settings: TenantSettings) -> str:
+    """The top-level tenant (a child of the root tenant) that `namespace` belongs to: the hoster's
+    customer, the `tenant` label of guest metrics (docs/operations.md#metrics-cardinality).
+
+    `tenant-acme-ml` belongs to `tenant-acme`; the root tenant and a top-level tenant are their own.
+    The walk follows the controller ownerReferences entitlement verified; a namespace outside the
+    tree, or whose chain is broken or cyclic, is its own tenant (never guessed from its name).
+    """
+    cur = namespaces.get(namespace)
+    seen: set[str] = set()
+    while cur is not None and cur.name != settings.root_tenant and cur.name not in seen:
+        seen.add(cur.name)
+        parent = namespaces.get(cur.owner_name) if cur.owner_name else None
+        if parent is None:
+            break
+        if parent.name == settings.root_tenant:
+            return cur.name
+        cur = parent
+    return settings.root_tenant if cur is not None and cur.name == settings.root_tenant else namespace

@@ -61,8 +61,16 @@ class ReportLimits:
 
 DEFAULT_LIMITS: Final = ReportLimits()
 
-FORMAT_VERSION: Final = 1
+# Version 2 adds the `nvidia-smi` header (ok | missing | failed) so an image without the guest
+# driver is told apart from a driver that printed nothing; version 1 bodies are still accepted.
+FORMAT_VERSION: Final = 2
+SUPPORTED_FORMAT_VERSIONS: Final = frozenset({1, 2})
 MAGIC_KEY: Final = "licensectl-report"
+SMI_HEADER: Final = "nvidia-smi"
+SMI_OK: Final = "ok"
+SMI_MISSING: Final = "missing"  # no nvidia-smi on PATH: the image has no vGPU guest driver
+SMI_FAILED: Final = "failed"  # nvidia-smi present but gave no usable output
+SMI_STATUSES: Final = frozenset({SMI_OK, SMI_MISSING, SMI_FAILED})
 
 # Bounds on stored strings (independent of limits: they shape what downstream code may assume).
 MAX_PRODUCT_CHARS: Final = 96
@@ -76,22 +84,42 @@ MAX_MESSAGE_CHARS: Final = 240
 
 
 class LicenseState(StrEnum):
+    """A guest's license condition. Parsing yields licensed/unlicensed/restricted/unknown per GPU
+    (grace is a flag there); `evaluate` adds grace, expired and driver_missing for the guest."""
+
     LICENSED = "licensed"
     UNLICENSED = "unlicensed"
     RESTRICTED = "restricted"
+    GRACE = "grace"  # `Unlicensed (Unrestricted)`: full speed for now, restricted soon
     EXPIRED = "expired"
+    DRIVER_MISSING = "driver_missing"  # the probe found no nvidia-smi: image without the guest driver
     UNKNOWN = "unknown"
 
 
 # Worst-first aggregation: a guest is as bad as its worst GPU. Restricted is throttled right now,
-# expired is about to be, unlicensed may still be in grace, unknown says nothing bad for sure.
+# expired is about to be, unlicensed is past or outside grace, grace still runs at full speed,
+# unknown says nothing bad for sure. driver_missing never mixes with GPU states (no GPU is seen).
 SEVERITY: Final[dict[LicenseState, int]] = {
     LicenseState.LICENSED: 0,
     LicenseState.UNKNOWN: 1,
-    LicenseState.UNLICENSED: 2,
-    LicenseState.EXPIRED: 3,
-    LicenseState.RESTRICTED: 4,
+    LicenseState.GRACE: 2,
+    LicenseState.UNLICENSED: 3,
+    LicenseState.EXPIRED: 4,
+    LicenseState.RESTRICTED: 5,
+    LicenseState.DRIVER_MISSING: 6,
 }
+
+# Why a guest holds no license, from gridd's own log (bounded: used as a metric label).
+REASON_TOKEN_MISSING: Final = "token_missing"
+REASON_TOKEN_CORRUPT: Final = "token_corrupt"
+REASON_CONFIG_MISSING: Final = "config_missing"
+REASON_ACQUIRE_FAILED: Final = "acquire_failed"
+REASON_NOT_FOUND: Final = "not_found"
+REASON_LEASE_EXPIRED: Final = "lease_expired"  # licensed once, the expiry passed without renewal
+REASON_UNKNOWN: Final = "unknown"  # the log (if any) names no cause
+UNLICENSED_REASONS: Final = frozenset({REASON_TOKEN_MISSING, REASON_TOKEN_CORRUPT, REASON_CONFIG_MISSING,
+                                       REASON_ACQUIRE_FAILED, REASON_NOT_FOUND, REASON_LEASE_EXPIRED,
+                                       REASON_UNKNOWN})
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +174,7 @@ class GuestReport:
     smi_format: str | None  # "xml", "text" or None when nvidia-smi gave nothing
     gpus: tuple[GpuLicense, ...]
     events: tuple[GriddEvent, ...]
+    smi_status: str | None = None  # one of SMI_STATUSES; None: a version 1 probe did not say
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +195,7 @@ class GuestState:
     reported_at: dt.datetime
     last_event: GriddEventKind | None
     last_event_at: dt.datetime | None
+    reason: str | None = None  # one of UNLICENSED_REASONS while the guest holds no license
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,6 +246,28 @@ def product_label(product: str | None) -> str:
     if not product:
         return "none"
     return _PRODUCT_LABELS.get(_SPACES.sub(" ", product).strip().lower(), "other")
+
+
+# What a class's FeatureType implies the guest must hold (docs/design.md#feature-type): 2 is RTX
+# Virtual Workstation, 4 Virtual Compute Server (NVIDIA AI Enterprise is the same compute pool).
+# FeatureType 1 lets gridd pick the product from the vGPU type, so the class implies nothing and
+# no guest of such a class is ever judged wrong; 0 (unlicensed) implies nothing either.
+_IMPLIED_PRODUCTS: Final[dict[int, frozenset[str]]] = {2: frozenset({"vws"}), 4: frozenset({"vcs", "nvaie"})}
+
+
+def implied_products(feature_type: int | None) -> frozenset[str] | None:
+    """Product labels a guest of a class with this FeatureType may hold; None: cannot tell."""
+    return None if feature_type is None else _IMPLIED_PRODUCTS.get(feature_type)
+
+
+def wrong_product(product: str | None, feature_type: int | None) -> bool | None:
+    """True when the guest holds another product than its class implies (it draws from the wrong,
+    possibly dearer, license pool); None when the class implies nothing or no product is held."""
+    allowed = implied_products(feature_type)
+    held = product_label(product)
+    if allowed is None or held == "none":
+        return None
+    return held not in allowed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -537,7 +589,8 @@ SECTION_END: Final = "end"
 SECTIONS: Final = frozenset({SECTION_SMI_XML, SECTION_SMI_TEXT, SECTION_GRIDD_LOG})
 SECTION_MARKER: Final = "--- "
 
-HEADER_KEYS: Final = frozenset({MAGIC_KEY, "uuid", "hostname", "clock", "token-sha256", "probe-version"})
+HEADER_KEYS: Final = frozenset({MAGIC_KEY, "uuid", "hostname", "clock", "token-sha256", "probe-version",
+                                SMI_HEADER})
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _HOSTNAME = re.compile(r"[A-Za-z0-9._-]{0,253}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -578,7 +631,7 @@ def parse_report(body: bytes, limits: ReportLimits = DEFAULT_LIMITS) -> GuestRep
         if not sep or not _HEADER_KEY.fullmatch(key):
             raise ReportError(BAD_FORMAT, f"header line {i} is not 'key: value'")
         if i == 1 and key != MAGIC_KEY:
-            raise ReportError(BAD_FORMAT, f"first line must be '{MAGIC_KEY}: {FORMAT_VERSION}'")
+            raise ReportError(BAD_FORMAT, f"first line must be '{MAGIC_KEY}: <version>'")
         if key not in HEADER_KEYS:
             raise ReportError(BAD_FIELD, f"unknown header field on line {i}")
         if key in headers:
@@ -586,7 +639,8 @@ def parse_report(body: bytes, limits: ReportLimits = DEFAULT_LIMITS) -> GuestRep
         headers[key] = value
     if MAGIC_KEY not in headers:
         raise ReportError(BAD_FORMAT, "not a licensectl report")
-    if headers[MAGIC_KEY] != str(FORMAT_VERSION):
+    version = next((v for v in SUPPORTED_FORMAT_VERSIONS if headers[MAGIC_KEY] == str(v)), None)
+    if version is None:
         raise ReportError(BAD_FORMAT, "unsupported report format version")
 
     sections: dict[str, list[str]] = {}
@@ -633,6 +687,15 @@ def parse_report(body: bytes, limits: ReportLimits = DEFAULT_LIMITS) -> GuestRep
     if not _PROBE_VERSION.fullmatch(probe_version):
         raise _bad("probe-version")
 
+    smi_status = headers.get(SMI_HEADER)
+    if version == 1 and smi_status is not None:
+        raise ReportError(BAD_FIELD, f"header field {SMI_HEADER!r} needs format version 2")
+    if version >= 2 and smi_status not in SMI_STATUSES:
+        raise _bad(SMI_HEADER)
+    has_smi = SECTION_SMI_XML in sections or SECTION_SMI_TEXT in sections
+    if smi_status is not None and has_smi != (smi_status == SMI_OK):
+        raise ReportError(BAD_FORMAT, "nvidia-smi status and sections disagree")
+
     smi_format: str | None = None
     gpus: tuple[GpuLicense, ...] = ()
     if SECTION_SMI_XML in sections:
@@ -649,7 +712,7 @@ def parse_report(body: bytes, limits: ReportLimits = DEFAULT_LIMITS) -> GuestRep
         raise ReportError(BAD_FIELD, "gridd log line too long")
 
     return GuestReport(
-        format_version=FORMAT_VERSION,
+        format_version=version,
         uuid=uuid,
         hostname=hostname,
         clock=clock,
@@ -658,14 +721,24 @@ def parse_report(body: bytes, limits: ReportLimits = DEFAULT_LIMITS) -> GuestRep
         smi_format=smi_format,
         gpus=gpus,
         events=parse_gridd_log(log, reference=clock),
+        smi_status=smi_status,
     )
 
 
 def render_report(*, uuid: str, hostname: str, clock: int, token_sha256: str | None,
-                  probe_version: str, sections: Sequence[tuple[str, str]] = ()) -> bytes:
-    """The body the probe would send: the format's reference producer, for tests and tooling."""
-    out = [f"{MAGIC_KEY}: {FORMAT_VERSION}", f"uuid: {uuid}", f"hostname: {hostname}", f"clock: {clock}",
+                  probe_version: str, sections: Sequence[tuple[str, str]] = (),
+                  smi_status: str | None = None, format_version: int = FORMAT_VERSION) -> bytes:
+    """The body the probe would send: the format's reference producer, for tests and tooling.
+
+    `smi_status` defaults to what the sections imply (ok with an nvidia-smi section, else failed);
+    `format_version=1` renders what an old probe sends (no nvidia-smi header)."""
+    out = [f"{MAGIC_KEY}: {format_version}", f"uuid: {uuid}", f"hostname: {hostname}", f"clock: {clock}",
            f"token-sha256: {token_sha256 or 'none'}", f"probe-version: {probe_version}"]
+    if format_version >= 2:
+        if smi_status is None:
+            has_smi = any(name in (SECTION_SMI_XML, SECTION_SMI_TEXT) for name, _ in sections)
+            smi_status = SMI_OK if has_smi else SMI_FAILED
+        out.append(f"{SMI_HEADER}: {smi_status}")
     for name, content in sections:
         out.append(SECTION_MARKER + name)
         out.extend(content.splitlines())
@@ -678,18 +751,57 @@ def render_report(*, uuid: str, hostname: str, clock: int, token_sha256: str | N
 # ---------------------------------------------------------------------------------------------
 
 
+_REASON_OF_EVENT: Final = {
+    GriddEventKind.TOKEN_MISSING: REASON_TOKEN_MISSING,
+    GriddEventKind.TOKEN_CORRUPT: REASON_TOKEN_CORRUPT,
+    GriddEventKind.CONFIG_MISSING: REASON_CONFIG_MISSING,
+    GriddEventKind.FAILED: REASON_ACQUIRE_FAILED,
+    GriddEventKind.NOT_FOUND: REASON_NOT_FOUND,
+}
+_LICENSE_HELD: Final = frozenset({GriddEventKind.ACQUIRED, GriddEventKind.RENEWED})
+
+
+def unlicensed_reason(events: Sequence[GriddEvent]) -> str:
+    """gridd's cause for holding no license: the root cause among the failures logged since the
+    last acquire/renew (a missing or corrupt token or gridd.conf outranks the "not found" warning
+    and failed acquisitions it leads to); `unknown` when the log names none."""
+    since = list(events)
+    for i in range(len(since) - 1, -1, -1):
+        if since[i].kind in _LICENSE_HELD:
+            since = since[i + 1:]
+            break
+    found = {_REASON_OF_EVENT[e.kind] for e in since if e.kind in _REASON_OF_EVENT}
+    for reason in (REASON_TOKEN_CORRUPT, REASON_TOKEN_MISSING, REASON_CONFIG_MISSING, REASON_ACQUIRE_FAILED,
+                   REASON_NOT_FOUND):
+        if reason in found:
+            return reason
+    return REASON_UNKNOWN
+
+
+def _guest_gpu_state(g: GpuLicense, now: dt.datetime) -> LicenseState:
+    if g.state is LicenseState.LICENSED and g.expiry is not None and g.expiry < now:
+        return LicenseState.EXPIRED
+    if g.state is LicenseState.UNLICENSED and g.grace:
+        return LicenseState.GRACE
+    return g.state
+
+
 def evaluate(report: GuestReport, *, current_token_sha256: str | None, now: dt.datetime) -> GuestState:
-    """Summarise a report at `now`: worst GPU state, earliest expiry, token freshness, clock skew."""
-    states: list[tuple[LicenseState, GpuLicense]] = []
-    for g in report.gpus:
-        s = g.state
-        if s is LicenseState.LICENSED and g.expiry is not None and g.expiry < now:
-            s = LicenseState.EXPIRED
-        states.append((s, g))
-    if states:
+    """Summarise a report at `now`: worst GPU state, earliest expiry, token freshness, clock skew,
+    and gridd's reason when the guest holds no license."""
+    states = [(_guest_gpu_state(g, now), g) for g in report.gpus]
+    worst_gpu: GpuLicense | None
+    if report.smi_status == SMI_MISSING:
+        worst_state, worst_gpu = LicenseState.DRIVER_MISSING, None
+    elif states:
         worst_state, worst_gpu = max(states, key=lambda sg: SEVERITY[sg[0]])
     else:
         worst_state, worst_gpu = LicenseState.UNKNOWN, None
+    reason = None
+    if worst_state is LicenseState.EXPIRED:
+        reason = REASON_LEASE_EXPIRED
+    elif worst_state in (LicenseState.UNLICENSED, LicenseState.RESTRICTED, LicenseState.GRACE):
+        reason = unlicensed_reason(report.events)
     expiries = [g.expiry for g in report.gpus if g.expiry is not None]
     product = worst_gpu.product if worst_gpu is not None else None
     if product is None:
@@ -712,4 +824,5 @@ def evaluate(report: GuestReport, *, current_token_sha256: str | None, now: dt.d
         reported_at=now,
         last_event=last.kind if last else None,
         last_event_at=last.at if last else None,
+        reason=reason,
     )

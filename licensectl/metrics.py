@@ -39,6 +39,7 @@ SNAPSHOT_GAUGES: dict[str, str] = {
     "source_revision_info": "Current license revision per source and class (value is always 1).",
     "token_expiry_timestamp_seconds": "exp claim of the source token (JWT payload, unverified).",
     "token_expiry_known": "1 when the source token's expiry could be decoded, 0 when unknown.",
+    "token_format": "Source token format (jwt, not_jwt, no_expiry; value is always 1): only jwt has a known expiry.",
     "tenant_problems": "Tenant namespaces whose tenant links are broken, by kind.",
     "informer_synced": "1 when the cache of a watched resource completed its initial list and is healthy.",
     "deletions_deferred": "Replica deletions waiting for the deletion cap.",
@@ -47,12 +48,15 @@ SNAPSHOT_GAUGES: dict[str, str] = {
     "rollout_in_progress": "1 while a rollout for a source is settling or progressing.",
     "rollout_paused": "1 while a rollout is paused, by reason (failures, manual).",
     "rollout_last_progress_timestamp_seconds": "Last time a rollout issued or completed a restart.",
+    "rollout_manual_restart_overdue": "1 per manual-restart VMI still on an old token past the manual deadline.",
     # Guests
     "guest_license_state": "Guest license state reported by the in-guest probe, one series per state (0/1).",
     "guest_license_expiry_timestamp_seconds": "Earliest license expiry reported by a guest.",
     "guest_last_report_timestamp_seconds": "Time of the last accepted report from a guest.",
     "guest_token_current": "1 when the guest runs the current token of its replica.",
     "guest_clock_skew_seconds": "Guest clock minus controller clock at report time.",
+    "guest_unlicensed_reason": "1 for a guest holding no usable license, with gridd's reason (bounded set).",
+    "guest_wrong_product": "1 when a guest holds another license product than its GPU class implies.",
     "guests": "Guests by license state and tenant.",
     # Controller
     "leader": "1 on the replica that holds the leader Lease.",

@@ -67,7 +67,10 @@ class RolloutController:
         self.plan: RolloutPlan | None = None
         self._expect: dict[tuple[str, str], tuple[str, float]] = {}  # vm -> (rv we wrote over, since)
         self._phases: dict[ObjectRef, Phase] = {}
+        # Two different times, kept apart: the last restart progress (a gauge) and the revision a
+        # completed rollout was already measured for (the duration histogram, once per revision).
         self._progress_at: dict[ObjectRef, dt.datetime] = {}
+        self._measured: dict[ObjectRef, str] = {}
         self._revisions: dict[tuple[str, str], tuple[str, ReplicaRevision | None]] = {}
 
     @property
@@ -230,7 +233,6 @@ class RolloutController:
             obj = InvolvedObject("v1", "Secret", ref.namespace, ref.name)
             rev = st.revisions[-1][:12] if st.revisions else ""
             if st.phase is Phase.PROGRESSING and before in (None, Phase.IDLE, Phase.SETTLING, Phase.COMPLETE):
-                self._progress_at.setdefault(ref, now)
                 await self.events.emit(obj, "Normal", "RolloutStarted",
                                        f"Rolling out license revision {rev} to {st.affected} VMIs "
                                        f"(maxUnavailable {st.max_unavailable})")
@@ -238,9 +240,22 @@ class RolloutController:
                 await self.events.emit(obj, "Warning", "RolloutPaused", st.message or "rollout paused")
             elif st.phase is Phase.COMPLETE and before in (Phase.PROGRESSING, Phase.PAUSED, Phase.SETTLING):
                 await self.events.emit(obj, "Normal", "RolloutCompleted", f"License revision {rev} rolled out")
-                started = self._progress_at.get(ref)
-                if started is not None:
-                    self.metrics.rollout_duration.observe(max(0.0, (now - started).total_seconds()))
+                self._observe_duration(ref, now)
+
+    def _observe_duration(self, ref: ObjectRef, completed: dt.datetime) -> None:
+        """Revision written -> rollout complete, both on the apiserver's clock, once per revision.
+
+        The start is the revision time the replicas carry (not when this process noticed the
+        rollout), so a controller restarted or failed over mid-rollout still measures the whole of it.
+        """
+        started = rollout_started_at(self._replica_revisions(), ref)
+        if started is None:
+            return
+        revision, at = started
+        if self._measured.get(ref) == revision:
+            return
+        self._measured[ref] = revision
+        self.metrics.rollout_duration.observe(max(0.0, (completed - at).total_seconds()))
 
     # -- metrics / status ---------------------------------------------------------------------------
     def samples(self) -> Iterable[GaugeSample]:
@@ -261,6 +276,12 @@ class RolloutController:
             at = self._progress_at.get(ref)
             if at is not None:
                 yield GaugeSample("rollout_last_progress_timestamp_seconds", labels, at.timestamp())
+        # Per VMI, but only the overdue manual ones (a handful): what LicensectlManualRestartOverdue names.
+        for (ns, vmi), vs in sorted(plan.vmi_states.items()):
+            if vs.overdue:
+                yield GaugeSample("rollout_manual_restart_overdue",
+                                  (("namespace", ns), ("vmi", vmi), ("source_namespace", vs.source.namespace),
+                                   ("source_name", vs.source.name)), 1.0)
 
     def status_dict(self) -> dict[str, Any]:
         plan = self.plan
@@ -274,6 +295,19 @@ class RolloutController:
                       "overdue": st.overdue, "reason": st.reason}
                      for (ns, vmi), st in sorted(plan.vmi_states.items())],
         }
+
+
+def rollout_started_at(replicas: Iterable[ReplicaRevision], source: ObjectRef) -> tuple[str, dt.datetime] | None:
+    """The newest revision of `source` and when it was first written (its earliest revision time).
+
+    Each replica stamps its own revision time when it is written, so the rollout of a revision
+    starts at the earliest stamp among the replicas carrying it.
+    """
+    mine = [r for r in replicas if r.source == source]
+    if not mine:
+        return None
+    newest = max(mine, key=lambda r: (r.revision_time, r.revision)).revision
+    return newest, min(r.revision_time for r in mine if r.revision == newest)
 
 
 def _bucket(state: VmiState) -> str:

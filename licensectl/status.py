@@ -1,10 +1,16 @@
-"""`licensectl status` and `licensectl rollout status`: read-only views of the cluster.
+"""`licensectl status` and `licensectl rollout status`: read-only views of what the controller decided.
 
-Status is read from the cluster with one paged LIST per resource and evaluated by the same pure
-planners the controller runs, so the CLI and the controller cannot disagree about what is entitled,
-in sync or stale. Guest license states live only in the controller (they come from reports), so they
-are fetched from its HTTP API when `--url` is given. The commands that write (rollout pause/resume,
-keys rotate) live in `licensectl.actions`.
+The source of truth is the running controller's own `GET /v1/status`: it holds the deployed settings,
+the guest reports and the rollout's guest evidence, none of which a workstation can reconstruct. The
+CLI reaches it through the Kubernetes API service proxy (`services/proxy` on the metrics Service in
+licensectl's namespace; the caller needs `get` on `services/proxy` there) or a direct `--url` (e.g. a
+`kubectl port-forward`). The apiserver picks a random ready endpoint per proxied request, so with
+two replicas the CLI asks again until the leader answers (only it holds guest states).
+
+Only when the controller cannot be reached does the CLI recompute the state offline (one paged
+LIST per resource, the same pure planners, this workstation's defaults, no guest states), and it
+says so in its output. The commands that write (rollout pause/resume, keys rotate) live in
+`licensectl.actions`.
 """
 
 from __future__ import annotations
@@ -15,19 +21,22 @@ import datetime as dt
 import json
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api, CustomObjectsApi
 
-from licensectl import config
+from licensectl import config, logs
+from licensectl.caches import Caches
 from licensectl.core_settings import rollout_settings, tenant_settings
 from licensectl.credentials import keyring_from_secret_data
 from licensectl.kube import contract, projections
-from licensectl.kube.client import make_api_client
+from licensectl.kube.client import make_api_client, request_tracing
 from licensectl.kube.raw import RawApi, checked
+from licensectl.kube.server_clock import ServerClock
 from licensectl.kube.signing_key import SECRET_NAME
 from licensectl.model import (
     MANAGED_BY_LABEL,
@@ -44,7 +53,43 @@ from licensectl.rollout import (
 )
 from licensectl.rollout_view import progress_line, rollout_exit, rollout_json
 
+log = logs.get(__name__)
+
 Projection = Callable[[Mapping[str, Any]], Any]
+
+# The Service (manifests/base/services.yaml, the chart's templates/services.yaml) in front of every
+# replica's internal listener, and its port name.
+STATUS_SERVICE = "licensectl-metrics"
+STATUS_SERVICE_PORT = "metrics"
+STATUS_PATH = "/v1/status"
+# Proxied requests land on a random ready endpoint: ask this often before settling for a standby.
+LEADER_ATTEMPTS = 8
+HTTP_TIMEOUT = 10.0
+# `rollout status --watch` polls one small document (or an in-memory watch cache) this often.
+WATCH_INTERVAL = 1.0
+SYNC_TIMEOUT = 60.0
+
+
+class ControllerUnreachable(Exception):
+    """The controller's /v1/status could not be read; the message says why (never a credential)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerTarget:
+    """Where the controller's internal listener is: a direct URL, or a Service behind the API proxy."""
+
+    url: str | None = None
+    namespace: str = "licensectl-system"
+    service: str = STATUS_SERVICE
+    port: str = STATUS_SERVICE_PORT
+
+    def proxy_path(self, path: str = STATUS_PATH) -> str:
+        """The apiserver path that proxies `path` to the Service (`services/proxy` subresource)."""
+        return (f"/api/v1/namespaces/{quote(self.namespace, safe='')}/services/"
+                f"{quote(self.service, safe='')}:{quote(self.port, safe='')}/proxy{path}")
+
+    def describe(self) -> str:
+        return self.url or f"service {self.namespace}/{self.service}:{self.port} via the API server proxy"
 
 
 async def list_all(call: Callable[..., Any], projection: Projection, **kw: Any) -> list[Any]:
@@ -110,8 +155,93 @@ async def read_cluster(api: ApiClient, settings: config.Settings, now: dt.dateti
     return ClusterView(replication, rollout, sources, now)
 
 
+# -- the controller's view ---------------------------------------------------------------------------
+def _proxy_error(e: ApiException, target: ControllerTarget) -> str:
+    if e.status == 403:
+        return (f"HTTP 403 from the API server: this user may not get services/proxy in {target.namespace} "
+                f"(see docs/operations.md#status-from-the-controller)")
+    if e.status == 404:
+        return f"HTTP 404: no Service {target.namespace}/{target.service} with port {target.port}"
+    if e.status == 503:
+        return f"HTTP 503: no ready endpoint of Service {target.namespace}/{target.service} answered"
+    return f"HTTP {e.status} {e.reason} from {target.describe()}"
+
+
+async def _get_once(api: ApiClient | None, target: ControllerTarget) -> dict[str, Any]:
+    if target.url:
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=HTTP_TIMEOUT)) as http, \
+                    http.get(target.url.rstrip("/") + STATUS_PATH) as resp:
+                if resp.status != 200:
+                    raise ControllerUnreachable(f"HTTP {resp.status} from {target.url}")
+                doc = await resp.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+            raise ControllerUnreachable(f"{type(e).__name__} from {target.url}") from None
+    else:
+        if api is None:
+            raise ControllerUnreachable("no API client for the service proxy")
+        try:
+            doc = await checked(api.call_api(target.proxy_path(), "GET", header_params={"Accept": "application/json"},
+                                             auth_settings=["BearerToken"], _preload_content=False,
+                                             _request_timeout=HTTP_TIMEOUT))
+        except ApiException as e:
+            raise ControllerUnreachable(_proxy_error(e, target)) from None
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise ControllerUnreachable(f"{type(e).__name__} reaching the API server") from None
+    if not isinstance(doc, dict) or "replication" not in doc:
+        raise ControllerUnreachable(f"{target.describe()} did not answer with a licensectl status document")
+    return doc
+
+
+async def fetch_controller_status(api: ApiClient | None, target: ControllerTarget, *,
+                                  attempts: int = LEADER_ATTEMPTS) -> dict[str, Any]:
+    """The controller's own /v1/status, from the leader when one answers within `attempts` tries.
+
+    A direct URL names one process: its answer is taken as is. Through the Service, a standby's
+    answer (it has no guest reports) is only kept if no leader answers at all.
+    """
+    doc = await _get_once(api, target)
+    tries = 1
+    while not target.url and not doc.get("leader") and tries < attempts:
+        again = await _get_once(api, target)
+        tries += 1
+        if again.get("leader"):
+            return again
+    return doc
+
+
+def status_from_controller(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """`licensectl status` JSON from the controller's /v1/status (pure): the same keys as the offline
+    view, plus where it came from."""
+    repl = doc.get("replication") or {}
+    entitled = repl.get("entitled") or []
+    per_class: dict[str, str] = {}
+    counts: dict[str, int] = {}
+    for e in entitled:
+        per_class.setdefault(e["class"], e["source"])
+        counts[e["class"]] = counts.get(e["class"], 0) + 1
+    srcs = repl.get("sources") or {}
+    guests = doc.get("guests")
+    return {
+        "from": "controller",
+        "controller": {"identity": doc.get("identity"), "leader": bool(doc.get("leader")),
+                       "version": doc.get("version"), "ready": bool(doc.get("ready"))},
+        "sources": [{
+            "class": cls, "source": src, "valid": bool((srcs.get(cls) or {}).get("valid")),
+            "revision": (srcs.get(cls) or {}).get("revision"),
+            "problem": (srcs.get(cls) or {}).get("message"),
+            "entitled_namespaces": counts[cls],
+        } for cls, src in sorted(per_class.items())],
+        "replicas": dict(repl.get("replica_counts") or {}),
+        "tenant_problems": list(repl.get("tenant_problems") or []),
+        "rollouts": dict((doc.get("rollout") or {}).get("sources") or {}),
+        "guests": guests if doc.get("leader") else None,
+    }
+
+
 # -- rendering ------------------------------------------------------------------------------------
 def status_json(view: ClusterView, guests: Mapping[str, Any] | None) -> dict[str, Any]:
+    """`licensectl status` JSON recomputed from a cluster read: the offline fallback."""
     rep = view.replication
     ent = rep.entitlement.entitled if rep.entitlement else {}
     return {
@@ -135,8 +265,20 @@ def table(rows: list[list[str]]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
 
+def _origin(doc: Mapping[str, Any]) -> list[str]:
+    if doc.get("from") == "controller":
+        c = doc.get("controller") or {}
+        role = "leader" if c.get("leader") else "STANDBY (no guest states; the leader did not answer)"
+        return [f"FROM CONTROLLER {c.get('identity') or '?'} ({role}, licensectl {c.get('version') or '?'})", ""]
+    if doc.get("from") == "offline":
+        return [f"OFFLINE RECOMPUTATION from the cluster with this workstation's defaults, not the deployed "
+                f"settings; no guest states. Controller unreachable: {doc.get('offline_reason') or 'not asked'}",
+                ""]
+    return []
+
+
 def status_table(doc: Mapping[str, Any]) -> str:
-    out = ["SOURCES"]
+    out = [*_origin(doc), "SOURCES"]
     rows = [["CLASS", "SOURCE", "VALID", "REVISION", "ENTITLED NAMESPACES", "PROBLEM"]]
     rows += [[s["class"], s["source"], "yes" if s["valid"] else "NO", s["revision"] or "-",
               str(s["entitled_namespaces"]), s["problem"] or ""] for s in doc["sources"]]
@@ -149,7 +291,7 @@ def status_table(doc: Mapping[str, Any]) -> str:
     out += ["ROLLOUTS", table(rows), ""]
     g = doc.get("guests")
     if g is None:
-        out.append("GUESTS  (pass --url http://<controller>:8080 to include guest license states)")
+        out.append("GUESTS  (only the controller's leader knows guest license states)")
     else:
         out.append("GUESTS  " + "  ".join(f"{k}={v}" for k, v in g.get("counts", {}).items()))
         rows = [["NAMESPACE", "VMI", "STATE", "PRODUCT", "EXPIRY", "TOKEN CURRENT"]]
@@ -161,66 +303,164 @@ def status_table(doc: Mapping[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-async def fetch_guests(url: str) -> dict[str, Any] | None:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http, \
-            http.get(url.rstrip("/") + "/v1/status") as resp:
-        resp.raise_for_status()
-        doc = await resp.json()
-    guests: dict[str, Any] | None = doc.get("guests")
-    return guests
+def target_from(args: Any, settings: config.Settings) -> ControllerTarget:
+    return ControllerTarget(url=getattr(args, "url", None) or None,
+                            namespace=getattr(args, "namespace", None) or settings.namespace,
+                            service=getattr(args, "service", None) or STATUS_SERVICE,
+                            port=getattr(args, "service_port", None) or STATUS_SERVICE_PORT)
 
 
 async def status_main(args: Any, settings: config.Settings) -> int:
-    api = await make_api_client(settings)
+    target = target_from(args, settings)
+    direct = bool(target.url)
+    clock = ServerClock()
+    api = None if direct and not args.offline else await make_api_client(
+        settings, trace_configs=[request_tracing(clock=clock)])
     try:
-        view = await read_cluster(api, settings)
+        doc: dict[str, Any] | None = None
+        reason = "--offline given"
+        if not args.offline:
+            try:
+                doc = status_from_controller(await fetch_controller_status(api, target))
+            except ControllerUnreachable as e:
+                reason = str(e)
+                if direct:
+                    print(f"licensectl status: {reason}", file=sys.stderr)
+                    return 1
+                log.warning("controller unreachable, recomputing offline", reason=reason)
+        if doc is None:
+            assert api is not None
+            try:
+                doc = status_json(await read_cluster(api, settings, now=clock.now()), None)
+            except ApiException as e:
+                print(f"licensectl status: controller unreachable ({reason}), and the offline recomputation "
+                      f"failed too: HTTP {e.status} {e.reason}", file=sys.stderr)
+                return 1
+            doc["from"], doc["offline_reason"] = "offline", reason
     finally:
-        await api.close()
-    guests = await fetch_guests(args.url) if args.url else None
-    doc = status_json(view, guests)
+        if api is not None:
+            await api.close()
     sys.stdout.write(json.dumps(doc, indent=2) + "\n" if args.output == "json" else status_table(doc))
     return 0
 
 
 # -- rollout --------------------------------------------------------------------------------------
+class WatchedCluster:
+    """The offline fallback of `rollout status --watch`: one LIST per resource, then watches.
+
+    Re-listing the whole cluster every second would load the apiserver like a controller per
+    hoster terminal; informers keep the view current from watch events instead.
+    """
+
+    def __init__(self, api: ApiClient, settings: config.Settings, clock: Callable[[], dt.datetime]) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.caches = Caches(api, settings, on_change=lambda _kind: None)
+
+    async def start(self) -> None:
+        c = self.caches
+        c.start()
+        try:
+            async with asyncio.timeout(SYNC_TIMEOUT):
+                while True:
+                    if c.core_synced() and c.kubevirt_healthy():
+                        c.ensure_sources(self._wanted_sources())
+                        if len(c.source_states()) == len(c.sources):
+                            return
+                    await asyncio.sleep(0.1)
+        except TimeoutError:
+            raise ControllerUnreachable(f"the cluster's caches did not sync within {SYNC_TIMEOUT:g} s") from None
+
+    def _wanted_sources(self) -> set[ObjectRef]:
+        return {gc.secret_ref for gc in self.caches.classes.snapshot().values()
+                if gc.mode == "vgpu" and gc.secret_ref is not None}
+
+    def rollouts(self) -> dict[str, Any]:
+        c = self.caches
+        c.ensure_sources(self._wanted_sources())
+        assert c.vms is not None and c.vmis is not None
+        replicas = [r for r in (ReplicaRevision.from_secret(s) for s in c.replicas.cache.values()) if r]
+        plan = plan_rollout(
+            replicas=replicas, vmis=list(c.vmis.snapshot().values()), vms=list(c.vms.snapshot().values()),
+            guests={}, sources={ref: SourceControl.from_annotations(s.annotations)
+                                for ref, s in c.source_states().items() if s is not None},
+            settings=rollout_settings(self.settings), now=self.clock())
+        return {str(ref): rollout_json(st) for ref, st in plan.sources.items()}
+
+    async def stop(self) -> None:
+        await self.caches.stop()
+
+
 async def rollout_status_main(args: Any, settings: config.Settings) -> int:
-    api = await make_api_client(settings)
+    target = target_from(args, settings)
+    clock = ServerClock()
+    api = None if target.url else await make_api_client(settings, trace_configs=[request_tracing(clock=clock)])
+    watched: WatchedCluster | None = None
     try:
-        return await _rollout_status(api, settings, args)
+        reason = "--offline given" if args.offline else ""
+        controller = not args.offline
+        if controller:
+            try:
+                await fetch_controller_status(api, target)
+            except ControllerUnreachable as e:
+                if target.url:
+                    print(f"licensectl rollout status: {e}", file=sys.stderr)
+                    return 1
+                controller, reason = False, str(e)
+        if not controller:
+            assert api is not None
+            print(f"OFFLINE RECOMPUTATION with this workstation's defaults and no guest evidence "
+                  f"(controller unreachable: {reason})", file=sys.stderr)
+            if args.watch:
+                watched = WatchedCluster(api, settings, clock.now)
+                await watched.start()
+
+        async def rollouts() -> dict[str, Any]:
+            if controller:  # the controller's own view, including guest evidence for the done gate
+                doc = await fetch_controller_status(api, target)
+                return dict((doc.get("rollout") or {}).get("sources") or {})
+            if watched is not None:
+                return watched.rollouts()
+            assert api is not None
+            view = await read_cluster(api, settings, now=clock.now())
+            return {str(ref): rollout_json(st) for ref, st in view.rollout.sources.items()}
+
+        return await _rollout_status(args, rollouts)
     finally:
-        await api.close()
+        if watched is not None:
+            await watched.stop()
+        if api is not None:
+            await api.close()
 
 
-async def _rollout_status(api: ApiClient, settings: config.Settings, args: Any) -> int:
+async def _rollout_status(args: Any, rollouts: Callable[[], Awaitable[dict[str, Any]]]) -> int:
     tty = sys.stdout.isatty()
     deadline = time.monotonic() + args.timeout if args.timeout else None
     last = ""
     while True:
-        if args.url:  # the controller's own view, including guest evidence for the done gate
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http, \
-                    http.get(args.url.rstrip("/") + "/v1/status") as resp:
-                resp.raise_for_status()
-                all_rollouts = ((await resp.json()).get("rollout") or {}).get("sources") or {}
-        else:
-            view = await read_cluster(api, settings)
-            all_rollouts = {str(ref): rollout_json(st) for ref, st in view.rollout.sources.items()}
-        rollouts = {src: r for src, r in all_rollouts.items() if not args.source or src == args.source}
-        if args.source and not rollouts:
-            print(f"no rollout found for source {args.source}", file=sys.stderr)
-            return 1
-        lines = "\n".join(progress_line(src, r, tty) for src, r in sorted(rollouts.items()))
-        if lines != last:
-            print(("\r" if tty and "\n" not in lines else "") + lines, flush=True)
-            last = lines
-        code = rollout_exit(rollouts)
-        if code is not None:
-            for src, r in sorted(rollouts.items()):
-                if r["message"]:
-                    print(f"{src}: {r['message']}")
-            return code
+        try:
+            all_rollouts = await rollouts()
+        except ControllerUnreachable as e:  # e.g. the leader is being replaced: try again next tick
+            print(f"controller unreachable: {e}", file=sys.stderr)
+            all_rollouts = None
+        if all_rollouts is not None:
+            found = {src: r for src, r in all_rollouts.items() if not args.source or src == args.source}
+            if args.source and not found:
+                print(f"no rollout found for source {args.source}", file=sys.stderr)
+                return 1
+            lines = "\n".join(progress_line(src, r, tty) for src, r in sorted(found.items()))
+            if lines != last:
+                print(("\r" if tty and "\n" not in lines else "") + lines, flush=True)
+                last = lines
+            code = rollout_exit(found)
+            if code is not None:
+                for src, r in sorted(found.items()):
+                    if r["message"]:
+                        print(f"{src}: {r['message']}")
+                return code
         if not args.watch:
-            return 3  # still in progress, like `kubectl rollout status --watch=false`
+            return 3 if all_rollouts is not None else 1  # 3: still in progress (kubectl rollout status)
         if deadline is not None and time.monotonic() > deadline:
             print("timed out waiting for the rollout", file=sys.stderr)
             return 2
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(WATCH_INTERVAL)

@@ -13,11 +13,27 @@ import base64
 import datetime as dt
 import json
 import math
+from dataclasses import dataclass
+from enum import StrEnum
 
 # Tokens are a few KiB; refuse to parse anything absurd.
 _MAX_TOKEN_BYTES = 64 * 1024
 # Latest instant a datetime can hold (9999-12-31T23:59:59Z); later values are nonsense.
 _MAX_EXP = 253402300799
+
+
+class TokenFormat(StrEnum):
+    """What licensectl could read from a token (never its content): a metric label and Event reason."""
+
+    JWT = "jwt"  # a JWT with a sane numeric exp
+    NOT_JWT = "not_jwt"  # not three base64url segments with JSON header and payload (opaque bytes)
+    NO_EXPIRY = "no_expiry"  # a JWT without a usable exp claim
+
+
+@dataclass(frozen=True, slots=True)
+class TokenInfo:
+    format: TokenFormat
+    expiry: dt.datetime | None
 
 
 def _b64url_json(segment: str) -> object:
@@ -26,7 +42,8 @@ def _b64url_json(segment: str) -> object:
     return json.loads(base64.b64decode(raw, altchars=b"-_", validate=True).decode("utf-8"))
 
 
-def _expiry(token: bytes) -> dt.datetime | None:
+def _payload(token: bytes) -> dict[str, object] | None:
+    """The JWT payload, or None when the token is not a decodable JWT."""
     if len(token) > _MAX_TOKEN_BYTES:
         return None
     text = token.decode("ascii").strip()
@@ -37,6 +54,10 @@ def _expiry(token: bytes) -> dt.datetime | None:
     payload = _b64url_json(parts[1])
     if not isinstance(header, dict) or not isinstance(payload, dict):
         return None
+    return payload
+
+
+def _exp(payload: dict[str, object]) -> dt.datetime | None:
     exp = payload.get("exp")
     if isinstance(exp, bool) or not isinstance(exp, int | float):
         return None
@@ -45,11 +66,20 @@ def _expiry(token: bytes) -> dt.datetime | None:
     return dt.datetime.fromtimestamp(exp, tz=dt.UTC)
 
 
+def token_info(token: bytes) -> TokenInfo:
+    """Classify a token and read its `exp`, without verifying it and without raising."""
+    try:
+        payload = _payload(token)
+        if payload is None:
+            return TokenInfo(TokenFormat.NOT_JWT, None)
+        exp = _exp(payload)
+    except Exception:
+        # Any failure means "not a JWT"; the exception is dropped on purpose, as its text could
+        # quote token bytes.
+        return TokenInfo(TokenFormat.NOT_JWT, None)
+    return TokenInfo(TokenFormat.JWT if exp is not None else TokenFormat.NO_EXPIRY, exp)
+
+
 def token_expiry(token: bytes) -> dt.datetime | None:
     """`exp` of a JWT token as an aware UTC datetime; None if not a JWT or no sane numeric exp."""
-    try:
-        return _expiry(token)
-    except Exception:
-        # Any failure means "expiry unknown"; the exception is dropped on purpose, as its text
-        # could quote token bytes.
-        return None
+    return token_info(token).expiry

@@ -33,6 +33,10 @@ LICENSED_XML = "smi-qx-licensed-l40s-2q-trimmed.xml"
 UNLICENSED_TEXT = "smi-q-unlicensed-vcs.txt"
 RESTRICTED_TEXT = "smi-q-unlicensed-restricted-vcs.txt"
 GRIDD_LOG = "gridd-log-acquired-cls.txt"
+MISSING_TOKEN_LOG = "gridd-log-missing-token.txt"
+JOURNAL_DAY = "2026-04-02"  # the recorded syslog lines carry no year; the journal needs one
+
+_SYSLOG_LINE = re.compile(r"[A-Z][a-z]{2} [ 0-9]\d (\d\d:\d\d:\d\d)( .*)")
 
 
 def derived_xml_with_expiry(expiry: dt.datetime) -> str:
@@ -54,6 +58,9 @@ class GuestProfile:
     text_fixture: str | None = None
     silent: bool = False  # never reports (probe not installed / network blocked)
     lease: dt.timedelta | None = None  # renewing: every probe sees expiry = now + lease, as gridd renews
+    gridd_log: str = GRIDD_LOG  # recorded nvidia-gridd log the guest's journal holds
+    driver: bool = True  # False: an image without the guest driver (no nvidia-smi on PATH)
+    clock_offset: dt.timedelta = dt.timedelta(0)  # guest clock minus true time
 
     @classmethod
     def licensed(cls, lease: dt.timedelta = dt.timedelta(days=1)) -> GuestProfile:
@@ -76,8 +83,22 @@ class GuestProfile:
         return cls("expiring", xml=derived_xml_with_expiry(expiry))
 
     @classmethod
-    def unlicensed(cls) -> GuestProfile:
-        return cls("unlicensed", text_fixture=UNLICENSED_TEXT)
+    def unlicensed(cls, gridd_log: str = MISSING_TOKEN_LOG) -> GuestProfile:
+        """Recorded `Unlicensed` output; the journal holds `gridd_log` (by default gridd's
+        "Unable to fetch the client configuration token file", so the reason is `token_missing`)."""
+        return cls("unlicensed", text_fixture=UNLICENSED_TEXT, gridd_log=gridd_log)
+
+    @classmethod
+    def driver_missing(cls) -> GuestProfile:
+        """An image without the vGPU guest driver: no `nvidia-smi` at all, no gridd log."""
+        return cls("driver-missing", driver=False)
+
+    @classmethod
+    def skewed(cls, offset: dt.timedelta, lease: dt.timedelta = dt.timedelta(days=1)) -> GuestProfile:
+        """Licensed output (renewing lease), but the guest clock is off by `offset`."""
+        p = cls.licensed(lease)
+        p.name, p.clock_offset = "skewed", offset
+        return p
 
     @classmethod
     def restricted(cls) -> GuestProfile:
@@ -86,6 +107,21 @@ class GuestProfile:
     @classmethod
     def quiet(cls) -> GuestProfile:
         return cls("silent", silent=True)
+
+
+def journal_text(fixture: str) -> str:
+    """The fixture's nvidia-gridd lines as `journalctl -o short-iso --utc` prints them: recorded
+    syslog times are placed on JOURNAL_DAY, lines without a time get noon of that day."""
+    out = []
+    for line in (FIXTURES / fixture).read_text().splitlines():
+        if "nvidia-gridd[" not in line and "nvidia-gridd:" not in line:
+            continue  # other daemons' lines (systemd's "Started nvidia-gridd.service")
+        m = _SYSLOG_LINE.fullmatch(line)
+        if m:
+            out.append(f"{JOURNAL_DAY}T{m.group(1)}+00:00{m.group(2)}\n")
+        elif line.startswith("nvidia-gridd"):
+            out.append(f"{JOURNAL_DAY}T12:00:00+00:00 guest {line}\n")
+    return "".join(out)
 
 
 def _write_exe(path: Path, text: str) -> None:
@@ -113,14 +149,20 @@ class SimulatedGuest:
             smi_xml.write_text(self.profile.xml)
         text = FIXTURES / (self.profile.text_fixture or UNLICENSED_TEXT)
         xml_case = f'cat "{smi_xml}"' if self.profile.xml is not None else "exit 9"
-        _write_exe(self.bin / "nvidia-smi", f'#!/bin/sh\ncase "$*" in\n"-q -x") {xml_case} ;;\n'
-                                           f'"-q") cat "{text}" ;;\n*) exit 2 ;;\nesac\n')
+        if self.profile.driver:
+            _write_exe(self.bin / "nvidia-smi", f'#!/bin/sh\ncase "$*" in\n"-q -x") {xml_case} ;;\n'
+                                               f'"-q") cat "{text}" ;;\n*) exit 2 ;;\nesac\n')
         _write_exe(self.bin / "systemctl", "#!/bin/sh\nexit 0\n")
         journal = self.base / "journal.txt"
-        journal.write_text("".join(f"2026-04-02T{line[7:15]}+00:00{line[15:]}\n"
-                                   for line in (FIXTURES / GRIDD_LOG).read_text().splitlines()
-                                   if "nvidia-gridd[" in line))
+        journal.write_text(journal_text(self.profile.gridd_log) if self.profile.driver else "")
         _write_exe(self.bin / "journalctl", f'#!/bin/sh\ncat "{journal}"\n')
+        offset = int(self.profile.clock_offset.total_seconds())
+        real_date = shutil.which("date") or "/bin/date"
+        if offset:
+            # Only the probe's `date +%s` (the report clock and its own deadline arithmetic) moves.
+            _write_exe(self.bin / "date", f'#!/bin/sh\nif [ "$*" = "+%s" ]; then\n'
+                                          f'\techo $(( $("{real_date}" +%s) + ({offset}) ))\n'
+                                          f'else\n\texec "{real_date}" "$@"\nfi\n')
 
     def env(self) -> dict[str, str]:
         return {

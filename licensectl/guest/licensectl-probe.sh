@@ -33,7 +33,7 @@ set -u
 umask 077
 
 PROG=licensectl-probe
-PROBE_VERSION=1.0
+PROBE_VERSION=1.1
 log() { printf '%s: %s\n' "$PROG" "$*" >&2; }
 die() { _code=$1; shift; log "error: $*"; exit "$_code"; }
 
@@ -136,19 +136,25 @@ elif [ "$#" -gt 1 ]; then
 	log "warning: several licensectl tokens installed; reporting none"
 fi
 
+# SMI_STATUS goes into the report (format 2): ok, failed, or missing = no nvidia-smi at all, which
+# means an image without the vGPU guest driver (reported as such, not as a silent guest).
 SMI_SECTION=
+SMI_STATUS=missing
 if command -v "$NVIDIA_SMI" >/dev/null 2>&1; then
+	SMI_STATUS=failed
 	if run_limited "$NVIDIA_SMI" -q -x >"$WORK/smi" 2>/dev/null && [ -s "$WORK/smi" ] &&
 		[ "$(wc -c <"$WORK/smi" | tr -d ' ')" -le "$SMI_MAX_BYTES" ]; then
 		SMI_SECTION=nvidia-smi-xml
+		SMI_STATUS=ok
 	elif run_limited "$NVIDIA_SMI" -q >"$WORK/smi" 2>/dev/null && [ -s "$WORK/smi" ] &&
 		[ "$(wc -c <"$WORK/smi" | tr -d ' ')" -le "$SMI_MAX_BYTES" ]; then
 		SMI_SECTION=nvidia-smi-text
+		SMI_STATUS=ok
 	else
 		log "warning: nvidia-smi failed; reporting without GPU state"
 	fi
 else
-	log "warning: $NVIDIA_SMI not found; reporting without GPU state"
+	log "warning: $NVIDIA_SMI not found (no vGPU guest driver?); reporting driver missing"
 fi
 
 HAVE_LOG=
@@ -167,12 +173,13 @@ else
 fi
 
 {
-	printf 'licensectl-report: 1\n'
+	printf 'licensectl-report: 2\n'
 	printf 'uuid: %s\n' "$UUID"
 	printf 'hostname: %s\n' "$HOST"
 	printf 'clock: %s\n' "$(date +%s)"
 	printf 'token-sha256: %s\n' "$TOKEN_SHA"
 	printf 'probe-version: %s\n' "$PROBE_VERSION"
+	printf 'nvidia-smi: %s\n' "$SMI_STATUS"
 	if [ -n "$SMI_SECTION" ]; then
 		printf '%s\n' "--- $SMI_SECTION"
 		sanitize 4096 <"$WORK/smi"

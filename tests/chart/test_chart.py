@@ -207,6 +207,7 @@ SAMPLES: dict[str, Any] = {
     "monitoring.interval": "1m",
     "monitoring.scrapeTimeout": "20s",
     "monitoring.labels": {"release": "monitoring"},
+    "monitoring.runbookBaseUrl": "https://docs.example.net/licensectl/operations.md",
     "monitoring.dashboard.namespace": "cozy-grafana",
     "monitoring.dashboard.sidecarLabel.grafana_dashboard": "yes",
     "podDisruptionBudget.minAvailable": 2,
@@ -215,6 +216,7 @@ SAMPLES: dict[str, Any] = {
     "config.reportsAddress": "0.0.0.0:9443",
     "config.maxUnavailable": "5",
     "config.doneGate": "ready-licensed",
+    "config.guestMetrics": "per-tenant",
     "config.logFormat": "console",
     "config.logLevel": "debug",
 }
@@ -266,6 +268,8 @@ def test_no_dead_values(helm: Helm) -> None:
     ({"monitoring": {"interval": "often"}}, "interval"),
     ({"podDisruptionBudget": {"minAvailable": "most"}}, "minAvailable"),
     ({"gpuCRDs": "yes"}, "gpuCRDs"),
+    ({"monitoring": {"runbookBaseUrl": "docs/operations.md"}}, "runbookBaseUrl"),
+    ({"monitoring": {"runbookBaseUrl": "https://x.example/ops.md#anchor"}}, "runbookBaseUrl"),
 ], ids=lambda v: json.dumps(v) if isinstance(v, dict) else v)
 def test_schema_rejects_bad_values_naming_them(helm: Helm, values: dict[str, Any], message: str) -> None:
     res = helm.template(values)
@@ -352,6 +356,19 @@ def test_rendered_alerts_and_dashboard_are_the_files(helm: Helm) -> None:
     dashboard = objs[("ConfigMap", NAMESPACE, "licensectl-dashboard")]
     assert json.loads(dashboard["data"]["licensectl.json"]) == json.loads(
         (ROOT / "dashboards" / "licensectl.json").read_text())
+
+
+def test_runbook_base_url_is_set_at_install_time(helm: Helm) -> None:
+    """Every runbook_url becomes <monitoring.runbookBaseUrl>#<alert>, absolute, in both rule objects."""
+    base = "https://docs.example.net/licensectl/operations.md"
+    objs = objects_by_key(helm.render({"monitoring": {"prometheusOperator": {"enabled": True},
+                                                      "victoriaMetrics": {"enabled": True},
+                                                      "runbookBaseUrl": base + "/"}}))
+    for kind in ("PrometheusRule", "VMRule"):
+        rules = [r for g in objs[(kind, NAMESPACE, "licensectl")]["spec"]["groups"] for r in g["rules"]]
+        assert len(rules) > 10
+        assert {r["annotations"]["runbook_url"] for r in rules} == {
+            f"{base}#{r['alert'].lower()}" for r in rules}, kind
 
 
 def test_deployment_env_names_are_licensectl_settings(helm: Helm) -> None:

@@ -74,9 +74,11 @@ async def test_standby_stays_read_only_then_takes_over_a_rollout_after_the_leade
                 # Its only write is clearing the leader label from its own pod at start.
                 assert {(r.verb, r.resource, r.name) for r in rig.writes_by("licensectl-b")} <= {
                     ("patch", "pods", "licensectl-b")}
-                assert sb.value("licensectl_rollout_vmis", state="current") + sb.value(
-                    "licensectl_rollout_vmis", state="restarting") + sb.value(
-                    "licensectl_rollout_vmis", state="stale") == len(vms), "standby caches are warm"
+                synced = sb.by_label("licensectl_informer_synced", "resource")
+                assert synced and set(synced.values()) == {1.0}, "standby caches are warm"
+                # Rollout and guest series come from the leader only (docs/operations.md#which-pod-exports-what).
+                assert not sb.has("licensectl_rollout_vmis") and not sb.has("licensectl_guest_license_state")
+                assert (await a.must_scrape()).value("licensectl_rollout_vmis") == len(vms)
 
                 await a.kill()
                 killed = time.monotonic()

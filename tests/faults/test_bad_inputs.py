@@ -11,19 +11,23 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import io
+import json
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+import structlog
 from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api
 from prometheus_client import generate_latest
 
+from licensectl import logs
 from licensectl.app import App
 from licensectl.devcluster import fleet
 from licensectl.guest_report import render_report
@@ -49,6 +53,16 @@ class Ctx:
     extra_classes: list[str] = field(default_factory=list)
     extra_namespaces: list[str] = field(default_factory=list)
     state: dict[str, Any] = field(default_factory=dict)
+    log: io.StringIO = field(default_factory=io.StringIO)
+
+    def logged(self, event: str, **fields: str) -> bool:
+        """A JSON log line with this event and these fields was written by the controller."""
+        for line in self.log.getvalue().splitlines():
+            with contextlib.suppress(ValueError):
+                rec = json.loads(line)
+                if rec.get("event") == event and all(rec.get(k) == v for k, v in fields.items()):
+                    return True
+        return False
 
     async def bad_class(self, *, mode: str = "vgpu", secret: str | None = "bad-src", feature_type: Any = 1,
                         token: bytes | None = None, data: dict[str, bytes] | None = None) -> tuple[str, str]:
@@ -93,6 +107,7 @@ class BadInput:
     inject: Check
     handled: Check  # polled until truthy
     what: str
+    after: Check | None = None  # checked once the healthy tenant's rotation went through
 
 
 # -- source Secrets ----------------------------------------------------------------------------
@@ -120,11 +135,16 @@ async def _binary_token(c: Ctx) -> None:
 
 
 async def _binary_token_handled(c: Ctx) -> bool:
-    """Not a JWT: still delivered byte for byte (opaque), and reported as expiry unknown."""
+    """Not a JWT: still delivered byte for byte (opaque), reported as expiry unknown, with a Warning
+    Event naming the source Secret, a format metric and a warning log line."""
     r = await read_secret(c.api, c.state["tenant"], replica_name(c.state["class"]))
     delivered = r is not None and base64.b64decode(r.data[KEY_TOKEN]) == c.state["junk"]
-    return delivered and c.metric("licensectl_token_expiry_known",
-                                  {"source_namespace": c.world.source_ns, "source_name": "bad-src"}) == 0.0
+    src = {"source_namespace": c.world.source_ns, "source_name": "bad-src"}
+    return (delivered and c.metric("licensectl_token_expiry_known", src) == 0.0
+            and c.metric("licensectl_token_format", {**src, "format": "not_jwt"}) == 1.0
+            and c.metric("licensectl_token_format", {"source_name": SOURCE_NAME, "format": "jwt"}) == 1.0
+            and await c.warning_for(c.world.source_ns, "bad-src", "LicenseTokenUnreadable")
+            and c.logged("license token expiry unknown", source_name="bad-src", format="not_jwt"))
 
 
 # -- GPU classes and claims --------------------------------------------------------------------
@@ -260,6 +280,38 @@ async def _squat_handled(c: Ctx) -> bool:
             and await c.warning_for(ns, c.world.replica, "ReplicaConflict"))
 
 
+async def _labelled_squat(c: Ctx) -> None:
+    """A Secret under the replica's name carrying licensectl's managed-by label but none of its
+    annotations: it is in licensectl's replica cache, so no write ever runs into it."""
+    t = await c.world.add_tenant(claim=False)
+    ns = t["metadata"]["name"]
+    core: Any = CoreV1Api(c.api)
+    await core.create_namespaced_secret(ns, {"metadata": {
+        "name": c.world.replica, "labels": {"app.kubernetes.io/managed-by": "licensectl"}},
+        "stringData": {"mine": "tenant data"}})
+    c.state["tenant"] = ns
+    c.state["conflicts_before"] = c.metric("licensectl_replica_conflicts_total")
+    c.state["rv"] = (await read_secret(c.api, ns, c.world.replica)).metadata.resource_version
+    await fleet.create_claim(c.api, ns, "gpu", class_name=c.world.cls)
+
+
+async def _labelled_squat_handled(c: Ctx) -> bool:
+    ns = c.state["tenant"]
+    r = await read_secret(c.api, ns, c.world.replica)
+    if r is None or r.metadata.resource_version != c.state["rv"] or set(r.data) != {"mine"}:
+        raise AssertionError("the labelled foreign Secret was changed or deleted")
+    return (c.metric("licensectl_replicas", {"state": "conflict"}) >= 1.0
+            and c.metric("licensectl_replica_conflicts_total") == c.state["conflicts_before"] + 1.0
+            and await c.warning_for(ns, c.world.replica, "ReplicaConflict"))
+
+
+async def _labelled_squat_counted_once(c: Ctx) -> None:
+    """Later passes (the rotation below runs several) neither change it nor count it again."""
+    r = await read_secret(c.api, c.state["tenant"], c.world.replica)
+    assert r.metadata.resource_version == c.state["rv"]
+    assert c.metric("licensectl_replica_conflicts_total") == c.state["conflicts_before"] + 1.0
+
+
 # -- guest reports -----------------------------------------------------------------------------
 async def _post(c: Ctx, body: bytes, *, namespace: str, credential: str | None,
                 content_type: str = "text/plain; charset=utf-8") -> tuple[int, str]:
@@ -362,9 +414,24 @@ CATALOGUE: list[BadInput] = [
     BadInput("replica_deleted_by_tenant", _tamper_delete, _tamper_delete_handled, "tenant deletes the replica"),
     BadInput("replica_name_squatted", _squat_replica_name, _squat_handled,
              "foreign Secret under the replica's name"),
+    BadInput("replica_name_squatted_with_label", _labelled_squat, _labelled_squat_handled,
+             "foreign Secret under the replica's name with licensectl's label but not its annotations",
+             after=_labelled_squat_counted_once),
     BadInput("guest_reports_forged_and_garbage", _reports, _reports_handled,
              "forged credentials, garbage, oversized, wrong type, XML entities"),
 ]
+
+
+@contextlib.contextmanager
+def captured_log() -> Iterator[io.StringIO]:
+    """The controller's JSON log lines (as rendered in a cluster, redaction included) for this case."""
+    before = structlog.get_config()
+    buf = io.StringIO()
+    logs.configure("json", "info", stream=buf)
+    try:
+        yield buf
+    finally:
+        structlog.configure(**before)
 
 
 @contextlib.asynccontextmanager
@@ -372,9 +439,11 @@ async def case_context(api: ApiClient, kubeconfig: Path) -> AsyncIterator[Ctx]:
     world = await build_world(api, tenants=1)
     healthy = world.tenants[0]
     try:
-        async with running_app(settings_for(kubeconfig, world.controller_ns, root_tenant=world.root_name)) as app:
-            await eventually(lambda: world.replicas_present([healthy]), timeout=30, what="healthy replica")
-            yield Ctx(api, world, app, healthy)
+        with captured_log() as log:
+            async with running_app(settings_for(kubeconfig, world.controller_ns,
+                                                root_tenant=world.root_name)) as app:
+                await eventually(lambda: world.replicas_present([healthy]), timeout=30, what="healthy replica")
+                yield Ctx(api, world, app, healthy, log=log)
     finally:
         await world.teardown()
 
@@ -408,12 +477,17 @@ async def run_case(api: ApiClient, kubeconfig: Path, case: BadInput) -> tuple[bo
             r = await read_secret(api, c.healthy, c.world.replica)
             if base64.b64decode(r.data[KEY_TOKEN]) != token:
                 return False, "healthy tenant's replica does not hold the rotated token"
+            if case.after is not None:
+                await case.after(c)
             verdict = inv.Verdict()
-            texts = [("/metrics", generate_latest(c.app.metrics.registry).decode())]
+            texts = [("/metrics", generate_latest(c.app.metrics.registry).decode()), ("log", c.log.getvalue())]
             texts += await inv.event_texts(api, [*c.world.namespaces, "default", *c.extra_namespaces])
             needles = [n for i, t in enumerate([*c.world.tokens, *c.tokens])
                        for n in inv.token_needles(f"token #{i}", t)]
             needles += [inv.Needle("report credential", s) for s in c.state.get("creds", [])]
+            # Bytes that are not text could only leak as Python's repr or as hex (e.g. in a log line).
+            needles += [inv.Needle(f"case token #{i} ({form})", text) for i, t in enumerate(c.tokens) if len(t) >= 16
+                        for form, text in (("repr", repr(t)[2:34]), ("hex", t.hex()[:32]))]
             inv.scan(verdict, texts, needles)
             if not verdict.ok:
                 return False, "; ".join(verdict.violations)

@@ -396,6 +396,28 @@ async def test_probe_falls_back_to_text_and_syslog(guest: Guest, sink: Sink) -> 
     assert guest.calls_of("nvidia-smi") == ["-q -x", "-q"]
 
 
+async def test_probe_reports_driver_missing(guest: Guest, sink: Sink) -> None:
+    """An image without the guest driver: no nvidia-smi anywhere on PATH is reported as such."""
+    await installed(guest, sink)
+    (guest.fakebin / "nvidia-smi").unlink()
+    r = await run(guest, PROBE, guest.env())
+    assert r.rc == 0, r.err
+    assert "not found" in r.err and "driver missing" in r.err
+    ((_, _, st),) = sink.reports
+    assert (st.state, st.gpu_count, st.product, st.token_current) == (LicenseState.DRIVER_MISSING, 0, None, True)
+
+
+async def test_probe_smi_failing_is_not_driver_missing(guest: Guest, sink: Sink) -> None:
+    await installed(guest, sink)
+    env = guest.env(FAKE_SMI_XML_FAIL="1", FAKE_SMI_TEXT=str(guest.tmp / "no-such-output"))
+    r = await run(guest, PROBE, env)
+    assert r.rc == 0, r.err
+    assert "nvidia-smi failed" in r.err
+    ((_, _, st),) = sink.reports
+    assert (st.state, st.gpu_count) == (LicenseState.UNKNOWN, 0)
+    assert guest.calls_of("nvidia-smi") == ["-q -x", "-q"]
+
+
 async def test_probe_with_busybox_wget(guest: Guest, sink: Sink) -> None:
     await installed(guest, sink)
     if guest.shell == "dash":

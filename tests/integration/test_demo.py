@@ -43,5 +43,10 @@ def test_bounded_demo_outcomes(tmp_path: Path, control_plane: object) -> None:
             assert doc["guests"][vm]["token_current"] is True, vm
     # The expected alerts are active (pending or firing) in a real Prometheus with the shipped rules.
     assert set(doc["expected_alerts"]) <= set(doc["alerts"]), doc["alerts"]
+    # ...for exactly the guests they concern: train1 holds the workstation product under a compute
+    # class (wrong product); train2 is unlicensed with gridd's reason from its log.
+    for name, guests in doc["expected_alert_guests"].items():
+        assert doc["alert_guests"].get(name) == guests, (name, doc["alert_guests"])
+    assert doc["alert_reasons"] == {"tenant-globex-ml/train2": "token_missing"}
     # Nothing left behind: the demo printed its own teardown line.
     assert "stopped: control plane" in proc.stdout

@@ -41,7 +41,8 @@ async def test_probe_reports_become_metrics_and_forgeries_are_rejected(
                             report_interval_seconds=60.0)
     profiles = {"good": GuestProfile.licensed(), "bad": GuestProfile.unlicensed(),
                 "soon": GuestProfile.expiring(dt.datetime.now(dt.UTC) + dt.timedelta(days=3)),
-                "mute": GuestProfile.quiet()}
+                "mute": GuestProfile.quiet(), "nodrv": GuestProfile.driver_missing(),
+                "skew": GuestProfile.skewed(dt.timedelta(minutes=10))}
     guests: list[SimulatedGuest] = []
     async with running_app(settings, clock=clock) as app:
         url = f"http://127.0.0.1:{app.reports_port}/v1/reports"
@@ -68,11 +69,19 @@ async def test_probe_reports_become_metrics_and_forgeries_are_rejected(
         await eventually(lambda: state("good", "licensed") == 1.0, what="licensed guest")
         assert state("bad", "unlicensed") == 1.0
         assert state("soon", "licensed") == 1.0
-        assert state("mute", "unknown") == 1.0  # never reported
+        # An image without the driver is its own state; gridd's reason and the guest clock come through.
+        assert state("nodrv", "driver_missing") == 1.0 and state("nodrv", "unknown") == 0.0
+        assert metric(app, "licensectl_guest_unlicensed_reason", {"vmi": "bad", "reason": "token_missing"}) == 1.0
+        skew = metric(app, "licensectl_guest_clock_skew_seconds", {"vmi": "skew"})
+        assert skew is not None and 590 < skew < 610
+        assert state("skew", "licensed") == 1.0
+        # Never reported, but it has not had its chance yet (three intervals since the controller
+        # started receiving reports): not judged, so not called silent.
+        assert state("mute", "unknown") is None and state("mute", "licensed") is None
         assert metric(app, "licensectl_guest_token_current", {"vmi": "good"}) == 1.0
         expiry = metric(app, "licensectl_guest_license_expiry_timestamp_seconds", {"vmi": "soon"})
         assert expiry is not None and 2 * 86400 < expiry - time.time() < 4 * 86400
-        assert metric(app, "licensectl_reports_total", {"result": "accepted"}) == 3.0
+        assert metric(app, "licensectl_reports_total", {"result": "accepted"}) == 5.0
 
         # Forgeries: another namespace's credential, a made-up one, and an unknown SMBIOS UUID.
         other_cred = secret_bytes(await read_secret(api_client, other_ns, replica_name(cls)),
@@ -93,6 +102,7 @@ async def test_probe_reports_become_metrics_and_forgeries_are_rejected(
         # Three missed intervals later every guest is unknown; a deleted VMI's series disappear.
         offset[0] = 4 * 60.0
         assert state("good", "unknown") == 1.0 and state("good", "licensed") == 0.0
+        assert state("mute", "unknown") == 1.0  # never reported, and its chance is over
         from kubernetes_asyncio.client import CustomObjectsApi
         co = CustomObjectsApi(api_client)
         await co.delete_namespaced_custom_object("kubevirt.io", "v1", ns, "virtualmachines", "bad")

@@ -24,14 +24,24 @@ from licensectl.model import (
     ANN_RESTART_RESULT,
     ANN_RESTART_REVISION,
     ANN_REVISION,
+    ANN_REVISION_TIME,
     ANN_ROLLOUT_PAUSED,
     ANN_ROLLOUT_RESUMED_AT,
 )
 from licensectl.render import replica_name
-from licensectl.timecodec import format_micro_time
+from licensectl.timecodec import format_micro_time, parse_time
 
 from ..conftest import KubevirtEnv
-from .support import eventually, make_world, metric, read_secret, running_app, settings_for, wait_event
+from .support import (
+    events_for,
+    eventually,
+    make_world,
+    metric,
+    read_secret,
+    running_app,
+    settings_for,
+    wait_event,
+)
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -155,6 +165,18 @@ async def test_rotation_restarts_each_stale_vmi_once_within_limits(rig: Fleet) -
         doc = json.loads(out)
         assert doc["rollouts"][f"{f.source_ns}/nls-token"]["current"] == 10
         assert doc["replicas"]["missing"] == 0
+
+        # The duration histogram: the new revision's time (its earliest replica stamp) to the
+        # RolloutCompleted Event, both on the apiserver's clock; one observation for one rollout.
+        await wait_event(f.api, f.source_ns, "nls-token", "RolloutCompleted")
+        written = min([await _revision_time(f, ns) for ns in f.tenants])
+        completed = max(e.event_time or e.last_timestamp for e in await events_for(f.api, f.source_ns, "nls-token")
+                        if e.reason == "RolloutCompleted")
+        assert metric(app, "licensectl_rollout_duration_seconds_count") == 1.0
+        observed = metric(app, "licensectl_rollout_duration_seconds_sum")
+        assert observed is not None
+        expected = (completed - written).total_seconds()
+        assert expected - 1.0 <= observed <= expected + 1.0, (observed, expected)
     rec = f.kv.record
     for ns, name in vms:
         assert len(rec.restarts_for(ns, name)) == 1, f"{ns}/{name} restarted {len(rec.restarts_for(ns, name))}x"
@@ -180,6 +202,13 @@ async def test_rotation_restarts_each_stale_vmi_once_within_limits(rig: Fleet) -
     assert max(firsts) < min(thirds), order
     await wait_event(f.api, f.source_ns, "nls-token", "RolloutStarted", "RolloutCompleted")
     await wait_event(f.api, vms[0][0], vms[0][1], "RestartIssued", "RestartDone")
+
+
+async def _revision_time(f: Fleet, ns: str) -> dt.datetime:
+    s = await read_secret(f.api, ns, f.replica)
+    when = parse_time(s.metadata.annotations.get(ANN_REVISION_TIME)) if s is not None else None
+    assert when is not None
+    return when
 
 
 async def _rev_changed(f: Fleet) -> str | None:

@@ -157,6 +157,12 @@ def test_example_overlay_patches_apply(rendered: dict[str, list[dict[str, Any]]]
     netpol = one(rendered["example"], "NetworkPolicy", "licensectl")
     assert netpol["spec"]["ingress"][1]["from"][0]["namespaceSelector"]["matchLabels"] == {
         "kubernetes.io/metadata.name": "cozy-monitoring"}
+    # Runbook links: the overlay's base replaces the placeholder before `#` in every alert, and its
+    # local ConfigMap (the replacement's input) is not rendered.
+    rules = [r for g in one(rendered["example"], "PrometheusRule", "licensectl")["spec"]["groups"] for r in g["rules"]]
+    assert {r["annotations"]["runbook_url"] for r in rules} == {
+        f"https://docs.example.com/platform/licensectl/operations.md#{r['alert'].lower()}" for r in rules}
+    assert not [o for o in rendered["example"] if o["metadata"]["name"] == "licensectl-runbooks"]
 
 
 def test_services_select_the_pods_and_the_leader(rendered: dict[str, list[dict[str, Any]]]) -> None:

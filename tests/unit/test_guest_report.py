@@ -23,6 +23,7 @@ from licensectl.guest_report import (
     ReportError,
     ReportLimits,
     evaluate,
+    implied_products,
     is_grace,
     parse_gridd_log,
     parse_license_status,
@@ -31,6 +32,8 @@ from licensectl.guest_report import (
     parse_smi_xml,
     product_label,
     render_report,
+    unlicensed_reason,
+    wrong_product,
 )
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia"
@@ -361,8 +364,14 @@ GOOD = body()
         (GOOD[: len(GOOD) // 2], "bad_format"),  # truncated: no end marker
         (GOOD.replace(b"--- end\n", b""), "bad_format"),
         (GOOD + b"trailing\n", "bad_format"),
-        (GOOD.replace(b"licensectl-report: 1", b"licensectl-report: 2"), "bad_format"),
-        (GOOD.replace(b"licensectl-report: 1\n", b""), "bad_format"),
+        (GOOD.replace(b"licensectl-report: 2", b"licensectl-report: 3"), "bad_format"),
+        (GOOD.replace(b"licensectl-report: 2\n", b""), "bad_format"),
+        (GOOD.replace(b"nvidia-smi: ok", b"nvidia-smi: maybe"), "bad_field"),
+        (GOOD.replace(b"nvidia-smi: ok\n", b""), "bad_field"),  # version 2 must say
+        (GOOD.replace(b"nvidia-smi: ok", b"nvidia-smi: missing"), "bad_format"),  # yet a section
+        (body(sections=[], smi_status="ok"), "bad_format"),  # ok without a section
+        (body(format_version=1, sections=[]).replace(b"probe-version", b"nvidia-smi: missing\nprobe-version"),
+         "bad_field"),  # the header needs version 2
         (b"uuid: x\n" + GOOD, "bad_format"),
         (GOOD.replace(b"hostname: vm-1", b"hostname: vm-1\nhostname: vm-2"), "bad_format"),
         (GOOD.replace(b"hostname: vm-1", b"colour: blue"), "bad_field"),
@@ -518,3 +527,97 @@ def test_fuzz_parse_smi_text(text: str) -> None:
     except ReportError:
         return
     assert all(g.product is None or len(g.product) <= MAX_PRODUCT_CHARS for g in gpus)
+
+
+# ---------------------------------------------------------------------------------------------
+# Format 2: driver missing, grace, gridd's reason, product implied by the class
+# ---------------------------------------------------------------------------------------------
+
+
+def test_version_1_report_still_accepted() -> None:
+    """Probes installed before format 2 keep working; they cannot say "driver missing"."""
+    raw = body(format_version=1)
+    assert raw.startswith(b"licensectl-report: 1\n") and b"nvidia-smi:" not in raw
+    r = parse_report(raw)
+    assert (r.format_version, r.smi_status, r.smi_format) == (1, None, "xml")
+    bare = parse_report(body(format_version=1, sections=[]))
+    assert evaluate(bare, current_token_sha256=None, now=REFERENCE).state is LicenseState.UNKNOWN
+
+
+def test_driver_missing_is_its_own_state() -> None:
+    r = parse_report(body(sections=[], smi_status="missing"))
+    assert (r.format_version, r.smi_status, r.gpus) == (2, "missing", ())
+    s = evaluate(r, current_token_sha256=SHA, now=REFERENCE)
+    assert (s.state, s.reason, s.token_current) == (LicenseState.DRIVER_MISSING, None, True)
+
+
+def test_smi_failed_is_unknown_not_driver_missing() -> None:
+    r = parse_report(body(sections=[]))
+    assert r.smi_status == "failed"
+    assert evaluate(r, current_token_sha256=None, now=REFERENCE).state is LicenseState.UNKNOWN
+
+
+def test_grace_is_its_own_state_below_unlicensed() -> None:
+    assert evaluate(report(gpu(LicenseState.UNLICENSED, grace=True)), current_token_sha256=None,
+                    now=REFERENCE).state is LicenseState.GRACE
+    both = report(gpu(LicenseState.UNLICENSED, grace=True), gpu(LicenseState.UNLICENSED))
+    assert evaluate(both, current_token_sha256=None, now=REFERENCE).state is LicenseState.UNLICENSED
+
+
+@pytest.mark.parametrize(
+    ("log", "reason"),
+    [
+        ("gridd-log-missing-token.txt", "token_missing"),
+        ("gridd-log-corrupt-token-shutdown.txt", "token_corrupt"),
+        ("gridd-log-missing-gridd-conf.txt", "config_missing"),
+        ("gridd-log-register-failure.txt", "acquire_failed"),
+        ("gridd-log-unlicensed-warning.txt", "not_found"),
+        ("gridd-log-acquired-cls.txt", "unknown"),  # the license was acquired: the log names no cause
+    ],
+)
+def test_unlicensed_reason_from_recorded_logs(log: str, reason: str) -> None:
+    events = parse_gridd_log(fixture(log).splitlines(), reference=REFERENCE)
+    assert unlicensed_reason(events) == reason
+
+
+def test_unlicensed_reason_root_cause_wins_and_acquire_resets() -> None:
+    lines = ["nvidia-gridd: Valid GRID license not found. x", "nvidia-gridd: Unable to fetch the client "
+             "configuration token file", "nvidia-gridd: Failed to acquire license from 10.0.0.1"]
+    assert unlicensed_reason(parse_gridd_log(lines)) == "token_missing"
+    later = [*lines, "nvidia-gridd: License acquired successfully. (Info: 10.0.0.1, NVIDIA Virtual Compute Server; "
+             "Expiry: 2026-4-3 0:0:0 GMT)", "nvidia-gridd: Valid GRID license not found. x"]
+    assert unlicensed_reason(parse_gridd_log(later)) == "not_found"
+
+
+def test_evaluate_reason_only_without_license() -> None:
+    r = parse_report(body(sections=[(SECTION_SMI_TEXT, fixture("smi-q-unlicensed-vcs.txt")),
+                                    (SECTION_GRIDD_LOG, "nvidia-gridd: Unable to fetch the client configuration "
+                                                        "token file")]))
+    s = evaluate(r, current_token_sha256=None, now=REFERENCE)
+    assert (s.state, s.reason) == (LicenseState.UNLICENSED, "token_missing")
+    expired = evaluate(report(gpu(LicenseState.LICENSED, t(2026, 4, 1))), current_token_sha256=None, now=REFERENCE)
+    assert (expired.state, expired.reason) == (LicenseState.EXPIRED, "lease_expired")
+    ok = evaluate(report(gpu(LicenseState.LICENSED, t(2026, 9, 1))), current_token_sha256=None, now=REFERENCE)
+    assert ok.reason is None
+
+
+@pytest.mark.parametrize(
+    ("product", "feature_type", "wrong"),
+    [
+        (VWS, 4, True),  # compute class holding a workstation license: the dearer pool
+        (VCS, 4, False),
+        ("NVIDIA AI Enterprise", 4, False),
+        (VCS, 2, True),
+        (VWS, 2, False),
+        (VWS, 1, None),  # gridd picks the product from the vGPU type: the class implies nothing
+        (VWS, None, None),  # class unknown
+        (None, 4, None),  # nothing held
+    ],
+)
+def test_wrong_product(product: str | None, feature_type: int | None, wrong: bool | None) -> None:
+    assert wrong_product(product, feature_type) is wrong
+
+
+def test_implied_products() -> None:
+    assert implied_products(2) == {"vws"} and implied_products(4) == {"vcs", "nvaie"}
+    assert implied_products(1) is None and implied_products(0) is None

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from licensectl.tokeninfo import token_expiry
+from licensectl.tokeninfo import token_expiry, token_info
 
 EXP = 1_767_225_600  # 2026-01-01T00:00:00Z
 
@@ -120,3 +120,18 @@ def test_arbitrary_bytes_never_raise(data: bytes) -> None:
 def test_any_sane_exp_round_trips(exp: int) -> None:
     got = token_expiry(jwt({"exp": exp}))
     assert got is not None and int(got.timestamp()) == exp
+
+
+@pytest.mark.parametrize(("token", "fmt"), [
+    (jwt({"exp": EXP}), "jwt"),
+    (jwt({"iat": EXP}), "no_expiry"),
+    (jwt({"exp": "soon"}), "no_expiry"),
+    (b"\xff\xfe\x00binary garbage", "not_jwt"),
+    (b"not.a.jwt", "not_jwt"),
+    (b"", "not_jwt"),
+])
+def test_the_format_says_why_the_expiry_is_unknown(token: bytes, fmt: str) -> None:
+    info = token_info(token)
+    assert info.format.value == fmt
+    assert (info.expiry is not None) == (fmt == "jwt")
+    assert token not in repr(info).encode() or not token

@@ -91,9 +91,12 @@ Call: include "licensectl.rbacFrom" (list $ "files/rbac.yaml").
 {{- end }}
 {{- end }}
 
-{{/* The alert groups, from the one PrometheusRule file promtool and vmalert-tool test. */}}
+{{/* The alert groups, from the one PrometheusRule file promtool and vmalert-tool test, with the
+placeholder runbook base replaced by monitoring.runbookBaseUrl (docs/operations.md#runbook-links). */}}
 {{- define "licensectl.alertGroups" -}}
-{{- $rule := .Files.Get "files/prometheusrule.yaml" | fromYaml -}}
+{{- $placeholder := "https://licensectl.invalid/docs/operations.md#" -}}
+{{- $base := printf "%s#" (trimSuffix "/" .Values.monitoring.runbookBaseUrl) -}}
+{{- $rule := .Files.Get "files/prometheusrule.yaml" | replace $placeholder $base | fromYaml -}}
 {{- toYaml $rule.spec.groups -}}
 {{- end }}
 

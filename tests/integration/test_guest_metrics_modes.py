@@ -1,0 +1,63 @@
+"""`--guest-metrics per-tenant` on a running controller: real reports, no per-VMI series, the
+per-tenant counts keyed by the Cozystack customer (the top-level tenant of a sub-tenant's guest)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from kubernetes_asyncio.client import ApiClient
+
+from licensectl.devcluster import fleet
+from licensectl.devcluster.guest_sim import GuestProfile, SimulatedGuest
+from licensectl.metrics import SNAPSHOT_GAUGES
+from licensectl.render import replica_name
+
+from ..conftest import KubevirtEnv
+from .support import eventually, make_world, metric, read_secret, running_app, settings_for
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+PER_VMI = sorted(f"licensectl_{n}" for n in SNAPSHOT_GAUGES if n.startswith("guest_"))
+
+
+async def test_per_tenant_mode_keeps_only_the_customer_counts(
+        api_client: ApiClient, kubevirt: KubevirtEnv, namespace_factory: Any, cleanup: Any) -> None:
+    w = await make_world(api_client, namespace_factory, cleanup)
+    customer = await w.tenant()
+    sub = (await w.tenant(parent=customer, claim=True))["metadata"]["name"]
+    settings = settings_for(kubevirt.kubeconfig_path, w.controller_ns, root_tenant=w.root_name,
+                            guest_metrics="per-tenant")
+    guests: list[SimulatedGuest] = []
+    async with running_app(settings) as app:
+        url = f"http://127.0.0.1:{app.reports_port}/v1/reports"
+        await eventually(lambda: read_secret(api_client, sub, replica_name(w.cls)), what="replica")
+        await asyncio.sleep(1.1)
+        profiles = {"good": GuestProfile.licensed(), "bad": GuestProfile.unlicensed()}
+        for name in profiles:
+            await fleet.create_vm(api_client, sub, name, license_secret=replica_name(w.cls))
+
+        async def vmi_ready(name: str) -> bool:
+            return any(v.name == name and v.ready and v.firmware_uuid
+                       for v in (app.caches.vmis.cache.values() if app.caches.vmis else []))
+
+        for name, profile in profiles.items():
+            await eventually(lambda name=name: vmi_ready(name), what=f"{name} ready")
+            g = SimulatedGuest(sub, name, profile)
+            guests.append(g)
+            assert await g.boot(api_client, report_url=url) == 0, g.last_stderr
+            assert await g.probe() == 0, g.last_stderr
+
+        top = customer["metadata"]["name"]
+        await eventually(lambda: metric(app, "licensectl_guests", {"tenant": top, "state": "licensed"}) == 1.0,
+                         what="per-tenant count of the customer")
+        assert metric(app, "licensectl_guests", {"tenant": top, "state": "unlicensed"}) == 1.0
+        assert metric(app, "licensectl_guests", {"tenant": sub}) is None  # the customer, not the namespace
+        assert metric(app, "licensectl_reports_total", {"result": "accepted"}) == 2.0
+        assert {n: metric(app, n, {}) for n in PER_VMI} == dict.fromkeys(PER_VMI)
+        # The decisions still see every guest: /v1/status lists them.
+        assert {g["vmi"]: g["state"] for g in app.status()["guests"]["list"]} == {
+            "good": "licensed", "bad": "unlicensed"}
+    for g in guests:
+        g.cleanup()

@@ -1,0 +1,161 @@
+"""How `licensectl status` reaches the controller: the service-proxy request it builds, the leader it
+insists on, the errors it explains, and the document it turns the controller's answer into. (The
+real thing, against a controller process behind the real API server, is in
+tests/integration/test_status_cli.py.)"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from aiohttp import web
+
+from licensectl.cli import _parser
+from licensectl.config import Settings
+from licensectl.kube.client import make_api_client
+from licensectl.status import (
+    STATUS_SERVICE,
+    STATUS_SERVICE_PORT,
+    ControllerTarget,
+    ControllerUnreachable,
+    fetch_controller_status,
+    status_from_controller,
+    status_table,
+)
+
+from .test_server_clock import kubeconfig_for
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CONTROLLER_DOC: dict[str, Any] = {
+    "version": "0.1.0", "identity": "licensectl-0", "leader": True, "ready": True,
+    "replication": {
+        "synced": True,
+        "entitled": [{"namespace": "tenant-a", "class": "vws", "source": "licensectl-system/vws-token"},
+                     {"namespace": "tenant-b", "class": "vws", "source": "licensectl-system/vws-token"},
+                     {"namespace": "tenant-b", "class": "vcs", "source": "licensectl-system/vcs-token"}],
+        "replica_counts": {"in_sync": 2, "drifted": 0, "missing": 1, "conflict": 0},
+        "sources": {"vws": {"revision": "abcdefabcdef", "valid": True},
+                    "vcs": {"valid": False, "reason": "token_empty", "message": "token is empty"}},
+        "tenant_problems": [],
+    },
+    "rollout": {"synced": True, "sources": {"licensectl-system/vws-token": {
+        "phase": "complete", "revision": "abcdefabcdef", "affected": 2, "current": 2, "stale": 0, "restarting": 0,
+        "failed": 0, "blocked": 0, "manual": 0, "overdue": 0, "unavailable": 0, "max_unavailable": 1,
+        "pause_reason": None, "message": ""}}},
+    "guests": {"counts": {"licensed": 1, "unlicensed": 1},
+               "list": [{"namespace": "tenant-a", "vmi": "vm1", "state": "licensed", "product": "RTX vWS",
+                         "expiry": None, "token_current": True},
+                        {"namespace": "tenant-b", "vmi": "vm2", "state": "unlicensed", "product": None,
+                         "expiry": None, "token_current": False}]},
+}
+
+
+def test_the_proxy_path_names_service_and_port_and_escapes_them() -> None:
+    t = ControllerTarget(namespace="licensectl-system")
+    assert t.proxy_path() == "/api/v1/namespaces/licensectl-system/services/licensectl-metrics:metrics/proxy/v1/status"
+    odd = ControllerTarget(namespace="ns", service="a/b", port="8080")
+    assert odd.proxy_path() == "/api/v1/namespaces/ns/services/a%2Fb:8080/proxy/v1/status"
+
+
+def test_defaults_match_the_shipped_service(capsys: pytest.CaptureFixture[str]) -> None:
+    """The default Service and port name are the ones manifests/ and the chart ship."""
+    docs = list(yaml.safe_load_all((ROOT / "manifests/base/services.yaml").read_text()))
+    svc = next(d for d in docs if d["metadata"]["name"] == STATUS_SERVICE)
+    assert [p["name"] for p in svc["spec"]["ports"]] == [STATUS_SERVICE_PORT]
+    chart = (ROOT / "charts/licensectl/templates/services.yaml").read_text()
+    assert f"name: {STATUS_SERVICE}\n" in chart and f"- name: {STATUS_SERVICE_PORT}\n" in chart
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["status", "--help"])
+    helptext = " ".join(capsys.readouterr().out.split())
+    assert f"(default: {STATUS_SERVICE})" in helptext and f"(default: {STATUS_SERVICE_PORT})" in helptext
+
+
+def test_the_controller_document_becomes_the_status_view() -> None:
+    doc = status_from_controller(CONTROLLER_DOC)
+    assert doc["from"] == "controller" and doc["controller"]["identity"] == "licensectl-0"
+    assert doc["sources"] == [
+        {"class": "vcs", "source": "licensectl-system/vcs-token", "valid": False, "revision": None,
+         "problem": "token is empty", "entitled_namespaces": 1},
+        {"class": "vws", "source": "licensectl-system/vws-token", "valid": True, "revision": "abcdefabcdef",
+         "problem": None, "entitled_namespaces": 2}]
+    assert doc["replicas"]["missing"] == 1
+    assert doc["guests"] == CONTROLLER_DOC["guests"]
+    table = status_table(doc)
+    assert table.startswith("FROM CONTROLLER licensectl-0 (leader")
+    assert any(line.split()[:3] == ["tenant-b", "vm2", "unlicensed"] for line in table.splitlines())
+
+
+def test_a_standby_answer_carries_no_guest_states_and_says_so() -> None:
+    doc = status_from_controller({**CONTROLLER_DOC, "leader": False})
+    assert doc["guests"] is None
+    assert "STANDBY" in status_table(doc)
+
+
+# -- against a fake API server: which replica answers, and what failures say ------------------------
+@contextlib.asynccontextmanager
+async def apiserver(answers: list[tuple[int, dict[str, Any]]], seen: list[str]) -> AsyncIterator[str]:
+    """Answers proxied /v1/status requests from `answers` in turn (the last one repeats)."""
+
+    async def proxied(request: web.Request) -> web.Response:
+        seen.append(request.path)
+        status, body = answers[min(len(seen) - 1, len(answers) - 1)]
+        return web.json_response(body, status=status)
+
+    app = web.Application()
+    app.router.add_get("/api/v1/namespaces/{ns}/services/{svc}/proxy/v1/status", proxied)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+async def fetch(tmp_path: Path, answers: list[tuple[int, dict[str, Any]]], seen: list[str]) -> dict[str, Any]:
+    async with apiserver(answers, seen) as server:
+        api = await make_api_client(Settings(kubeconfig=str(kubeconfig_for(server, tmp_path / "kc"))))
+        try:
+            return await fetch_controller_status(api, ControllerTarget(namespace="licensectl-system"), attempts=4)
+        finally:
+            await api.close()
+
+
+async def test_through_the_service_it_asks_again_until_the_leader_answers(tmp_path: Path) -> None:
+    seen: list[str] = []
+    standby = {**CONTROLLER_DOC, "leader": False, "identity": "licensectl-1"}
+    doc = await fetch(tmp_path, [(200, standby), (200, standby), (200, CONTROLLER_DOC)], seen)
+    assert doc["identity"] == "licensectl-0" and len(seen) == 3
+    assert set(seen) == {"/api/v1/namespaces/licensectl-system/services/licensectl-metrics:metrics/proxy/v1/status"}
+
+
+async def test_a_standby_is_kept_only_when_no_leader_answers(tmp_path: Path) -> None:
+    seen: list[str] = []
+    doc = await fetch(tmp_path, [(200, {**CONTROLLER_DOC, "leader": False})], seen)
+    assert doc["leader"] is False and len(seen) == 4
+
+
+@pytest.mark.parametrize(("status", "says"), [
+    (403, "may not get services/proxy in licensectl-system"),
+    (404, "no Service licensectl-system/licensectl-metrics with port metrics"),
+    (503, "no ready endpoint of Service licensectl-system/licensectl-metrics answered"),
+    (500, "HTTP 500"),
+])
+async def test_proxy_failures_say_what_to_fix(tmp_path: Path, status: int, says: str) -> None:
+    seen: list[str] = []
+    with pytest.raises(ControllerUnreachable, match=says):
+        await fetch(tmp_path, [(status, {"kind": "Status", "reason": "X", "code": status})], seen)
+
+
+async def test_an_answer_that_is_not_a_status_document_is_refused(tmp_path: Path) -> None:
+    seen: list[str] = []
+    with pytest.raises(ControllerUnreachable, match="did not answer with a licensectl status document"):
+        await fetch(tmp_path, [(200, {"hello": "world"})], seen)
+    assert json.dumps(CONTROLLER_DOC)  # the fixture itself is plain JSON
