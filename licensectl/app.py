@@ -37,6 +37,7 @@ from licensectl.kube.watch import InformerHooks
 from licensectl.kube.writer import SecretWriter
 from licensectl.metrics import GaugeSample, Metrics
 from licensectl.model import ANN_CLASS, DOMAIN
+from licensectl.render import RenderedLicense
 from licensectl.reports import EndpointLimits, make_reports_app
 from licensectl.rollout_controller import RolloutController
 from licensectl.server import make_internal_app, start_site
@@ -262,7 +263,8 @@ class App:
             self._uuid_index = index
         return self._uuid_index.get((namespace, uuid.lower()))
 
-    def _token_sha(self, namespace: str, vmi: str) -> str | None:
+    def _mounted_license(self, namespace: str, vmi: str) -> RenderedLicense | None:
+        """The rendered license of the replica a VMI mounts: what its guest must hold."""
         plan = self.replication.status.plan
         v = self.caches.vmis.cache.get((namespace, vmi)) if self.caches.vmis else None
         if plan is None or v is None:
@@ -272,22 +274,16 @@ class App:
             if r is not None and r.owned:
                 lic = plan.licenses.get(r.annotations.get(ANN_CLASS, ""))
                 if lic is not None:
-                    return lic.token_sha256
+                    return lic
         return None
 
+    def _token_sha(self, namespace: str, vmi: str) -> str | None:
+        lic = self._mounted_license(namespace, vmi)
+        return None if lic is None else lic.token_sha256
+
     def _feature_type(self, namespace: str, vmi: str) -> int | None:
-        """FeatureType of the class whose replica the VMI mounts: what its guest must hold."""
-        plan = self.replication.status.plan
-        v = self.caches.vmis.cache.get((namespace, vmi)) if self.caches.vmis else None
-        if plan is None or v is None:
-            return None
-        for secret_name in v.secret_volumes:
-            r = self.caches.replicas.cache.get((namespace, secret_name))
-            if r is not None and r.owned:
-                lic = plan.licenses.get(r.annotations.get(ANN_CLASS, ""))
-                if lic is not None:
-                    return lic.feature_type
-        return None
+        lic = self._mounted_license(namespace, vmi)
+        return None if lic is None else lic.feature_type
 
     def _on_report(self, namespace: str, vmi: str, state: GuestState) -> None:
         self.guests.record(namespace, vmi, state, feature_type=self._feature_type(namespace, vmi))

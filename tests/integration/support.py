@@ -13,6 +13,7 @@ from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api
 
 from licensectl import config
 from licensectl.app import App
+from licensectl.devcluster.guest_sim import GuestProfile, SimulatedGuest
 from licensectl.testkit.poll import eventually as eventually
 from licensectl.testkit.world import World, build_world
 from licensectl.testkit.world import unique as unique
@@ -77,3 +78,20 @@ async def make_world(api: ApiClient, namespace_factory: Any, cleanup: Any, *, gr
     """A world whose namespaces, tenant tree and class the test's fixtures delete."""
     return await build_world(api, world_type=World, make_namespace=namespace_factory, cleanup=cleanup,
                              gridd_conf=gridd_conf, token_days=token_days)
+
+
+async def boot_guests(app: App, api: ApiClient, namespace: str, profiles: dict[str, GuestProfile], *,
+                      report_url: str, into: list[SimulatedGuest]) -> None:
+    """Wait until each named VMI is Ready with a firmware UUID in the app's cache, then boot its simulated
+    guest (the real install unit) and run one probe; `into` collects the guests for cleanup."""
+
+    async def vmi_ready(name: str) -> bool:
+        return any(v.namespace == namespace and v.name == name and v.ready and v.firmware_uuid
+                   for v in (app.caches.vmis.cache.values() if app.caches.vmis else []))
+
+    for name, profile in profiles.items():
+        await eventually(lambda name=name: vmi_ready(name), what=f"{name} ready")
+        g = SimulatedGuest(namespace, name, profile)
+        into.append(g)
+        assert await g.boot(api, report_url=report_url) == 0, g.last_stderr
+        assert await g.probe() == 0, g.last_stderr

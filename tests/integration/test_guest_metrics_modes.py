@@ -15,7 +15,7 @@ from licensectl.metrics import SNAPSHOT_GAUGES
 from licensectl.render import replica_name
 
 from ..conftest import KubevirtEnv
-from .support import eventually, make_world, metric, read_secret, running_app, settings_for
+from .support import boot_guests, eventually, make_world, metric, read_secret, running_app, settings_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -37,17 +37,7 @@ async def test_per_tenant_mode_keeps_only_the_customer_counts(
         profiles = {"good": GuestProfile.licensed(), "bad": GuestProfile.unlicensed()}
         for name in profiles:
             await fleet.create_vm(api_client, sub, name, license_secret=replica_name(w.cls))
-
-        async def vmi_ready(name: str) -> bool:
-            return any(v.name == name and v.ready and v.firmware_uuid
-                       for v in (app.caches.vmis.cache.values() if app.caches.vmis else []))
-
-        for name, profile in profiles.items():
-            await eventually(lambda name=name: vmi_ready(name), what=f"{name} ready")
-            g = SimulatedGuest(sub, name, profile)
-            guests.append(g)
-            assert await g.boot(api_client, report_url=url) == 0, g.last_stderr
-            assert await g.probe() == 0, g.last_stderr
+        await boot_guests(app, api_client, sub, profiles, report_url=url, into=guests)
 
         top = customer["metadata"]["name"]
         await eventually(lambda: metric(app, "licensectl_guests", {"tenant": top, "state": "licensed"}) == 1.0,

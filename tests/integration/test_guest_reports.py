@@ -17,7 +17,7 @@ from licensectl.model import KEY_REPORT_CREDENTIAL
 from licensectl.render import replica_name
 
 from ..conftest import KubevirtEnv
-from .support import eventually, make_world, metric, read_secret, running_app, secret_bytes, settings_for
+from .support import boot_guests, eventually, make_world, metric, read_secret, running_app, secret_bytes, settings_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -51,17 +51,7 @@ async def test_probe_reports_become_metrics_and_forgeries_are_rejected(
         await asyncio.sleep(1.1)
         for name in profiles:
             await fleet.create_vm(api_client, ns, name, license_secret=replica_name(cls))
-
-        async def vmi_ready(name: str) -> bool:
-            return any(v.name == name and v.ready and v.firmware_uuid
-                       for v in (app.caches.vmis.cache.values() if app.caches.vmis else []))
-
-        for name, profile in profiles.items():
-            await eventually(lambda name=name: vmi_ready(name), what=f"{name} ready")
-            g = SimulatedGuest(ns, name, profile)
-            guests.append(g)
-            assert await g.boot(api_client, report_url=url) == 0, g.last_stderr
-            assert await g.probe() == 0, g.last_stderr
+        await boot_guests(app, api_client, ns, profiles, report_url=url, into=guests)
 
         def state(vmi: str, s: str) -> float | None:
             return metric(app, "licensectl_guest_license_state", {"namespace": ns, "vmi": vmi, "state": s})

@@ -19,6 +19,7 @@ from licensectl.config import Settings
 from licensectl.model import ANN_ROLLOUT_PAUSED, ANN_ROLLOUT_RESUMED_AT, ObjectRef
 from licensectl.rollout import Phase, ReplicaRevision
 from licensectl.rollout_controller import rollout_started_at
+from licensectl.testkit.local_http import serve
 from licensectl.timecodec import parse_time
 
 from .test_rollout_loop import REV, SRC, World, replica
@@ -99,14 +100,8 @@ async def apiserver_an_hour_ahead(patches: list[dict[str, Any]]) -> AsyncIterato
     app.router.add_get("/version/", version)
     app.router.add_get("/version", version)
     app.router.add_patch("/api/v1/namespaces/{ns}/secrets/{name}", patch)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+    async with serve(app) as url:
+        yield url
 
 
 async def test_resume_stamps_the_apiserver_time_not_the_workstation_time(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from yarl import URL
 from licensectl.config import Settings
 from licensectl.kube import client as kclient
 from licensectl.kube.server_clock import ServerClock
+from licensectl.testkit.local_http import serve
 
 
 def header(epoch: float) -> str:
@@ -86,15 +87,8 @@ async def fake_apiserver() -> AsyncIterator[str]:
     app = web.Application()
     app.router.add_get("/api/v1/namespaces", namespaces)
     app.router.add_get("/api/v1/namespaces/{ns}/secrets/{name}", secret)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with serve(app) as url:
+        yield url
 
 
 def kubeconfig_for(server: str, path: Path) -> Path:

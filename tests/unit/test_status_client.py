@@ -27,6 +27,7 @@ from licensectl.status import (
     status_from_controller,
     status_table,
 )
+from licensectl.testkit.local_http import serve
 
 from .test_server_clock import kubeconfig_for
 
@@ -109,14 +110,8 @@ async def apiserver(answers: list[tuple[int, dict[str, Any]]], seen: list[str]) 
 
     app = web.Application()
     app.router.add_get("/api/v1/namespaces/{ns}/services/{svc}/proxy/v1/status", proxied)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+    async with serve(app) as url:
+        yield url
 
 
 async def fetch(tmp_path: Path, answers: list[tuple[int, dict[str, Any]]], seen: list[str]) -> dict[str, Any]:
