@@ -255,6 +255,24 @@ def file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+@contextlib.contextmanager
+def built_into(dest: Path, *, prefix: str) -> Iterator[Path]:
+    """Yield a fresh sibling directory of `dest` to build into; when the block succeeds it replaces
+    `dest` in one rename (so no reader ever sees half a build), and it is removed when the block fails.
+    Call under `file_lock`."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{prefix}.tmp-", dir=dest.parent))
+    try:
+        yield tmp
+        tmp.chmod(0o755)  # mkdtemp makes it 0700; helm reads a tool dir as a plugin dir
+        if dest.exists():
+            shutil.rmtree(dest)
+        tmp.rename(dest)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 def ensure_binaries(log: Logger = _stderr, env: Mapping[str, str] | None = None) -> Path:
     """Return the directory holding etcd, kube-apiserver, kube-controller-manager and kubectl.
 
@@ -278,18 +296,11 @@ def ensure_binaries(log: Logger = _stderr, env: Mapping[str, str] | None = None)
         log(f"control plane: cache miss, building Kubernetes {K8S_VERSION} and etcd {ETCD_VERSION} "
             f"into {bin_dir} (first time only; several minutes on 2 cores)")
         started = time.monotonic()
-        tmp = Path(tempfile.mkdtemp(prefix="bin.tmp-", dir=bin_dir.parent))
-        try:
+        with built_into(bin_dir, prefix="bin") as tmp:
             for cwd, argv in build_commands(tmp):
                 run_go_build(argv, cwd=cwd, log_fn=log, env=e)
             if not _have_binaries(tmp):
                 raise BuildError(f"go build finished but {tmp} lacks one of {', '.join(BINARIES)}")
-            if bin_dir.exists():
-                shutil.rmtree(bin_dir)
-            tmp.rename(bin_dir)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
         log(f"control plane: build done in {time.monotonic() - started:.0f}s -> {bin_dir}")
     return bin_dir
 

@@ -14,7 +14,6 @@ import hashlib
 import os
 import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import structlog
 
-from licensectl.devcluster.controlplane import GO_DIR, BuildError, cache_root, file_lock, run_go_build
+from licensectl.devcluster.controlplane import GO_DIR, BuildError, built_into, cache_root, file_lock, run_go_build
 
 _log = structlog.get_logger(__name__)
 
@@ -175,20 +174,13 @@ def ensure_tool(name: str, log: Logger = _stderr, env: Mapping[str, str] | None 
             )
         log(f"go tools: cache miss, building {tool.name} {tool.version} into {d} (first time only)")
         started = time.monotonic()
-        tmp = Path(tempfile.mkdtemp(prefix=f".{tool.name}.tmp-", dir=d.parent))
-        try:
-            run_go_build(build_command(tool, tmp), cwd=tool.module_dir, log_fn=log, env=build_env(e), prefix="go tools")
+        with built_into(d, prefix=tool.name) as tmp:
+            run_go_build(build_command(tool, tmp), cwd=tool.module_dir, log_fn=log, env=build_env(e),
+                         prefix="go tools")
             for fname, text in tool.extra_files.items():
                 (tmp / fname).write_text(text)
             if not _complete(tool, tmp):
                 raise BuildError(f"go build finished but {tmp} lacks {tool.binary}")
-            tmp.chmod(0o755)  # mkdtemp makes it 0700; the tool dir is read by helm as a plugin dir
-            if d.exists():
-                shutil.rmtree(d)
-            tmp.rename(d)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
         seconds = time.monotonic() - started
         log(f"go tools: built {tool.name} {tool.version} in {seconds:.0f}s -> {d / tool.binary}")
         _log.info("go tool built", tool=tool.name, version=tool.version, seconds=round(seconds, 1))
