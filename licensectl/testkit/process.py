@@ -15,6 +15,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -232,3 +233,26 @@ class ManagedProcess:
         return out
 
 
+
+
+@dataclass(frozen=True, slots=True)
+class CliResult:
+    """What one `licensectl` command printed, for tests that drive the CLI as a hoster would."""
+
+    code: int
+    out: str
+    err: str
+
+
+async def run_licensectl(*argv: str, kubeconfig: Path | str, env: Mapping[str, str] | None = None) -> CliResult:
+    """Run `python -m licensectl ARGV --kubeconfig K` to completion (short-lived: no process group needed).
+
+    `env` adds to the inherited environment (e.g. LICENSECTL_NAMESPACE); a Python traceback on stderr is
+    a crash, never an answer, so it fails the caller at once.
+    """
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "licensectl", *argv, "--kubeconfig", str(kubeconfig), env={**os.environ, **(env or {})},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await proc.communicate()
+    assert b"Traceback" not in err, err.decode()
+    return CliResult(proc.returncode or 0, out.decode(), err.decode())

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from licensectl.devcluster import fleet
 from licensectl.devcluster.controlplane import ControlPlane
 from licensectl.model import ANN_REVISION, ANN_REVISION_TIME, KEY_GRIDD_CONF, KEY_REPORT_CREDENTIAL, KEY_TOKEN
 from licensectl.render import replica_name
+from licensectl.testkit.process import run_licensectl
 
 from .support import (
     World,
@@ -272,12 +272,9 @@ async def test_signing_key_rotation_rewrites_credentials_without_a_new_revision(
     async with running_app(env.settings()) as app:
         before = await eventually(lambda: replica(env, ns), what="replica")
         old_cred = secret_bytes(before, KEY_REPORT_CREDENTIAL).decode()
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "licensectl", "keys", "rotate", "--kubeconfig", str(env.kubeconfig),
-            "--namespace", env.controller_ns, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        out, err = await proc.communicate()
-        assert proc.returncode == 0, err.decode()
-        assert old_cred not in out.decode() + err.decode()
+        r = await run_licensectl("keys", "rotate", "--namespace", env.controller_ns, kubeconfig=env.kubeconfig)
+        assert r.code == 0, r.err
+        assert old_cred not in r.out + r.err
 
         async def rewritten() -> Any:
             s = await replica(env, ns)

@@ -6,8 +6,6 @@ import asyncio
 import base64
 import datetime as dt
 import json
-import os
-import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -29,6 +27,7 @@ from licensectl.model import (
     ANN_ROLLOUT_RESUMED_AT,
 )
 from licensectl.render import replica_name
+from licensectl.testkit.process import run_licensectl
 from licensectl.timecodec import format_micro_time, parse_time
 
 from ..conftest import KubevirtEnv
@@ -347,13 +346,9 @@ async def _rev_changed_from(f: Fleet, old: str | None) -> str | None:
 
 async def cli(f: Fleet, *argv: str) -> tuple[int, str]:
     """Run the real `licensectl` command against the cluster (admin kubeconfig through the proxy)."""
-    env = dict(os.environ, LICENSECTL_NAMESPACE=f.controller_ns, LICENSECTL_ROOT_TENANT=f.root_name)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "licensectl", *argv, "--kubeconfig", str(f.kv.kubeconfig_path), env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, err = await proc.communicate()
-    assert b"Traceback" not in err, err.decode()
-    return proc.returncode or 0, out.decode()
+    r = await run_licensectl(*argv, kubeconfig=f.kv.kubeconfig_path, env={
+        "LICENSECTL_NAMESPACE": f.controller_ns, "LICENSECTL_ROOT_TENANT": f.root_name})
+    return r.code, r.out
 
 
 async def _sleep(seconds: float) -> None:

@@ -14,9 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import socket
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -35,6 +33,7 @@ from licensectl.render import replica_name
 from licensectl.status import STATUS_SERVICE, STATUS_SERVICE_PORT, WatchedCluster
 from licensectl.testkit.controller import ControllerProcess
 from licensectl.testkit.metrics_text import parse_metrics
+from licensectl.testkit.process import run_licensectl
 
 from ..conftest import KubevirtEnv
 from .support import eventually, make_world, read_secret
@@ -56,13 +55,9 @@ def host_address() -> str | None:
 
 
 async def cli(kubeconfig: Path, namespace: str, root: str, *argv: str) -> tuple[int, str, str]:
-    env = dict(os.environ, LICENSECTL_NAMESPACE=namespace, LICENSECTL_ROOT_TENANT=root)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "licensectl", *argv, "--kubeconfig", str(kubeconfig), env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, err = await proc.communicate()
-    assert b"Traceback" not in err, err.decode()
-    return proc.returncode or 0, out.decode(), err.decode()
+    r = await run_licensectl(*argv, kubeconfig=kubeconfig, env={
+        "LICENSECTL_NAMESPACE": namespace, "LICENSECTL_ROOT_TENANT": root})
+    return r.code, r.out, r.err
 
 
 def guest_states_from_metrics(text: str, namespace: str) -> dict[str, str]:
