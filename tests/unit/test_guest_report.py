@@ -16,6 +16,7 @@ from licensectl.guest_report import (
     SECTION_GRIDD_LOG,
     SECTION_SMI_TEXT,
     SECTION_SMI_XML,
+    UNLICENSED_REASONS,
     GpuLicense,
     GriddEventKind,
     GuestReport,
@@ -587,6 +588,15 @@ def test_unlicensed_reason_root_cause_wins_and_acquire_resets() -> None:
     later = [*lines, "nvidia-gridd: License acquired successfully. (Info: 10.0.0.1, NVIDIA Virtual Compute Server; "
              "Expiry: 2026-4-3 0:0:0 GMT)", "nvidia-gridd: Valid GRID license not found. x"]
     assert unlicensed_reason(parse_gridd_log(later)) == "not_found"
+
+
+@given(st.lists(st.sampled_from([
+    *fixture("gridd-log-missing-token.txt").splitlines(), *fixture("gridd-log-corrupt-token-shutdown.txt").splitlines(),
+    *fixture("gridd-log-register-failure.txt").splitlines(), *fixture("gridd-log-acquired-cls.txt").splitlines(),
+    "nvidia-gridd: Valid GRID license not found. x", "garbage \x00 line"]), max_size=30))
+def test_unlicensed_reason_is_always_a_bounded_label(lines: list[str]) -> None:
+    """The reason becomes a metric label: it must come from the closed set, whatever the log says."""
+    assert unlicensed_reason(parse_gridd_log(lines, reference=REFERENCE)) in UNLICENSED_REASONS
 
 
 def test_evaluate_reason_only_without_license() -> None:
