@@ -373,3 +373,52 @@ class BenchController(ControllerProcess):
     async def close(self) -> None:
         await super().close()
         self._logs.cleanup()
+
+
+# ---------------------------------------------------------------------------------------------
+# Recovery from an apiserver outage
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    outage: float            # apiserver process stopped -> started again
+    restart: float           # started -> /readyz answers (the apiserver's own recovery)
+    unhealthy_seen: bool     # the controller reported an unhealthy cache during the outage
+    to_ready: float | None   # /readyz -> every informer synced and healthy, and licensectl_ready 1
+    to_leader: float | None  # /readyz -> the controller holds its Lease again
+
+
+def informers_recovered(s: Scrape) -> bool:
+    """Every watched resource synced and healthy (licensectl_informer_synced 1), and ready."""
+    synced = [v for (name, _), v in s.samples.items() if name == "licensectl_informer_synced"]
+    return bool(synced) and min(synced) == 1.0 and s.value("licensectl_ready") == 1.0
+
+
+async def apiserver_outage(cp: Any, ctl: BenchController, outage_seconds: float, *, within: float = 300.0
+                           ) -> Recovery:
+    """Stop kube-apiserver for `outage_seconds` (longer than the informers' unhealthy grace, so the
+    old backoff had reached its ceiling), start it on the same port and storage, and time from
+    /readyz answering to the controller being ready with every cache resynced."""
+    proc = cp._procs["kube-apiserver"]  # the same stop/start ControlPlane.restart_apiserver does
+    await asyncio.to_thread(proc.stop)
+    t_down = time.monotonic()
+    unhealthy = False
+    while time.monotonic() - t_down < outage_seconds:
+        s = await ctl.scrape()
+        unhealthy = unhealthy or (s is not None and not informers_recovered(s))
+        await asyncio.sleep(0.5)
+    t_start = time.monotonic()
+    await asyncio.to_thread(proc.start)
+    await asyncio.to_thread(cp._wait_apiserver_ready)
+    healed = time.monotonic()
+    to_ready: float | None = None
+    to_leader: float | None = None
+    while time.monotonic() - healed < within and (to_ready is None or to_leader is None):
+        s = await ctl.scrape()
+        if s is not None:
+            if to_ready is None and informers_recovered(s):
+                to_ready = s.at - healed
+            if to_leader is None and s.value("licensectl_leader") == 1.0:
+                to_leader = s.at - healed
+        await asyncio.sleep(0.1)
+    return Recovery(outage=t_start - t_down, restart=healed - t_start, unhealthy_seen=unhealthy,
+                    to_ready=to_ready, to_leader=to_leader)

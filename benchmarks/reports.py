@@ -76,7 +76,7 @@ FIXTURES: Final = REPO_ROOT / "tests" / "fixtures" / "nvidia"
 REPORTS_PATH: Final = "/v1/reports"  # licensectl.reports.REPORTS_PATH
 NAMESPACE_HEADER: Final = "X-Licensectl-Namespace"  # licensectl.reports.NAMESPACE_HEADER
 CONTENT_TYPE: Final = "text/plain; charset=utf-8"
-GOAL_PER_SECOND: Final = 2_000
+GOAL_PER_SECOND: Final = 5_000
 BUSY_CORE: Final = 0.9  # below this share of its core the server was not the bottleneck, the machine was
 MARKER: Final = "BENCH-JSON "
 # The most requests per second the count bound allows; it also bounds how far guest clocks advance.

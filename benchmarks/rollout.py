@@ -68,6 +68,7 @@ class RolloutScale:
 SCALES = {
     "small": RolloutScale(vmis=200, namespaces=50, timeout=900.0),
     "full": RolloutScale(vmis=2_000, namespaces=500, timeout=3600.0),
+    "xl": RolloutScale(vmis=50_000, namespaces=20_000, timeout=6 * 3600.0),  # opt-in, not in CI
 }
 
 
@@ -264,6 +265,8 @@ async def run(cp: ControlPlane, scale_name: str) -> str:
         restarts = len(accepted)
         req = delta_by_label(after, before, "licensectl_api_requests_total", label="verb")
         req_total = sum(req.values())
+        # The rotation also rewrites one replica per tenant (PUT): counted apart from the restarts.
+        req_vmi = req_total - min(req.get("PUT", 0.0), float(nss))
         results = delta_by_label(after, before, "licensectl_restarts_total", label="result")
         passes = delta_by_label(after, before, "licensectl_reconcile_total", label="controller")
         limit = RolloutSettings(max_unavailable=MAX_UNAVAILABLE).unavailable_limit(v)
@@ -278,15 +281,18 @@ async def run(cp: ControlPlane, scale_name: str) -> str:
             ["rotation -> all replicas rewritten", fmt_seconds(marks["replicas"] - t_rot if "replicas" in marks
                                                               else None), "", f"{nss:,} replicas"],
             ["time to plan (rotation write -> first restart accepted)",
-             fmt_seconds(t_first - t_rot if t_first is not None else None), "", "restart proxy's record"],
+             fmt_seconds(t_first - t_rot if t_first is not None else None), "goal ≤ 1 s after settle",
+             "restart proxy's record; settle 0 s here"],
             ["rollout duration (rotation -> all VMIs current)", fmt_seconds(wall), "", ""],
             ["restart throughput", f"{fmt_num(ratio(restarts, restart_wall or 0))} restarts/s", "",
              f"{restarts:,} accepted restarts, {len(rejected)} rejected"],
             ["max concurrently unavailable", f"{max_down}", f"limit {limit}", "simulator's record"],
             ["controller CPU per restart", f"{ctl_cpu / max(restarts, 1) * 1000:.2f} ms",
              "", f"{ctl_cpu:.1f}s CPU over the rollout (incl. {nss:,} replica rewrites)"],
-            ["API requests per restarted VMI", fmt_num(ratio(req_total, restarts)), "",
-             f"controller-side: {fmt_counts(req)}"],
+            ["API requests per restarted VMI", fmt_num(ratio(req_vmi, restarts)), "goal ≤ 3",
+             f"without the {nss:,} replica PUTs; controller-side, all: {fmt_counts(req)}"],
+            ["Event writes per restarted VMI", fmt_num(ratio(req.get("POST", 0.0), restarts)), "",
+             "POSTs (Event creates; repeats are PATCHes of a count)"],
             ["reconcile passes during the rollout", fmt_counts(passes), "",
              f"per restart: {', '.join(f'{k} {x / max(restarts, 1):.2f}' for k, x in sorted(passes.items()))}"],
             ["restart results", fmt_counts(results), f"done {v:,}", "licensectl_restarts_total"],

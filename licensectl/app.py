@@ -14,7 +14,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -24,27 +24,35 @@ from licensectl import __version__, config, logs
 from licensectl.caches import Caches
 from licensectl.controller import CONFLICT_RECHECK_SECONDS, ReplicationController
 from licensectl.core_settings import tenant_settings
+from licensectl.delivery import Delivery, DeliveryView, plan_delivery, wanted_replicas, wanted_volumes
 from licensectl.entitlement import customer_tenant
 from licensectl.guest_report import GuestState
 from licensectl.guests import GuestStore
 from licensectl.kube import client as kclient
+from licensectl.kube import projections
 from licensectl.kube.events import EventRecorder
 from licensectl.kube.kubevirt import KubevirtClient
 from licensectl.kube.lease import ApiLeaseBackend, LeaderElector, LeaseConfig
 from licensectl.kube.server_clock import ServerClock
+from licensectl.kube.serving_tls import ServingTLS
 from licensectl.kube.signing_key import SigningKeyStore
 from licensectl.kube.watch import InformerHooks
 from licensectl.kube.writer import SecretWriter
 from licensectl.metrics import GaugeSample, Metrics
-from licensectl.model import ANN_CLASS, DOMAIN
+from licensectl.model import ANN_CLASS, DOMAIN, Vmi
 from licensectl.render import RenderedLicense
 from licensectl.reports import EndpointLimits, make_reports_app
-from licensectl.rollout_controller import RolloutController
+from licensectl.rollout_controller import RolloutController, vmi_object
 from licensectl.server import make_internal_app, start_site
+from licensectl.webhook import Admission, WebhookServer, make_webhook_app
 
 log = logs.get(__name__)
 
 LEADER_LABEL = f"{DOMAIN}/leader"
+# Minimum time between two passes of a loop. The rollout plans over every VMI, and VMI churn (tens of
+# creations a second) would otherwise re-plan the fleet every 50 ms, holding the interpreter while
+# admission answers wait; restarts are paced in seconds, so half a second costs nothing.
+COALESCE_SECONDS = {"replication": 0.05, "rollout": 0.5}
 Clock = Callable[[], dt.datetime]
 
 
@@ -64,12 +72,16 @@ class App:
         self._repl_trigger = asyncio.Event()
         self._roll_trigger = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._background: set[asyncio.Task[None]] = set()
         self._runners: list[web.AppRunner] = []
         self._stopping = False
         self._reports_open = False
         self._uuid_index: dict[tuple[str, str], str] | None = None
         self.metrics_port = 0
         self.reports_port = 0
+        self.webhook_port = 0
+        self.webhook: WebhookServer | None = None
+        self._main_loop: asyncio.AbstractEventLoop | None = None
         self.elector: LeaderElector | None = None
         self.started_at = time.monotonic()
 
@@ -112,14 +124,20 @@ class App:
         self.replication = ReplicationController(
             caches=self.caches, writer=SecretWriter(CoreV1Api(self.api), dry_run=s.dry_run), events=self.events,
             metrics=self.metrics, settings=s, credential_for=self._credential_for,
-            report_url=config.report_url_for(s), clock=self.clock,
+            report_url=config.report_url_for(s), clock=self.clock, report_ca=self._report_ca,
             gpu_class_api_version=f"{s.gpu_group}/{s.gpu_version}")
         self.rollout = RolloutController(
             caches=self.caches,
             kubevirt=KubevirtClient(self.api, dry_run=s.dry_run, fallback_delete=s.restart_fallback_delete),
-            events=self.events, metrics=self.metrics, settings=s, guests=self.guests, clock=self.clock)
+            events=self.events, metrics=self.metrics, settings=s, guests=self.guests, clock=self.clock,
+            wanted=self._wanted_volumes)
         self.metrics.snapshots.add(self._samples)
 
+        # One serving certificate for the HTTPS listeners (docs/operations.md#serving-tls).
+        self.tls = ServingTLS(self.api, s, is_leader=lambda: self.elector.is_leader if self.elector else not
+                              s.leader_elect, clock=self.clock, metrics=self.metrics, events=self.events,
+                              on_ca_change=self._repl_trigger.set)
+        await self.tls.start()
         internal = make_internal_app(self.metrics, ready=self.ready, healthy=self.healthy, status=self.status)
         runner, self.metrics_port = await start_site(internal, s.metrics_address)
         self._runners.append(runner)
@@ -127,9 +145,18 @@ class App:
             keyring_provider=self._keyring_for_reports, uuid_known=self._uuid_known, token_sha_for=self._token_sha,
             on_report=self._on_report, on_result=lambda r: self.metrics.reports_total.labels(r).inc(),
             limits=EndpointLimits(key_grace=dt.timedelta(seconds=s.key_grace_seconds)), clock=self.clock)
-        runner, self.reports_port = await start_site(reports, s.reports_address)
+        runner, self.reports_port = await start_site(
+            reports, s.reports_address, ssl_context=None if s.reports_plain_http else self.tls.context)
         self._runners.append(runner)
         self._reports_open = True
+        if s.webhook_address:
+            # Every replica answers admission, leader or not (docs/operations.md#license-delivery),
+            # from its own thread and loop (docs/design.md#webhook-thread).
+            self._main_loop = asyncio.get_running_loop()
+            self.webhook = WebhookServer(make_webhook_app(decide=self._admit, on_admission=self._on_admission),
+                                         s.webhook_address)
+            self.tls.subscribe(self.webhook.reload)
+            self.webhook_port = await asyncio.to_thread(self.webhook.start)
 
         self.caches.start()
         if s.leader_elect:
@@ -155,6 +182,8 @@ class App:
         self._reports_open = False
         for runner in reversed(self._runners[1:]):
             await runner.cleanup()
+        if self.webhook is not None:
+            await asyncio.to_thread(self.webhook.stop)
         self._repl_trigger.set()
         self._roll_trigger.set()
         loops = [t for t in self._tasks if t.get_name() != "leader-election"]
@@ -170,6 +199,7 @@ class App:
             await self.elector.release()
             await self._label_pod(False)
         await self.caches.stop()
+        await self.tls.stop()
         if self._runners:
             await self._runners[0].cleanup()
         self._runners.clear()
@@ -197,7 +227,8 @@ class App:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(trigger.wait(), timeout)
             trigger.clear()
-            await asyncio.sleep(0.05)  # coalesce bursts of watch events into one pass
+            # Coalesce bursts of watch events into one pass (docs/design.md#webhook-thread).
+            await asyncio.sleep(COALESCE_SECONDS.get(name, 0.05))
 
     async def _replicate(self) -> float | None:
         if not self.caches.core_synced():
@@ -229,6 +260,7 @@ class App:
             self.guests.stop_receiving()
         self._repl_trigger.set()
         self._roll_trigger.set()
+        self.tls.wake()  # a new leader renews the certificate and the webhook caBundle if due
         if not self._stopping:
             self._tasks.append(asyncio.create_task(self._label_pod(leader), name="label-pod"))
 
@@ -241,6 +273,50 @@ class App:
             await CoreV1Api(self.api).patch_namespaced_pod(self.settings.pod_name, self.settings.namespace, body)
         except (ApiException, OSError) as e:
             log.warning("could not label own pod", pod=self.settings.pod_name, error=type(e).__name__)
+
+    # -- admission ----------------------------------------------------------------------------------
+    def delivery_view(self) -> DeliveryView | None:
+        """The caches the webhook and the backstop decide from; None until they can decide."""
+        plan = self.replication.status.plan
+        if not self.caches.core_synced() or plan is None or plan.entitlement is None:
+            return None
+        return DeliveryView(claims=self.caches.claims.cache, classes=self.caches.classes.cache,
+                            entitled=plan.entitlement.entitled, replicas=self.caches.replicas.cache)
+
+    def _wanted_volumes(self, vmis: list[Vmi]) -> dict[tuple[str, str], tuple[str, ...]]:
+        view = self.delivery_view()
+        # Caches incomplete: no backstop decision, never a restart from a partial view.
+        return {} if view is None else wanted_volumes(vmis, view)
+
+    def _admit(self, namespace: str, vmi: Mapping[str, Any]) -> Delivery | None:
+        view = self.delivery_view()
+        if view is None:
+            return None
+        return plan_delivery(vmi, wanted_replicas(namespace, projections.vmi_gpu_claims(vmi), view))
+
+    def _on_admission(self, a: Admission) -> None:
+        """Runs on the webhook's thread: metrics (thread-safe) here, Events on the controller's loop."""
+        m = self.metrics
+        m.webhook_admissions.labels(a.result).inc()
+        m.webhook_duration.observe(a.seconds)
+        if a.delivery is None:
+            return
+        if a.delivery.added:
+            log.debug("license volume added", namespace=a.namespace, vmi=a.name, replicas=list(a.delivery.added))
+        for _, reason in a.delivery.skipped:
+            m.webhook_skipped.labels(reason.value).inc()
+        # An Event needs an object (a name) and no dry run (sideEffects: None); never on the answer's path.
+        if a.delivery.skipped and a.name and not a.name.endswith("*") and not a.dry_run and self._main_loop:
+            self._main_loop.call_soon_threadsafe(self._not_delivered_events, a)
+
+    def _not_delivered_events(self, a: Admission) -> None:
+        assert a.delivery is not None
+        for claim, reason in a.delivery.skipped:
+            task = asyncio.create_task(self.events.emit(
+                vmi_object(a.namespace, a.name), "Warning", "LicenseNotDelivered",
+                f"GPU claim {claim}: no license volume added ({reason.value}); the VMI was admitted unchanged"))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     # -- reports ------------------------------------------------------------------------------------
     def _credential_for(self, namespace: str) -> str:
@@ -300,7 +376,12 @@ class App:
 
     # -- health, metrics, status --------------------------------------------------------------------
     def ready(self) -> bool:
-        return not self._stopping and self.caches.core_synced()
+        tls_needed = not (self.settings.reports_plain_http and not self.settings.webhook_address)
+        return not self._stopping and self.caches.core_synced() and (self.tls.ready or not tls_needed)
+
+    def _report_ca(self) -> bytes:
+        """The CA bundle guests verify the reports listener with (none over plain HTTP)."""
+        return b"" if self.settings.reports_plain_http else self.tls.ca_bundle
 
     def healthy(self) -> bool:
         return not self._stopping and all(t.done() is False for t in self._tasks if t.get_name() != "label-pod")

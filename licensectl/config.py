@@ -84,6 +84,13 @@ class Settings:
     # HTTP listeners.
     metrics_address: str = "127.0.0.1:8080"
     reports_address: str = "127.0.0.1:8443"
+    webhook_address: str = "127.0.0.1:9443"
+    # Serving TLS (webhook and guest reports): docs/operations.md#serving-tls.
+    tls_mode: str = "self-managed"
+    tls_secret: str = "licensectl-tls"
+    tls_hosts: str = ""
+    webhook_configuration: str = "licensectl"
+    reports_plain_http: bool = False
     # Leader election.
     leader_elect: bool = False
     lease_name: str = "licensectl"
@@ -99,7 +106,8 @@ class Settings:
 
 def report_url_for(s: Settings) -> str:
     """The URL written into replicas: the configured one, else the in-cluster reports Service."""
-    return s.report_url or f"http://licensectl-reports.{s.namespace}.svc:8443/v1/reports"
+    scheme = "http" if s.reports_plain_http else "https"
+    return s.report_url or f"{scheme}://licensectl-reports.{s.namespace}.svc:8443/v1/reports"
 
 
 @dataclass(frozen=True)
@@ -153,6 +161,16 @@ OPTIONS: tuple[Option, ...] = (
            "counts, for very large fleets; per-VMI alerts then stay silent).", _choice("per-vmi", "per-tenant")),
     Option("metrics_address", "host:port of the internal listener (/metrics, /healthz, /readyz)."),
     Option("reports_address", "host:port of the tenant-facing listener (POST /v1/reports)."),
+    Option("webhook_address", "host:port of the VMI admission webhook listener (HTTPS); empty disables it."),
+    Option("tls_mode", "Serving certificate: self-managed (licensectl keeps its own CA and certificate in "
+           "the TLS Secret), or secret (read the Secret an issuer such as cert-manager writes).",
+           _choice("self-managed", "secret")),
+    Option("tls_secret", "Secret (in --namespace) holding tls.crt, tls.key and ca.crt for both HTTPS listeners."),
+    Option("tls_hosts", "Extra DNS names or IPs for the self-managed certificate, comma-separated (the "
+           "webhook and reports Service names are always included)."),
+    Option("webhook_configuration", "MutatingWebhookConfiguration whose caBundle licensectl keeps current "
+           "in self-managed mode."),
+    Option("reports_plain_http", "Serve guest reports over plain HTTP (opt-out of TLS; not recommended).", _bool),
     Option("leader_elect", "Use a coordination.k8s.io Lease so only one replica writes.", _bool),
     Option("lease_name", "Name of the leader-election Lease."),
     Option("lease_duration_seconds", "Lease duration.", float),
@@ -212,6 +230,7 @@ def reference_markdown(options: Sequence[Option] = OPTIONS) -> str:
 IN_CLUSTER: Mapping[str, Any] = {
     "metrics_address": "0.0.0.0:8080",
     "reports_address": "0.0.0.0:8443",
+    "webhook_address": "0.0.0.0:9443",
     "leader_elect": True,
     "log_format": "json",
 }

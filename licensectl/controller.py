@@ -87,7 +87,8 @@ class ReplicationController:
     def __init__(self, *, caches: ReplicationCaches, writer: ReplicaWriter, events: EventSink, metrics: Metrics,
                  settings: config.Settings, credential_for: Callable[[str], str], report_url: str,
                  clock: WallClock | None = None, monotonic: MonotonicClock = time.monotonic,
-                 concurrency: int = 32, gpu_class_api_version: str = "gpu.cozystack.io/v1alpha1") -> None:
+                 concurrency: int = 32, gpu_class_api_version: str = "gpu.cozystack.io/v1alpha1",
+                 report_ca: Callable[[], bytes] = bytes) -> None:
         self.caches = caches
         self.writer = writer
         self.events = events
@@ -95,6 +96,7 @@ class ReplicationController:
         self.settings = settings
         self.credential_for = credential_for
         self.report_url = report_url
+        self.report_ca = report_ca  # current serving CA bundle (kube/serving_tls.py), read every pass
         self.clock: WallClock = clock or (lambda: dt.datetime.now(dt.UTC))
         self._monotonic = monotonic
         self.tenant = tenant_settings(settings)
@@ -110,6 +112,9 @@ class ReplicationController:
         self._reported_tokens: dict[ObjectRef, str] = {}
         self._token_sha: dict[ObjectRef, str] = {}
         self.retry_after: float | None = None  # seconds until the deletion cap frees up, if deferred
+        # Replicas rotated in this pass by (source namespace, source name, class, revision): routine
+        # writes get one summarising Event on the source, not one each (docs/design.md#event-policy).
+        self._rotated: dict[tuple[str, str, str, str], int] = {}
 
     # -- observe + plan ---------------------------------------------------------------------------
     def plan(self) -> ReplicationPlan:
@@ -127,6 +132,7 @@ class ReplicationController:
                                 if self._monotonic() - seen < CONFLICT_RECHECK_SECONDS),
             credential_for=self.credential_for,
             report_url=self.report_url,
+            report_ca=self.report_ca(),
             token_key=self.settings.token_key,
             tenant=self.tenant,
             now=self.clock(),
@@ -168,8 +174,10 @@ class ReplicationController:
         jobs = [self._guarded(self._create(d)) for d in plan.creates]
         jobs += [self._guarded(self._update(existing, d)) for existing, d in plan.updates]
         jobs += [self._guarded(self._delete(r)) for r in deletes]
+        self._rotated = {}
         if jobs:
             await asyncio.gather(*jobs)
+        await self._rotation_events()
         if deletes:
             self.budget.settle(len(deletes), self._monotonic())
 
@@ -230,14 +238,24 @@ class ReplicationController:
                                    f"Secret {d.namespace}/{d.name} exists but is not managed by licensectl; "
                                    f"left untouched. Rename or delete it to let class {d.class_name} replicate.")
         elif res is WriteResult.CREATED:
+            # Routine: counted in licensectl_replica_writes_total, no Event (docs/design.md#event-policy).
             self.status.conflicts.pop((d.namespace, d.name), None)
-            await self.events.emit(obj, "Normal", "ReplicaCreated",
-                                   f"License replica for class {d.class_name} created (revision {d.revision[:12]})")
+        elif res is WriteResult.UPDATED and action == "rotate":
+            key = (d.annotations.get(ANN_SOURCE_NAMESPACE, ""), d.annotations.get(ANN_SOURCE_NAME, ""),
+                   d.class_name, d.revision)
+            self._rotated[key] = self._rotated.get(key, 0) + 1
         elif res is WriteResult.UPDATED:
-            reason, what = (("ReplicaRotated", "updated to a new license revision") if action == "rotate"
-                            else ("ReplicaReverted", "reverted to the desired content"))
-            await self.events.emit(obj, "Normal", reason,
-                                   f"License replica for class {d.class_name} {what} (revision {d.revision[:12]})")
+            await self.events.emit(obj, "Normal", "ReplicaReverted",
+                                   f"License replica for class {d.class_name} reverted to the desired content "
+                                   f"(revision {d.revision[:12]})")
+
+    async def _rotation_events(self) -> None:
+        """One Event per rotated (source, class) per pass, on the source Secret."""
+        for (ns, name, class_name, revision), n in sorted(self._rotated.items()):
+            if ns and name:
+                await self.events.emit(secret_object(ns, name), "Normal", "LicenseRotated",
+                                       f"License revision {revision[:12]} of class {class_name} written to "
+                                       f"{n} replica{'s' if n != 1 else ''}")
 
     async def _delete(self, r: ReplicaSecret) -> None:
         async with self._sem:

@@ -21,6 +21,7 @@ from typing import Any
 from licensectl import config, logs
 from licensectl.app import App
 from licensectl.devcluster import fleet
+from licensectl.devcluster import webhook as webhook_registration
 from licensectl.devcluster.controlplane import ControlPlane, ensure_binaries
 from licensectl.devcluster.guest_sim import GuestProfile, SimulatedGuest
 from licensectl.devcluster.kubeapi import api_client_from_kubeconfig, install_crds
@@ -126,10 +127,16 @@ class Demo:
                 metrics_address=f"127.0.0.1:{self.metrics_port}", reports_address="127.0.0.1:0",
                 settle_seconds=5.0, max_unavailable=str(MAX_UNAVAILABLE), max_per_namespace=MAX_PER_NAMESPACE,
                 restart_timeout_seconds=25.0, done_gate="ready-licensed", report_interval_seconds=5.0,
-                resync_seconds=30.0, log_level="warning")
+                resync_seconds=30.0, log_level="warning", tls_hosts="127.0.0.1",
+                webhook_address="127.0.0.1:0", webhook_configuration="licensectl-demo")
             app = App(settings, identity="demo")
             await app.start()
-            report_url = f"http://127.0.0.1:{app.reports_port}/v1/reports"
+            # The apiserver calls the webhook for every VMI with a GPU claim: the VMs below carry no
+            # license volume of their own, the webhook adds it (docs/operations.md#license-delivery).
+            await webhook_registration.register(api, name=settings.webhook_configuration, port=app.webhook_port,
+                                                ca_bundle=app.tls.ca_bundle)
+            # Guests verify the loopback listener with the CA their replica carries (127.0.0.1 is a SAN).
+            report_url = f"https://127.0.0.1:{app.reports_port}/v1/reports"
             say(f"3. controller running: metrics http://127.0.0.1:{app.metrics_port}/metrics  "
                 f"status http://127.0.0.1:{app.metrics_port}/v1/status")
             if self.with_prometheus:
@@ -249,7 +256,7 @@ class Demo:
 
     async def create_vms(self, api: Any) -> None:
         for ns, name, cls, prof in VMS:
-            await fleet.create_vm(api, ns, name, license_secret=replica_name(cls))
+            await fleet.create_vm(api, ns, name, gpu_claims=[f"gpu-{CLAIMS.index((ns, cls))}"])
             self.guests[(ns, name)] = SimulatedGuest(ns, name, profile(prof))
 
     async def guest_loop(self, api: Any, report_url: str) -> None:

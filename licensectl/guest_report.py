@@ -204,7 +204,7 @@ class GuestState:
 
 _PRODUCT_CHARS = re.compile(r"[^A-Za-z0-9 ._()/+,:;=-]")
 _SPACES = re.compile(r"\s+")
-_TOKENISH = re.compile(r"[A-Za-z0-9._:-]")
+_TOKENISH = re.compile(r"[A-Za-z0-9._:-]+")
 
 
 def clean_text(s: str, max_chars: int) -> str:
@@ -225,7 +225,7 @@ def _token_opt(s: str | None, max_chars: int) -> str | None:
     if s is None:
         return None
     s = s.strip()
-    if not s or len(s) > max_chars or not all(_TOKENISH.fullmatch(c) for c in s):
+    if not s or len(s) > max_chars or not _TOKENISH.fullmatch(s):
         return None
     return s
 
@@ -471,19 +471,25 @@ def _yearless(mon: str, day: str, hh: str, mm: str, ss: str, reference: dt.datet
     month = _MONTHS.get(mon.lower())
     if month is None or reference is None:
         return None
-    ref = reference.astimezone(dt.UTC)
+    ref = reference if reference.tzinfo is dt.UTC else reference.astimezone(dt.UTC)
+    latest = ref + _ONE_DAY
     for year in (ref.year, ref.year - 1):
         try:
             t = dt.datetime(year, month, int(day), int(hh), int(mm), int(ss), tzinfo=dt.UTC)
         except ValueError:
             continue
-        if t <= ref + dt.timedelta(days=1):
+        if t <= latest:
             return t
     return None
 
 
+_ONE_DAY: Final = dt.timedelta(days=1)
+
+
 def _split_line(line: str, reference: dt.datetime | None) -> tuple[dt.datetime | None, str] | None:
     """(timestamp, message) of an nvidia-gridd line; None for other daemons' lines."""
+    if _GRIDD_IDENT not in line:  # only the Windows format names no daemon: skip three regexes
+        return _windows_line(line)
     m = _ISO.fullmatch(line)
     if m:
         return (parse_time(m.group(1), assume_utc=True), m.group(3)) if m.group(2) == _GRIDD_IDENT else None
@@ -493,19 +499,26 @@ def _split_line(line: str, reference: dt.datetime | None) -> tuple[dt.datetime |
             return None
         mon, day, hh, mm, ss = m.group(1), m.group(2), m.group(3), m.group(4), m.group(5)
         return _yearless(mon, day, hh, mm, ss, reference), m.group(7)
-    m = _WINDOWS.fullmatch(line)
-    if m:
-        month = _MONTHS.get(m.group(1).lower())
-        try:
-            at = dt.datetime(int(m.group(6)), month or 0, int(m.group(2)), int(m.group(3)),
-                             int(m.group(4)), int(m.group(5)), tzinfo=dt.UTC)
-        except ValueError:
-            at = None
-        return at, m.group(7)
+    w = _windows_line(line)
+    if w is not None:
+        return w
     m = _BARE.fullmatch(line)
     if m:
         return (None, m.group(2)) if m.group(1) == _GRIDD_IDENT else None
     return None
+
+
+def _windows_line(line: str) -> tuple[dt.datetime | None, str] | None:
+    m = _WINDOWS.fullmatch(line)
+    if m is None:
+        return None
+    month = _MONTHS.get(m.group(1).lower())
+    try:
+        at = dt.datetime(int(m.group(6)), month or 0, int(m.group(2)), int(m.group(3)),
+                         int(m.group(4)), int(m.group(5)), tzinfo=dt.UTC)
+    except ValueError:
+        at = None
+    return at, m.group(7)
 
 
 def _info_fields(msg: str) -> tuple[str | None, str | None, dt.datetime | None]:
@@ -562,6 +575,8 @@ def parse_gridd_log(lines: Iterable[str], reference: dt.datetime | None = None) 
     local times are taken as UTC, so they are approximate on guests not running in UTC.
     """
     out = []
+    if reference is not None and reference.tzinfo is not dt.UTC:
+        reference = reference.astimezone(dt.UTC)  # once, not per line
     for raw in lines:
         line = raw.rstrip("\r\n").strip()
         split = _split_line(line, reference)
@@ -603,6 +618,36 @@ def _bad(field: str) -> ReportError:
     return ReportError(BAD_FIELD, f"header field {field!r} is missing or malformed")
 
 
+_MARKER_LINE = re.compile(r"^--- ([^\n]*)", re.MULTILINE)
+
+
+def _sections(text: str, start: int) -> dict[str, str]:
+    """Section name -> its text (lines joined by "\\n"), from the first marker line (at `start`) to
+    the end marker.
+
+    Markers are found by one regex scan and each section is sliced out, not rebuilt: a per-line
+    Python loop over a report's few hundred log lines was the largest cost of parsing it."""
+    sections: dict[str, str] = {}
+    current: str | None = None
+    body_at = start
+    for m in _MARKER_LINE.finditer(text, start):
+        if current is not None:
+            chunk = text[body_at:m.start()]
+            sections[current] = chunk[:-1]
+        name = m.group(1).rstrip("\r")
+        if name == SECTION_END:
+            if text[m.end():].strip():
+                raise ReportError(BAD_FORMAT, "content after the end marker")
+            return sections
+        if name not in SECTIONS:
+            raise ReportError(BAD_FORMAT, "unknown section")
+        if name in sections or name == current:
+            raise ReportError(BAD_FORMAT, "duplicate section")
+        current = name
+        body_at = m.end() + 1
+    raise ReportError(BAD_FORMAT, "missing end marker (truncated report?)")
+
+
 def parse_report(body: bytes, limits: ReportLimits = DEFAULT_LIMITS) -> GuestReport:
     """Parse and validate one report body (docs/guest.md, "Wire format"). Strict: no guessing."""
     if len(body) > limits.max_body_bytes:
@@ -614,9 +659,10 @@ def parse_report(body: bytes, limits: ReportLimits = DEFAULT_LIMITS) -> GuestRep
     except UnicodeDecodeError:
         raise ReportError(BAD_ENCODING, "body is not UTF-8") from None
 
-    lines = text.split("\n")
-    if len(lines) > limits.max_text_lines + limits.max_log_lines + limits.max_header_lines + 8:
+    if text.count("\n") + 1 > limits.max_text_lines + limits.max_log_lines + limits.max_header_lines + 8:
         raise ReportError(TOO_LARGE, "body has too many lines")
+    # Header lines only: the loop below gives up after max_header_lines, so the rest stays one string.
+    lines = text.split("\n", limits.max_header_lines + 1)
 
     headers: dict[str, str] = {}
     i = 0
@@ -643,30 +689,7 @@ def parse_report(body: bytes, limits: ReportLimits = DEFAULT_LIMITS) -> GuestRep
     if version is None:
         raise ReportError(BAD_FORMAT, "unsupported report format version")
 
-    sections: dict[str, list[str]] = {}
-    current: list[str] | None = None
-    ended = False
-    for raw in lines[i:]:
-        if ended:
-            if raw.strip():
-                raise ReportError(BAD_FORMAT, "content after the end marker")
-            continue
-        if raw.startswith(SECTION_MARKER):
-            name = raw[len(SECTION_MARKER):].rstrip("\r")
-            if name == SECTION_END:
-                ended = True
-                continue
-            if name not in SECTIONS:
-                raise ReportError(BAD_FORMAT, "unknown section")
-            if name in sections:
-                raise ReportError(BAD_FORMAT, "duplicate section")
-            current = sections[name] = []
-            continue
-        if current is None:  # pragma: no cover - the header loop stops only at a marker
-            raise ReportError(BAD_FORMAT, "content outside a section")
-        current.append(raw)
-    if not ended:
-        raise ReportError(BAD_FORMAT, "missing end marker (truncated report?)")
+    sections = _sections(text, sum(len(line) + 1 for line in lines[:i]))
     if SECTION_SMI_XML in sections and SECTION_SMI_TEXT in sections:
         raise ReportError(BAD_FORMAT, "both XML and text nvidia-smi sections")
 
@@ -700,12 +723,12 @@ def parse_report(body: bytes, limits: ReportLimits = DEFAULT_LIMITS) -> GuestRep
     gpus: tuple[GpuLicense, ...] = ()
     if SECTION_SMI_XML in sections:
         smi_format = "xml"
-        gpus = parse_smi_xml("\n".join(sections[SECTION_SMI_XML]).encode("utf-8"), limits)
+        gpus = parse_smi_xml(sections[SECTION_SMI_XML].encode("utf-8"), limits)
     elif SECTION_SMI_TEXT in sections:
         smi_format = "text"
-        gpus = parse_smi_text("\n".join(sections[SECTION_SMI_TEXT]), limits)
+        gpus = parse_smi_text(sections[SECTION_SMI_TEXT], limits)
 
-    log = [ln for ln in sections.get(SECTION_GRIDD_LOG, []) if ln.strip()]
+    log = [ln for ln in sections.get(SECTION_GRIDD_LOG, "").split("\n") if ln.strip()]
     if len(log) > limits.max_log_lines:
         raise ReportError(TOO_LARGE, f"more than {limits.max_log_lines} gridd log lines")
     if any(len(ln) > limits.max_line_chars for ln in log):

@@ -49,6 +49,8 @@ SNAPSHOT_GAUGES: dict[str, str] = {
     "rollout_paused": "1 while a rollout is paused, by reason (failures, manual).",
     "rollout_last_progress_timestamp_seconds": "Last time a rollout issued or completed a restart.",
     "rollout_manual_restart_overdue": "1 per manual-restart VMI still on an old token past the manual deadline.",
+    "vmis_missing_license_volume": "Running VMIs of entitled vGPU claims without their license volume, by "
+                                   "namespace (the backstop restarts them).",
     # Guests
     "guest_license_state": "Guest license state reported by the in-guest probe, one series per state (0/1).",
     "guest_license_expiry_timestamp_seconds": "Earliest license expiry reported by a guest.",
@@ -127,5 +129,21 @@ class Metrics:
                                           "Time from a revision being written to its rollout completing.",
                                           registry=r,
                                           buckets=(10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400))
+        self.webhook_admissions = Counter(
+            f"{PREFIX}_webhook_admissions_total",
+            "VMI admission reviews answered, by result (mutated, unchanged, not_ready, ignored).",
+            ["result"], registry=r)
+        self.webhook_skipped = Counter(
+            f"{PREFIX}_webhook_skipped_total",
+            "GPU claims of admitted VMIs that got no license volume, by reason.", ["reason"], registry=r)
+        self.webhook_duration = Histogram(
+            f"{PREFIX}_webhook_duration_seconds", "Time to answer one admission review (in-process).",
+            registry=r, buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5))
         self.reports_total = Counter(f"{PREFIX}_reports_total", "Guest reports by result.", ["result"],
                                      registry=r)
+        # Serving TLS (webhook and guest reports listeners): docs/operations.md#serving-tls.
+        self.serving_cert_expiry = Gauge(f"{PREFIX}_serving_cert_expiry_timestamp_seconds",
+                                         "notAfter of the serving certificate currently loaded.", registry=r)
+        self.serving_cert_reloads = Counter(f"{PREFIX}_serving_cert_reloads_total",
+                                            "Serving certificate loads by result (loaded, invalid, missing, "
+                                            "foreign, error).", ["result"], registry=r)

@@ -35,6 +35,8 @@ KEY_GRIDD_CONF = "gridd.conf"
 KEY_REPORT_URL = "report-url"
 KEY_REPORT_NAMESPACE = "report-namespace"
 KEY_REPORT_CREDENTIAL = "report-credential"
+# PEM CA bundle the probe verifies an https report URL with (docs/guest.md); absent over plain HTTP.
+KEY_REPORT_CA = "report-ca.crt"
 
 # VirtualMachine annotations: intent written *before* acting, so a restarted controller can tell
 # "restart issued for revision R at T" from cluster state alone.
@@ -48,6 +50,10 @@ ANN_RESTART_VMI_UID = f"{DOMAIN}/restart-vmi-uid"
 ANN_RESTART_REPLICA = f"{DOMAIN}/restart-replica"
 # Last time the restart subresource was (about to be) called; re-issue is timed from here.
 ANN_RESTART_ATTEMPTED_AT = f"{DOMAIN}/restart-attempted-at"
+
+# VMI annotation naming the GPUClaims of a VMI on platforms without DRA (comma-separated names in
+# the VMI's namespace; docs/design.md#vmi-claims).
+ANN_GPU_CLAIMS = f"{DOMAIN}/gpu-claims"
 
 # Source Secret annotation: rollout-wide pause switch set by the hoster.
 ANN_ROLLOUT_PAUSED = f"{DOMAIN}/rollout-paused"
@@ -198,6 +204,8 @@ class Vmi:
     secret_volumes: tuple[str, ...]  # volumes[].secret.secretName
     firmware_uuid: str | None
     deleting: bool = False
+    # GPUClaims the VMI uses, resolved by the contract adapter (docs/design.md#vmi-claims).
+    gpu_claims: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

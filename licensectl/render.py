@@ -5,7 +5,8 @@ live only in fields with repr=False and never reach a message.
 
 The *revision* identifies what a guest actually consumes (token + gridd.conf): it changes exactly
 when a VMI restart is needed. The report URL/credential are delivered too, but rotating them must
-not restart VMs, so they only change the data digest (an in-place Secret update).
+not restart VMs, so they only change the data digest (an in-place Secret update). The same holds
+for the reports CA bundle (`report-ca.crt`): a new serving CA updates replicas without restarts.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from licensectl.model import (
     ANN_SOURCE_NAMESPACE,
     ANN_SOURCE_UID,
     KEY_GRIDD_CONF,
+    KEY_REPORT_CA,
     KEY_REPORT_CREDENTIAL,
     KEY_REPORT_NAMESPACE,
     KEY_REPORT_URL,
@@ -240,18 +242,24 @@ def _revision_time(existing: ReplicaSecret | None, revision: str, now: dt.dateti
 
 def render_replica(lic: RenderedLicense, *, namespace: str, gpu_class: GpuClass, source: SourceSecret,
                    report_url: str, credential: str, existing: ReplicaSecret | None,
-                   now: dt.datetime) -> DesiredReplica:
-    """The complete desired replica Secret for one namespace and class."""
+                   now: dt.datetime, report_ca: bytes = b"") -> DesiredReplica:
+    """The complete desired replica Secret for one namespace and class.
+
+    `report_ca` (the reports listener's CA bundle) is delivered like the URL: outside the revision.
+    """
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware")
     now = now.astimezone(dt.UTC).replace(microsecond=0)
-    data = MappingProxyType({
+    fields = {
         KEY_TOKEN: lic.token,
         KEY_GRIDD_CONF: lic.gridd_conf,
         KEY_REPORT_URL: report_url.encode(),
         KEY_REPORT_NAMESPACE: namespace.encode(),
         KEY_REPORT_CREDENTIAL: credential.encode(),
-    })
+    }
+    if report_ca:
+        fields[KEY_REPORT_CA] = report_ca
+    data = MappingProxyType(fields)
     revision_time = _revision_time(existing, lic.revision, now)
     annotations = MappingProxyType({
         ANN_SOURCE_NAMESPACE: source.namespace,

@@ -42,6 +42,7 @@ class ReplicationInputs:
     token_key: str
     tenant: TenantSettings
     now: dt.datetime
+    report_ca: bytes = b""  # CA bundle of the reports listener; b"" over plain HTTP or until loaded
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ def plan_replication(inp: ReplicationInputs) -> ReplicationPlan:
             continue
         desired = render_replica(lic, namespace=ns, gpu_class=inp.classes[class_name], source=source,
                                  report_url=inp.report_url, credential=inp.credential_for(ns),
-                                 existing=existing, now=inp.now)
+                                 existing=existing, now=inp.now, report_ca=inp.report_ca)
         action = replica_diff(existing, desired)
         states[key] = replica_state(existing, desired).value
         if action is ReplicaAction.CREATE:

@@ -30,7 +30,10 @@ Decisions documented here (not upstream facts):
     current token made after the restart, until the restart timeout;
   * while a source is paused (manually or by failures) no restart call is made at all, not even a
     re-issue; restarts already in flight are still tracked and can still time out;
-  * every threshold is inclusive ("at or after"), so ``next_wakeup`` is exactly the moment it flips.
+  * every threshold is inclusive ("at or after"), so ``next_wakeup`` is exactly the moment it flips;
+  * backstop (docs/design.md#backstop): a VMI that should carry a license volume (``wanted``) but does
+    not is stale whatever its start time, and its restart is done only once the new VMI carries it;
+    a VMI created after that restart's timeout is a new VMI, planned afresh.
 """
 
 from __future__ import annotations
@@ -251,6 +254,7 @@ class VmiRolloutState:
     replica: str  # replica Secret name in the VMI's namespace
     overdue: bool = False  # manual VMs still stale past the manual deadline
     reason: str = ""  # short human explanation (no secrets)
+    missing_volume: bool = False  # should carry a license volume and does not (backstop)
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,6 +323,7 @@ class _Slot:
     vm: model.Vm | None
     replica: ReplicaRevision
     intent: RestartIntent | None
+    missing: tuple[str, ...] = ()  # wanted replica volumes the VMI does not carry (backstop)
 
 
 @dataclass(slots=True)
@@ -358,7 +363,10 @@ def _intent_targets(intent: RestartIntent, vmi: model.Vmi) -> bool:
     return _started(vmi) <= intent.issued_at
 
 
-def _is_stale(vmi: model.Vmi, replica: ReplicaRevision, guest: GuestGate | None) -> bool:
+def _is_stale(vmi: model.Vmi, replica: ReplicaRevision, guest: GuestGate | None,
+              missing: tuple[str, ...] = ()) -> bool:
+    if missing:
+        return True  # no license disk at all: only a restart through the webhook brings one
     if _started(vmi) > replica.revision_time:
         return False
     return not (guest is not None and guest.proves_current(replica.revision_time))
@@ -368,6 +376,7 @@ def _collect_slots(
     replicas: Mapping[tuple[str, str], ReplicaRevision],
     vmis: Iterable[model.Vmi],
     vms: Iterable[model.Vm],
+    wanted: Mapping[tuple[str, str], tuple[str, ...]],
 ) -> list[_Slot]:
     vm_by_key = {(m.namespace, m.name): m for m in vms}
     by_ns: dict[str, list[ReplicaRevision]] = defaultdict(list)
@@ -378,13 +387,16 @@ def _collect_slots(
     for v in vmis:
         if v.owner_vm:
             owned.add((v.namespace, v.owner_vm))
-        refs = [replicas[(v.namespace, s)] for s in v.secret_volumes if (v.namespace, s) in replicas]
+        want = wanted.get((v.namespace, v.name), ())
+        names = dict.fromkeys(v.secret_volumes + want)
+        refs = [replicas[(v.namespace, s)] for s in names if (v.namespace, s) in replicas]
         if not refs:
             continue
+        missing = tuple(s for s in want if s not in v.secret_volumes and (v.namespace, s) in replicas)
         governing = max(refs, key=lambda r: (r.revision_time, r.name))
         vm = vm_by_key.get((v.namespace, v.owner_vm)) if v.owner_vm else None
         intent = RestartIntent.from_annotations(vm.annotations) if vm else None
-        slots.append(_Slot(v.namespace, v.name, v, vm, governing, intent))
+        slots.append(_Slot(v.namespace, v.name, v, vm, governing, intent, missing))
     # VMs whose VMI is gone: a restart in flight (or a stopped VM, which is not our business).
     for key, vm in sorted(vm_by_key.items()):
         if key in owned or vm.run_strategy == "Halted":
@@ -447,6 +459,8 @@ def _track(slot: _Slot, intent: RestartIntent, st: RolloutSettings,
 
 def _done_gate(slot: _Slot, intent: RestartIntent, st: RolloutSettings,
                guests: Mapping[tuple[str, str], GuestGate]) -> tuple[bool, str]:
+    if slot.missing:
+        return False, "the new VMI lacks its license volume: is the admission webhook reachable?"
     if st.done_gate != DONE_GATE_READY_LICENSED:
         return True, ""
     report = guests.get((slot.namespace, slot.name))
@@ -457,7 +471,7 @@ def _done_gate(slot: _Slot, intent: RestartIntent, st: RolloutSettings,
     return False, "waiting for a licensed guest report with the current token"
 
 
-def _applies(intent: RestartIntent, slot: _Slot) -> bool:
+def _applies(intent: RestartIntent, slot: _Slot, st: RolloutSettings) -> bool:
     """Whether the intent tracks a restart that still matters for this slot.
 
     Without a VMI any intent does (a restart is in flight, possibly for a superseded revision).
@@ -470,6 +484,9 @@ def _applies(intent: RestartIntent, slot: _Slot) -> bool:
         return True
     if intent.revision != replica.revision or intent.replica not in (None, replica.name):
         return False
+    if slot.missing and intent.result is not None and vmi.created > intent.issued_at + _secs(
+            st.restart_timeout_seconds):
+        return False  # created long after that restart ended: a new VMI, planned afresh
     return not (intent.vmi_uid and intent.vmi_uid != vmi.uid and _started(vmi) <= replica.revision_time)
 
 
@@ -484,7 +501,7 @@ def _evaluate(slot: _Slot, st: RolloutSettings, guests: Mapping[tuple[str, str],
     replica, vmi, vm, intent = slot.replica, slot.vmi, slot.vm, slot.intent
     rev = replica.revision
     guest = guests.get((slot.namespace, slot.name))
-    if intent is not None and _applies(intent, slot):
+    if intent is not None and _applies(intent, slot, st):
         tracked = _track(slot, intent, st, guests, now)
         forgiven = control.resumed_at is not None and intent.issued_at < control.resumed_at
         if tracked.state is not VmiState.FAILED:
@@ -493,7 +510,7 @@ def _evaluate(slot: _Slot, st: RolloutSettings, guests: Mapping[tuple[str, str],
             tracked.counts_failure = tracked.revision == rev
             return tracked
         # A forgiven failure: the VM is planned afresh, but only if its VMI still runs stale.
-        if vmi is None or vmi.deleting or not _is_stale(vmi, replica, guest):
+        if vmi is None or vmi.deleting or not _is_stale(vmi, replica, guest, slot.missing):
             return tracked
     if vmi is None:  # unreachable: slots without a VMI always carry an intent
         return _Eval(slot, VmiState.RESTARTING, rev, "waiting for the new VMI")
@@ -502,7 +519,7 @@ def _evaluate(slot: _Slot, st: RolloutSettings, guests: Mapping[tuple[str, str],
     # makes it stale, or a few such VMIs would hold the budget forever and stall the rollout.
     previous = _track(slot, intent, st, guests, now) if intent and not _intent_targets(intent, vmi) else None
     failed_vmi = previous is not None and previous.state is VmiState.FAILED
-    if not _is_stale(vmi, replica, guest):
+    if not _is_stale(vmi, replica, guest, slot.missing):
         if previous is not None and failed_vmi:
             return previous  # say so
         return _Eval(slot, VmiState.CURRENT, rev, "runs the current revision")
@@ -518,14 +535,14 @@ def _evaluate(slot: _Slot, st: RolloutSettings, guests: Mapping[tuple[str, str],
     if vmi.deleting:
         return _Eval(slot, VmiState.STALE, rev, "VMI already shutting down")
     eligible = replica.revision_time + _secs(_settle(st))
-    reason = "pending restart"
+    reason = "license volume missing: pending restart" if slot.missing else "pending restart"
     if intent is not None and _intent_targets(intent, vmi):
         # A restart for another revision (or a forgiven one) targeted this very VMI: its call may
         # still be in flight, so wait out the re-issue delay before targeting the same UID again.
         hold = intent.attempted_at + _secs(st.reissue_after_seconds)
         if hold > eligible:
             eligible, reason = hold, "earlier restart may still be in flight"
-    if eligible > now and reason == "pending restart":
+    if eligible > now and reason.endswith("pending restart"):
         reason = "waiting for the revision to settle"
     return _Eval(slot, VmiState.STALE, rev, reason, eligible_at=eligible, failed_vmi=failed_vmi)
 
@@ -566,15 +583,17 @@ def plan_rollout(
     sources: Mapping[model.ObjectRef, SourceControl],
     settings: RolloutSettings,
     now: dt.datetime,
+    wanted: Mapping[tuple[str, str], tuple[str, ...]] | None = None,
 ) -> RolloutPlan:
-    """Decide restarts and report state for every VMI that mounts a replica.
+    """Decide restarts and report state for every VMI that mounts a replica or should (``wanted``:
+    (namespace, VMI) -> replica names it must carry, from `licensectl.delivery`).
 
     Deterministic: the same observed state always yields the same plan, so a crashed controller
     resumes exactly where the cluster says it was.
     """
     st = settings
     by_key = {r.key: r for r in replicas}
-    slots = _collect_slots(by_key, vmis, vms)
+    slots = _collect_slots(by_key, vmis, vms, wanted or {})
     evals = [_evaluate(s, st, guests, sources.get(s.replica.source, SourceControl()), now) for s in slots]
 
     by_source: dict[model.ObjectRef, list[_Eval]] = defaultdict(list)
@@ -663,7 +682,8 @@ def plan_rollout(
 
     vmi_states = {
         (e.slot.namespace, e.slot.name): VmiRolloutState(
-            e.state, e.revision, e.slot.replica.source, e.slot.replica.name, e.overdue, e.reason)
+            e.state, e.revision, e.slot.replica.source, e.slot.replica.name, e.overdue, e.reason,
+            missing_volume=bool(e.slot.missing))
         for e in evals
     }
     results.sort(key=lambda a: (a.namespace, a.vm))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from kubernetes_asyncio.client import ApiException
@@ -23,7 +23,7 @@ from licensectl.guests import GuestStore
 from licensectl.kube.events import InvolvedObject
 from licensectl.kube.kubevirt import RestartResult
 from licensectl.metrics import GaugeSample, Metrics
-from licensectl.model import ObjectRef
+from licensectl.model import ObjectRef, Vmi
 from licensectl.ports import EventSink, KubevirtApi, MonotonicClock, RolloutCaches, WallClock
 from licensectl.rollout import (
     Phase,
@@ -38,6 +38,8 @@ from licensectl.rollout import (
 from licensectl.rollout_view import rollout_json
 
 log = logs.get(__name__)
+
+WantedVolumes = Callable[[list[Vmi]], Mapping[tuple[str, str], tuple[str, ...]]]
 
 EXPECTATION_TIMEOUT = 15.0
 ACT_CONCURRENCY = 16
@@ -54,7 +56,7 @@ def vmi_object(namespace: str, name: str, uid: str = "") -> InvolvedObject:
 class RolloutController:
     def __init__(self, *, caches: RolloutCaches, kubevirt: KubevirtApi, events: EventSink, metrics: Metrics,
                  settings: config.Settings, guests: GuestStore, clock: WallClock | None = None,
-                 monotonic: MonotonicClock = time.monotonic) -> None:
+                 monotonic: MonotonicClock = time.monotonic, wanted: WantedVolumes | None = None) -> None:
         self.caches = caches
         self.kubevirt = kubevirt
         self.events = events
@@ -64,6 +66,8 @@ class RolloutController:
         self.guests = guests
         self.clock: WallClock = clock or (lambda: dt.datetime.now(dt.UTC))
         self._monotonic = monotonic
+        # VMI -> the replica volumes it must carry (licensectl.delivery, via the App): the backstop.
+        self._wanted: WantedVolumes = wanted or (lambda _vmis: {})
         self.plan: RolloutPlan | None = None
         self._expect: dict[tuple[str, str], tuple[str, float]] = {}  # vm -> (rv we wrote over, since)
         self._phases: dict[ObjectRef, Phase] = {}
@@ -96,9 +100,10 @@ class RolloutController:
         replicas = self._replica_revisions()
         sources = {ref: SourceControl.from_annotations(s.annotations)
                    for ref, s in c.source_states().items() if s is not None}
-        return plan_rollout(replicas=replicas, vmis=list(c.vmis.snapshot().values()),
+        vmis = list(c.vmis.snapshot().values())
+        return plan_rollout(replicas=replicas, vmis=vmis,
                             vms=list(c.vms.snapshot().values()), guests=self.guests.gates(), sources=sources,
-                            settings=self.rollout_settings, now=self.clock())
+                            settings=self.rollout_settings, now=self.clock(), wanted=self._wanted(vmis))
 
     def _replica_revisions(self) -> list[ReplicaRevision]:
         """Parsed revisions of all replicas, re-parsed only for replicas whose resourceVersion changed
@@ -161,6 +166,10 @@ class RolloutController:
                 await self.events.emit(vmi_object(ns, vmi), "Warning", "RestartBlocked",
                                        f"VMI runs license revision older than {st.revision[:12]} but cannot be "
                                        f"restarted by licensectl: {st.reason or 'no owning VirtualMachine'}")
+            if st.missing_volume:
+                await self.events.emit(vmi_object(ns, vmi), "Warning", "LicenseVolumeMissing",
+                                       f"VMI of an entitled vGPU claim runs without its license volume "
+                                       f"({st.replica}): {st.state.value}, {st.reason}")
 
     async def _record(self, rec: RecordResult) -> None:
         ok = await self.kubevirt.annotate_vm(namespace=rec.namespace, name=rec.vm,
@@ -171,10 +180,9 @@ class RolloutController:
         self._expect[(rec.namespace, rec.vm)] = (rec.vm_resource_version, self._monotonic())
         self.metrics.restarts_total.labels(rec.result).inc()
         self._mark_progress(rec.namespace, rec.vm)
-        if rec.result == "done":
-            await self.events.emit(vm_object(rec.namespace, rec.vm), "Normal", "RestartDone",
-                                   f"VMI restarted onto license revision {rec.revision[:12]}")
-        else:
+        # A done restart is routine: counted in licensectl_restarts_total, no Event
+        # (docs/design.md#event-policy); a failed one is where a person must look.
+        if rec.result != "done":
             await self.events.emit(vm_object(rec.namespace, rec.vm), "Warning", "RestartFailed",
                                    f"VMI did not come back done within {self.settings.restart_timeout_seconds:g}s "
                                    f"after the restart for revision {rec.revision[:12]}")
@@ -193,10 +201,7 @@ class RolloutController:
         log.info("restart", namespace=r.namespace, vm=r.vm, revision=r.revision[:12], result=res.value,
                  reissue=r.reissue)
         if res in (RestartResult.ISSUED, RestartResult.FALLBACK_DELETE):
-            self._mark_progress(r.namespace, r.vm)
-            how = "restart subresource" if res is RestartResult.ISSUED else "VMI deletion (fallback)"
-            await self.events.emit(vm_object(r.namespace, r.vm), "Normal", "RestartIssued",
-                                   f"Restart issued via {how} for license revision {r.revision[:12]}")
+            self._mark_progress(r.namespace, r.vm)  # routine: counted in licensectl_restarts_total, no Event
         elif res is RestartResult.UNSUPPORTED:
             await self.events.emit(vm_object(r.namespace, r.vm), "Warning", "RestartFailed",
                                    "The cluster has no virtualmachines/restart subresource and the delete "
@@ -276,6 +281,12 @@ class RolloutController:
             at = self._progress_at.get(ref)
             if at is not None:
                 yield GaugeSample("rollout_last_progress_timestamp_seconds", labels, at.timestamp())
+        missing: dict[str, int] = {}
+        for (ns, _vmi), vs in plan.vmi_states.items():
+            if vs.missing_volume:
+                missing[ns] = missing.get(ns, 0) + 1
+        for ns, n in sorted(missing.items()):
+            yield GaugeSample("vmis_missing_license_volume", (("namespace", ns),), float(n))
         # Per VMI, but only the overdue manual ones (a handful): what LicensectlManualRestartOverdue names.
         for (ns, vmi), vs in sorted(plan.vmi_states.items()):
             if vs.overdue:

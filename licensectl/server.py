@@ -6,6 +6,7 @@ a NetworkPolicy can open one to tenants and keep the other for monitoring only.
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -43,12 +44,17 @@ def split_address(address: str) -> tuple[str, int]:
     return (host.strip("[]") or "0.0.0.0"), int(port)  # noqa: S104 - an explicit ":8080" means all interfaces
 
 
-async def start_site(app: web.Application, address: str) -> tuple[web.AppRunner, int]:
-    """Start serving; returns the runner (for cleanup) and the bound port (address may say port 0)."""
+async def start_site(app: web.Application, address: str, *,
+                     ssl_context: ssl.SSLContext | None = None) -> tuple[web.AppRunner, int]:
+    """Start serving; returns the runner (for cleanup) and the bound port (address may say port 0).
+
+    With `ssl_context` the listener serves HTTPS; reloading that context's certificate in place
+    (kube/serving_tls.py) changes what new handshakes present, without restarting the listener.
+    """
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     host, port = split_address(address)
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
     await site.start()
     server: Any = site._server  # the bound socket tells the real port when 0 was asked for
     bound = int(server.sockets[0].getsockname()[1]) if server and server.sockets else port

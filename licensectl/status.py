@@ -33,6 +33,7 @@ from licensectl import config, logs
 from licensectl.caches import Caches
 from licensectl.core_settings import rollout_settings, tenant_settings
 from licensectl.credentials import keyring_from_secret_data
+from licensectl.delivery import DeliveryView, wanted_volumes
 from licensectl.kube import contract, projections
 from licensectl.kube.client import make_api_client, request_tracing
 from licensectl.kube.raw import RawApi, checked
@@ -142,16 +143,28 @@ async def read_cluster(api: ApiClient, settings: config.Settings, now: dt.dateti
         ring = keyring_from_secret_data({k: base64.b64decode(v) for k, v in (key.get("data") or {}).items()})
     except (ApiException, ValueError):
         ring = None
+    # The CA bundle replicas carry (kube/serving_tls.py), so replicas written with it compare in sync.
+    report_ca = b""
+    if not settings.reports_plain_http:
+        try:
+            tls = await RawApi(core).read_namespaced_secret(settings.tls_secret, settings.namespace)
+            report_ca = base64.b64decode((tls.get("data") or {}).get("ca.crt") or "")
+        except (ApiException, ValueError):
+            report_ca = b""
     replication = plan_replication(ReplicationInputs(
         namespaces={n.name: n for n in namespaces}, classes={c.name: c for c in classes}, claims=claims,
         sources=sources, replicas={(r.namespace, r.name): r for r in replicas}, conflicts=frozenset(),
         credential_for=(lambda ns: ring.credential(ns)) if ring else (lambda ns: ""),
         report_url=config.report_url_for(settings), token_key=settings.token_key,
-        tenant=tenant_settings(settings), now=now))
+        tenant=tenant_settings(settings), now=now, report_ca=report_ca))
+    view = DeliveryView(claims={(c.namespace, c.name): c for c in claims}, classes={("", c.name): c for c in classes},
+                        entitled=replication.entitlement.entitled if replication.entitlement else {},
+                        replicas={(r.namespace, r.name): r for r in replicas})
+    wanted = wanted_volumes(vmis, view)
     rollout = plan_rollout(
         replicas=[r for r in (ReplicaRevision.from_secret(s) for s in replicas) if r], vmis=vmis, vms=vms,
         guests={}, sources={ref: SourceControl.from_annotations(s.annotations) for ref, s in sources.items() if s},
-        settings=rollout_settings(settings), now=now)
+        settings=rollout_settings(settings), now=now, wanted=wanted)
     return ClusterView(replication, rollout, sources, now)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api, CustomObjectsApi
@@ -119,29 +119,38 @@ async def put_source_secret(api: ApiClient, namespace: str, name: str, *, token:
         await core.replace_namespaced_secret(name, namespace, body)
 
 
-def vm_body(namespace: str, name: str, *, license_secret: str | None, run_strategy: str = "Always",
-            annotations: Mapping[str, str] | None = None, firmware_uuid: str | None = None) -> dict[str, Any]:
-    """A VirtualMachine whose VMI mounts the license replica as a disk with serial LICENSECTL."""
+def vm_body(namespace: str, name: str, *, license_secret: str | None = None, run_strategy: str = "Always",
+            annotations: Mapping[str, str] | None = None, firmware_uuid: str | None = None,
+            gpu_claims: Sequence[str] = ()) -> dict[str, Any]:
+    """A VirtualMachine using `gpu_claims` in KubeVirt's DRA shape (the admission webhook then adds the
+    license volume, docs/design.md#vmi-claims); `license_secret` mounts a replica by hand instead, as a
+    disk with serial LICENSECTL (the way hosters wired it before the webhook)."""
     disks: list[dict[str, Any]] = [{"name": "root", "disk": {"bus": "virtio"}}]
     volumes: list[dict[str, Any]] = [{"name": "root",
                                       "containerDisk": {"image": "quay.io/containerdisks/ubuntu:24.04"}}]
     if license_secret:
         disks.append({"name": "license", "serial": "LICENSECTL", "disk": {"bus": "virtio"}})
         volumes.append({"name": "license", "secret": {"secretName": license_secret, "volumeLabel": "LICENSECTL"}})
-    domain: dict[str, Any] = {"devices": {"disks": disks}, "resources": {"requests": {"memory": "1Gi"}}}
+    devices: dict[str, Any] = {"disks": disks}
+    domain: dict[str, Any] = {"devices": devices, "resources": {"requests": {"memory": "1Gi"}}}
     if firmware_uuid:
         domain["firmware"] = {"uuid": firmware_uuid}
+    template_spec: dict[str, Any] = {"domain": domain, "volumes": volumes}
+    if gpu_claims:
+        devices["gpus"] = [{"name": f"gpu{i}", "claimName": f"claim{i}", "requestName": "gpu"}
+                           for i in range(len(gpu_claims))]
+        template_spec["resourceClaims"] = [{"name": f"claim{i}", "resourceClaimName": c}
+                                           for i, c in enumerate(gpu_claims)]
     return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
             "metadata": {"name": name, "namespace": namespace, "annotations": dict(annotations or {})},
             "spec": {"runStrategy": run_strategy,
-                     "template": {"metadata": {"labels": {"kubevirt.io/vm": name}},
-                                  "spec": {"domain": domain, "volumes": volumes}}}}
+                     "template": {"metadata": {"labels": {"kubevirt.io/vm": name}}, "spec": template_spec}}}
 
 
-async def create_vm(api: ApiClient, namespace: str, name: str, *, license_secret: str | None,
+async def create_vm(api: ApiClient, namespace: str, name: str, *, license_secret: str | None = None,
                     run_strategy: str = "Always", annotations: Mapping[str, str] | None = None,
-                    firmware_uuid: str | None = None) -> None:
+                    firmware_uuid: str | None = None, gpu_claims: Sequence[str] = ()) -> None:
     co: Any = CustomObjectsApi(api)
     await co.create_namespaced_custom_object("kubevirt.io", "v1", namespace, "virtualmachines", vm_body(
         namespace, name, license_secret=license_secret, run_strategy=run_strategy, annotations=annotations,
-        firmware_uuid=firmware_uuid))
+        firmware_uuid=firmware_uuid, gpu_claims=gpu_claims))

@@ -9,7 +9,8 @@
 #   client_configuration_token.tok   -> /etc/nvidia/ClientConfigToken/licensectl_<sha256[0:16]>.tok (0744)
 #   gridd.conf                       -> /etc/nvidia/gridd.conf (0644)
 #   report-url, report-namespace,
-#   report-credential                -> /etc/licensectl/<same name> (0600; the credential is never printed)
+#   report-credential, report-ca.crt -> /etc/licensectl/<same name> (0600; the credential is never printed)
+# report-ca.crt is the CA bundle licensectl's reports listener is verified with (absent over plain HTTP).
 # Files are written to a temporary name in the target directory and renamed into place. Token files
 # this script installed earlier (licensectl_*.tok) are removed when stale; other *.tok files are
 # never touched. If the token or gridd.conf changed, nvidia-gridd is restarted (it reads both only at
@@ -207,9 +208,11 @@ esac
 
 # --- report settings for licensectl-probe ----------------------------------------------------
 if ! { mkdir -p "$STATE_DIR" && chmod 0700 "$STATE_DIR"; }; then die 5 "cannot create $STATE_DIR"; fi
-for key in report-url report-namespace report-credential; do
+for key in report-url report-namespace report-credential report-ca.crt; do
 	if [ -f "$SRC/$key" ] && [ -s "$SRC/$key" ]; then
-		[ "$(size_of "$SRC/$key")" -le 4096 ] || die 4 "$key is larger than 4096 bytes"
+		_max=4096
+		[ "$key" = report-ca.crt ] && _max=$MAX_BYTES
+		[ "$(size_of "$SRC/$key")" -le "$_max" ] || die 4 "$key is larger than $_max bytes"
 		install_file "$SRC/$key" "$STATE_DIR/$key" 0600
 		case $? in
 		0) log "updated $key" ;;

@@ -12,7 +12,7 @@
 #   0  report accepted (HTTP 202)
 #   1  unexpected error (e.g. SMBIOS UUID unreadable)
 #   2  not configured: report-url, report-namespace or report-credential missing or malformed
-#   3  no HTTP client (curl or wget)
+#   3  no HTTP client (curl or wget), or only a wget that cannot verify https against the CA
 #   4  report refused by licensectl (a 4xx other than 408/429: retrying will not help)
 #   5  gave up after bounded retries (network errors, 5xx, 408, 429)
 #
@@ -22,7 +22,8 @@
 #   LICENSECTL_BACKOFF       first retry delay in seconds, doubled per retry (default 2)
 #   LICENSECTL_DEADLINE      total seconds for all attempts (default 45, below the timer period)
 #   LICENSECTL_HTTP_CLIENT   auto | curl | wget (default auto: curl if present)
-#   LICENSECTL_CA_FILE       CA bundle to verify an https report URL with
+#   LICENSECTL_CA_FILE       CA bundle to verify an https report URL with (default: report-ca.crt from
+#                            the license disk when present, else the system trust store)
 #   LICENSECTL_LOG_LINES     nvidia-gridd log lines to send (default 50)
 #   LICENSECTL_GRIDD_UNIT    default nvidia-gridd.service
 #   NVIDIA_SMI, JOURNALCTL   commands (default nvidia-smi, journalctl)
@@ -80,6 +81,15 @@ CRED=$(read_setting report-credential) || die 2 "no report credential"
 case $URL in http://?* | https://?*) ;; *) die 2 "report URL must be http(s)://..." ;; esac
 case $NS in '' | *[!a-z0-9-]*) die 2 "report namespace is malformed" ;; esac
 case $CRED in '' | *[!A-Za-z0-9_-]*) die 2 "report credential is malformed" ;; esac
+# An https URL is verified against licensectl's CA from the license disk unless LICENSECTL_CA_FILE says
+# otherwise; the scheme alone decides plain HTTP, never a missing CA.
+case $URL in
+https://*)
+	if [ -z "$CA_FILE" ] && [ -s "$STATE_DIR/report-ca.crt" ]; then CA_FILE=$STATE_DIR/report-ca.crt; fi
+	if [ -n "$CA_FILE" ] && [ ! -r "$CA_FILE" ]; then die 2 "CA file $CA_FILE is not readable"; fi
+	;;
+*) CA_FILE= ;;
+esac
 
 # --- HTTP client ---------------------------------------------------------------------------
 case $HTTP_CLIENT in
@@ -95,6 +105,11 @@ auto)
 curl | wget) command -v "$HTTP_CLIENT" >/dev/null 2>&1 || die 3 "$HTTP_CLIENT not found" ;;
 *) die 1 "LICENSECTL_HTTP_CLIENT must be auto, curl or wget" ;;
 esac
+# busybox wget cannot verify against a CA file (it has no --ca-certificate): refuse rather than
+# send the credential to an unverified server.
+if [ "$HTTP_CLIENT" = wget ] && [ -n "$CA_FILE" ] && ! wget --help 2>&1 | grep -q -e '--ca-certificate'; then
+	die 3 "this wget cannot verify $URL with a CA file; install curl (or GNU wget)"
+fi
 
 WORK=$(mktemp -d) || die 1 "cannot create a temporary directory"
 trap 'rm -rf "$WORK"' EXIT

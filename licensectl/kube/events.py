@@ -1,8 +1,10 @@
 """Kubernetes Events for what licensectl does and what it refuses to do.
 
-Events are for humans reading `kubectl describe`; they are not state. A level-based loop sees the
-same problem on every pass, so the recorder aggregates like client-go's EventCorrelator: one Event
-object per (object, reason, message), its count bumped, and re-emitted at most once per interval.
+Events are for humans reading `kubectl describe`; they are not state, and each one is an apiserver
+and etcd write, so callers emit only where a person must look (docs/operations.md#events). A
+level-based loop sees the same problem on every pass, so the recorder aggregates like client-go's
+EventCorrelator: one Event object per (object, reason, message), re-emitted at most once per
+interval, and a repeat is one patch of its count, not a new object (docs/design.md#event-aggregation).
 Messages are built by the caller from names and reasons only — never from Secret data.
 """
 
@@ -97,10 +99,19 @@ class EventRecorder:
 
     async def _bump_or_create(self, ns: str, name: str, obj: InvolvedObject, type_: str, reason: str,
                               message: str, ts: str) -> None:
-        """Create; if an Event of that name exists (re-emitted, or written before a restart), bump its
-        count with a patch. Needs only create + patch on events, like client-go's recorder."""
+        """First time: create. A repeat of an Event this process wrote: one patch of its count (404:
+        someone deleted it or it expired, so create again). A create that meets an existing Event
+        (written before a restart) falls back to the patch. Needs only create + patch on events."""
         count = self._counts.get(name, 0) + 1
         self._counts[name] = count
+        if count > 1:
+            try:
+                await self._api.patch_namespaced_event(name, ns, {"count": count, "lastTimestamp": ts})
+                return
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+            self._counts[name] = count = 1
         body = {
             "apiVersion": "v1", "kind": "Event",
             "metadata": {"name": name, "namespace": ns},
@@ -115,4 +126,5 @@ class EventRecorder:
         except ApiException as e:
             if e.status != 409:
                 raise
-        await self._api.patch_namespaced_event(name, ns, {"count": max(count, 2), "lastTimestamp": ts})
+        self._counts[name] = count = 2
+        await self._api.patch_namespaced_event(name, ns, {"count": count, "lastTimestamp": ts})

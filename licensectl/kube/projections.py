@@ -189,6 +189,35 @@ def _running_since(status: Mapping[str, Any]) -> dt.datetime | None:
     return best
 
 
+def vmi_gpu_claims(obj: object) -> tuple[str, ...]:
+    """The GPUClaims a VMI uses, in device order, without duplicates (docs/design.md#vmi-claims).
+
+    KubeVirt's DRA shape (kubevirt.io/api core/v1 >= v1.6): `spec.domain.devices.gpus[].claimName`
+    names an entry of `spec.resourceClaims[]`, whose `resourceClaimName` (or
+    `resourceClaimTemplateName`) is taken as the GPUClaim's name: the assumed contract. Platforms
+    without DRA list claim names in the `licensectl.io/gpu-claims` annotation instead; both are read.
+    """
+    spec = _dict(_path(obj, "spec"))
+    pod_claims: dict[str, str] = {}
+    for rc in _list(spec.get("resourceClaims")):
+        name = _str(_path(rc, "name"))
+        target = _str(_path(rc, "resourceClaimName")) or _str(_path(rc, "resourceClaimTemplateName"))
+        if name is not None and target is not None:
+            pod_claims.setdefault(name, target)
+    out: list[str] = []
+    for gpu in _list(_path(spec, "domain", "devices", "gpus")):
+        claim = _str(_path(gpu, "claimName"))
+        target = pod_claims.get(claim) if claim is not None else None
+        if target is not None and target not in out:
+            out.append(target)
+    ann = _str_map(_path(obj, "metadata", "annotations")).get(model.ANN_GPU_CLAIMS, "")
+    for raw in ann.split(","):
+        name = raw.strip()
+        if name and name not in out:
+            out.append(name)
+    return tuple(out)
+
+
 def vmi_from(obj: object) -> model.Vmi | None:
     meta = _meta(obj)
     m = _common(obj)
@@ -220,6 +249,7 @@ def vmi_from(obj: object) -> model.Vmi | None:
         secret_volumes=volumes,
         firmware_uuid=_str(_path(spec, "domain", "firmware", "uuid")),
         deleting=bool(meta.get("deletionTimestamp")),
+        gpu_claims=vmi_gpu_claims(obj),
     )
 
 

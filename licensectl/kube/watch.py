@@ -4,7 +4,9 @@ Modelled on client-go's Reflector (kubernetes/kubernetes
 staging/src/k8s.io/client-go/tools/cache/reflector.go): a paged LIST builds a snapshot and yields a
 resourceVersion; a WATCH resumes from the last seen resourceVersion (bookmarks advance it without
 objects); "410 Gone" / "too old resource version" means the history is compacted and only a
-full relist can restore a correct cache; other failures reconnect with jittered backoff.
+full relist can restore a correct cache; other failures reconnect with jittered backoff whose
+ceiling is short (a few seconds), so a healed apiserver is seen within seconds, and long only when
+the server itself asks to slow down (429) (docs/design.md#recovery-backoff).
 
 Safety contract the controller relies on before deleting anything:
 - `synced` is True only after a complete LIST (every page) of this run.
@@ -66,10 +68,11 @@ class Gone(Exception):
 class ApiError(Exception):
     """Non-success HTTP status or ERROR event; carries code and the Status reason only."""
 
-    def __init__(self, code: int, reason: str) -> None:
+    def __init__(self, code: int, reason: str, retry_after: float | None = None) -> None:
         super().__init__(f"{code} {reason}")
         self.code = code
         self.reason = reason
+        self.retry_after = retry_after  # the server's Retry-After (seconds), with a 429 or 503
 
 
 # ---------------------------------------------------------------------------------------------
@@ -84,6 +87,47 @@ def backoff_delay(attempt: int, rnd: float, *, base: float = 0.5, cap: float = 3
     d = min(cap, base * (2.0**exp))
     r = min(max(rnd, 0.0), 1.0)
     return d * (0.5 + 0.5 * r)
+
+
+# Backoff ceilings: short for a server that is down or failing (an attempt costs it nothing or
+# little, and a healed server must be seen within seconds), long for a server that throttles (429).
+RECOVERY_CAP = 2.0
+THROTTLED_CAP = 30.0
+MIN_RETRY_AFTER = 0.2  # "Retry-After: 0" must not become a busy loop
+
+
+def retry_delay(attempt: int, rnd: float, *, throttled: bool, base: float = 0.5, cap: float = RECOVERY_CAP,
+                throttled_cap: float = THROTTLED_CAP, retry_after: float | None = None) -> float:
+    """The informer's backoff schedule: jittered exponential up to `cap`, or up to `throttled_cap`
+    when the last failure was a 429 (the apiserver's priority and fairness shedding load). A
+    Retry-After the server sent wins (a restarted apiserver answers 429 "storage is initializing"
+    with Retry-After: 1 until its watch cache is filled), jittered up by at most a quarter."""
+    if retry_after is not None and retry_after >= 0:
+        r = min(max(rnd, 0.0), 1.0)
+        return min(throttled_cap, max(retry_after, MIN_RETRY_AFTER) * (1.0 + 0.25 * r))
+    return backoff_delay(attempt, rnd, base=base, cap=throttled_cap if throttled else cap)
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Retry-After in seconds (the apiserver sends an integer); None when absent or an HTTP date."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        return None
+    return seconds if 0 <= seconds < 86400 else None
+
+
+def retry_after_of(e: BaseException | None) -> float | None:
+    return e.retry_after if isinstance(e, ApiError) else None
+
+
+def is_throttled(e: BaseException | None) -> bool:
+    """429 from a LIST or WATCH (our ApiError, or an ApiException raised by the client)."""
+    if isinstance(e, ApiError):
+        return e.code == 429
+    return getattr(e, "status", None) == 429
 
 
 def watch_timeout_seconds(minimum: float, rnd: float) -> int:
@@ -219,7 +263,8 @@ class Informer(Generic[T]):
         request_timeout: float = 60.0,
         unhealthy_after: float = 30.0,
         backoff_base: float = 0.5,
-        backoff_cap: float = 30.0,
+        backoff_cap: float = RECOVERY_CAP,
+        throttled_cap: float = THROTTLED_CAP,
         max_line_bytes: int = 16 * 1024 * 1024,
     ) -> None:
         self.name = name
@@ -236,6 +281,7 @@ class Informer(Generic[T]):
         self._unhealthy_after = unhealthy_after
         self._backoff_base = backoff_base
         self._backoff_cap = backoff_cap
+        self._throttled_cap = max(throttled_cap, backoff_cap)
         self._max_line = max_line_bytes
 
         self._cache: dict[Key, T] = {}
@@ -320,7 +366,7 @@ class Informer(Generic[T]):
                     raise
                 except Exception as e:
                     self._list_failed = True
-                    delay = self._delay(attempt)
+                    delay = self._delay(attempt, throttled=is_throttled(e), retry_after=retry_after_of(e))
                     attempt += 1
                     log.warning("informer.list_failed", informer=self.name, error=_describe(e),
                                 retry_in=round(delay, 2))
@@ -336,8 +382,9 @@ class Informer(Generic[T]):
             self._watch_down_since = self._watch_down_since or time.monotonic()
             log.info("informer.stop", informer=self.name)
 
-    def _delay(self, attempt: int) -> float:
-        return backoff_delay(attempt, random.random(), base=self._backoff_base, cap=self._backoff_cap)  # noqa: S311
+    def _delay(self, attempt: int, *, throttled: bool = False, retry_after: float | None = None) -> float:
+        return retry_delay(attempt, random.random(), throttled=throttled, base=self._backoff_base,  # noqa: S311
+                           cap=self._backoff_cap, throttled_cap=self._throttled_cap, retry_after=retry_after)
 
     def _selectors(self) -> dict[str, Any]:
         kw: dict[str, Any] = {}
@@ -443,7 +490,7 @@ class Informer(Generic[T]):
             if status == 410 or (status >= 400 and doc is not None and is_gone(doc)):
                 raise Gone()
             if not 200 <= status <= 299:
-                raise ApiError(status, status_reason(doc or {}))
+                raise ApiError(status, status_reason(doc or {}), _retry_after_header(resp))
             if doc is None:
                 raise ApiError(status, "UndecodableListBody")
             return doc
@@ -463,6 +510,8 @@ class Informer(Generic[T]):
         while True:
             opened = time.monotonic()
             relist = False
+            throttled = False
+            retry_after: float | None = None
             try:
                 seen = await self._watch_once()
                 reason = REASON_TIMEOUT
@@ -482,12 +531,15 @@ class Informer(Generic[T]):
             except ApiError as e:
                 reason = REASON_ERROR
                 self._watch_ended(reason, e)
+                throttled = e.code == 429
+                retry_after = e.retry_after
                 if e.code != 429:
                     api_errors += 1
                     relist = e.code != 500 or api_errors >= 3
             except Exception as e:
                 reason = REASON_ERROR
                 self._watch_ended(reason, e)
+                throttled = is_throttled(e)
             else:
                 api_errors = 0
             if reason == REASON_TIMEOUT:
@@ -495,7 +547,7 @@ class Informer(Generic[T]):
                 continue
             if time.monotonic() - opened > 10.0:
                 attempt = 0
-            delay = self._delay(attempt)
+            delay = self._delay(attempt, throttled=throttled, retry_after=retry_after)
             attempt += 1
             await asyncio.sleep(delay)
             if relist:
@@ -529,7 +581,7 @@ class Informer(Generic[T]):
                 doc = _loads(await resp.content.read(64 * 1024)) or {}
                 if status == 410 or is_gone(doc):
                     raise Gone()
-                raise ApiError(status, status_reason(doc))
+                raise ApiError(status, status_reason(doc), _retry_after_header(resp))
             self._watch_down_since = None
             seen = 0
             async for line in self._lines(resp):
@@ -616,6 +668,12 @@ def _loads(raw: bytes | None) -> dict[str, Any] | None:
     except (ValueError, UnicodeDecodeError):
         return None
     return doc if isinstance(doc, dict) else None
+
+
+def _retry_after_header(resp: Any) -> float | None:
+    headers = getattr(resp, "headers", None)
+    value = headers.get("Retry-After") if headers is not None else None
+    return parse_retry_after(value if isinstance(value, str) else None)
 
 
 def _close(resp: Any) -> None:

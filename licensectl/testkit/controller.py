@@ -7,6 +7,8 @@ incarnation appends to (so a restarted controller's whole story can be scanned a
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
 import json
 import signal
 import sys
@@ -16,10 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api
 
+from licensectl.devcluster import webhook as webhook_registration
 from licensectl.devcluster.controlplane import free_port
 from licensectl.testkit.metrics_text import Scrape, parse_metrics
-from licensectl.testkit.poll import EventuallyTimeout
+from licensectl.testkit.poll import EventuallyTimeout, eventually
 from licensectl.testkit.process import ManagedProcess, child_env
 from licensectl.testkit.proxy import LOOPBACK
 
@@ -45,13 +49,27 @@ class ControllerProcess:
     def __init__(self, kubeconfig: str | Path, namespace: str, *, log_dir: Path, name: str = "controller",
                  settings: Mapping[str, Any] | None = None, args: Sequence[str] = (), wrapper: Sequence[str] = (),
                  extra_env: Mapping[str, str] | None = None, metrics_port: int | None = None,
-                 reports_port: int | None = None, keep_bodies: bool = False) -> None:
+                 reports_port: int | None = None, keep_bodies: bool = False, tls_and_webhook: bool = True,
+                 webhook_api: ApiClient | None = None, webhook_ca: bool = True) -> None:
         self.kubeconfig = str(kubeconfig)
         self.namespace = namespace
         self.name = name
         self.metrics_port = free_port() if metrics_port is None else metrics_port
         self.reports_port = free_port() if reports_port is None else reports_port
+        # The admission webhook listens on its own loopback port; with `webhook_api` (an admin client)
+        # it is registered on the apiserver once the controller's CA exists, and removed by close().
+        # `tls_and_webhook=False` runs a version from before both existed (upgrade tests).
+        self.webhook = tls_and_webhook
+        self.webhook_port = free_port() if tls_and_webhook else 0
         self.args = [*settings_args(**(settings or {})), *args]
+        # A --webhook-configuration in the settings names the registration too (e.g. the shipped
+        # "licensectl", whose caBundle the controller keeps; `webhook_ca=False` leaves that to it).
+        self.webhook_configuration = next(
+            (self.args[i + 1] for i, a in enumerate(self.args[:-1]) if a == "--webhook-configuration"),
+            f"licensectl-{namespace}-{name}"[:253])
+        self._webhook_ca = webhook_ca
+        self._webhook_api = webhook_api
+        self._registration: asyncio.Task[None] | None = None
         self.wrapper = list(wrapper)
         self.log_path = log_dir / f"{name}.log"
         self.keep_bodies = keep_bodies
@@ -68,7 +86,10 @@ class ControllerProcess:
     def cmd(self) -> list[str]:
         return [*self.wrapper, sys.executable, "-m", "licensectl", "run", "--kubeconfig", self.kubeconfig,
                 "--namespace", self.namespace, "--metrics-address", f"{LOOPBACK}:{self.metrics_port}",
-                "--reports-address", f"{LOOPBACK}:{self.reports_port}", "--log-format", "json", *self.args]
+                "--reports-address", f"{LOOPBACK}:{self.reports_port}", "--log-format", "json",
+                *(["--webhook-address", f"{LOOPBACK}:{self.webhook_port}",
+                   "--webhook-configuration", self.webhook_configuration] if self.webhook else []),
+                *([] if self._tls_hosts_set or not self.webhook else ["--tls-hosts", LOOPBACK]), *self.args]
 
     @property
     def pid(self) -> int | None:
@@ -87,8 +108,16 @@ class ControllerProcess:
         return f"http://{LOOPBACK}:{self.metrics_port}/metrics"
 
     @property
+    def _tls_hosts_set(self) -> bool:
+        return any(a == "--tls-hosts" or a.startswith("--tls-hosts=") for a in self.args)
+
+    @property
     def reports_url(self) -> str:
-        return f"http://{LOOPBACK}:{self.reports_port}/v1/reports"
+        """The loopback reports URL: https (the self-managed certificate names 127.0.0.1) unless plain."""
+        a = self.args
+        plain = any(x == "--reports-plain-http=true" or (x == "--reports-plain-http" and a[i + 1:i + 2] != ["false"])
+                    for i, x in enumerate(a))
+        return f"{'http' if plain else 'https'}://{LOOPBACK}:{self.reports_port}/v1/reports"
 
     def alive(self) -> bool:
         return self.process.alive()
@@ -97,6 +126,8 @@ class ControllerProcess:
     async def start(self) -> None:
         self.process.start()
         self.incarnations += 1
+        if self._webhook_api is not None and self.webhook and self._registration is None:
+            self._registration = asyncio.create_task(self._register_webhook())
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
 
@@ -121,8 +152,47 @@ class ControllerProcess:
         await self.kill()
         await self.start()
 
+    async def _register_webhook(self) -> None:
+        """Register the shipped webhook configuration once the controller has written its CA."""
+        api = self._webhook_api
+        assert api is not None
+        core = CoreV1Api(api)
+        tls_secret = next((self.args[i + 1] for i, a in enumerate(self.args[:-1]) if a == "--tls-secret"),
+                          "licensectl-tls")
+
+        async def ca() -> bytes | None:
+            try:
+                s = await core.read_namespaced_secret(tls_secret, self.namespace)
+            except ApiException:
+                return None
+            raw = (s.data or {}).get("ca.crt")
+            return base64.b64decode(raw) if raw else None
+
+        if not self._webhook_ca:
+            # The controller's self-managed TLS fills the caBundle in (what a cluster without
+            # cert-manager relies on); until then the apiserver cannot call it (failurePolicy Ignore).
+            await webhook_registration.register(api, name=self.webhook_configuration, port=self.webhook_port,
+                                                wait=False)
+            return
+        bundle = await eventually(ca, timeout=60, interval=0.2, what=f"{self.name}'s CA")
+        await webhook_registration.register(api, name=self.webhook_configuration, port=self.webhook_port,
+                                            ca_bundle=bundle or b"")
+
+    async def webhook_registered(self, timeout: float = 90.0) -> None:  # noqa: ASYNC109
+        """Wait until the apiserver calls this controller's webhook (VMIs created after pass it)."""
+        if self._registration is not None:
+            await asyncio.wait_for(asyncio.shield(self._registration), timeout)
+
     async def close(self) -> None:
         """Stop the process and release the HTTP session (safe to call more than once)."""
+        if self._registration is not None:
+            self._registration.cancel()
+            with contextlib.suppress(BaseException):
+                await self._registration
+            self._registration = None
+            if self._webhook_api is not None:
+                with contextlib.suppress(Exception):
+                    await webhook_registration.unregister(self._webhook_api, self.webhook_configuration)
         await self.stop()
         if self._session is not None:
             await self._session.close()

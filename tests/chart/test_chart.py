@@ -37,6 +37,7 @@ TOGGLES = {
     "monitoring.dashboard.enabled": False,
     "config.restartFallbackDelete": None,
     "spreadAcrossNodes": True,
+    "certManager.enabled": False,
 }
 
 
@@ -214,6 +215,8 @@ SAMPLES: dict[str, Any] = {
     "replicaCount": 3,
     "config.metricsAddress": "0.0.0.0:9000",
     "config.reportsAddress": "0.0.0.0:9443",
+    "config.webhookAddress": "0.0.0.0:10443",
+    "config.tlsMode": "secret",
     "config.maxUnavailable": "5",
     "config.doneGate": "ready-licensed",
     "config.guestMetrics": "per-tenant",

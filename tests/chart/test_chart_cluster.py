@@ -140,7 +140,7 @@ def adoption_commands(ns: str) -> list[list[str]]:
     owned = ["app.kubernetes.io/managed-by=Helm"]
     selector = ["-l", "app.kubernetes.io/part-of=licensectl"]
     namespaced = ["-n", ns, NAMESPACED_KINDS, *selector]
-    cluster_wide = ["clusterrole,clusterrolebinding", *selector]
+    cluster_wide = ["clusterrole,clusterrolebinding,mutatingwebhookconfigurations", *selector]
     return [["label", "--overwrite", *namespaced, *owned], ["annotate", "--overwrite", *namespaced, *release],
             ["label", "--overwrite", *cluster_wide, *owned], ["annotate", "--overwrite", *cluster_wide, *release]]
 
@@ -148,6 +148,7 @@ def adoption_commands(ns: str) -> list[list[str]]:
 NAMESPACED_KINDS = ("deployments,services,serviceaccounts,roles,rolebindings,poddisruptionbudgets,"
                     "networkpolicies,servicemonitors,prometheusrules,vmservicescrapes,vmrules,configmaps")
 CORE = {"Deployment/licensectl", "Service/licensectl-metrics", "Service/licensectl-reports",
+        "Service/licensectl-webhook",
         "ServiceAccount/licensectl", "Role/licensectl", "RoleBinding/licensectl",
         "NetworkPolicy/licensectl"}
 

@@ -25,6 +25,7 @@ from kubernetes_asyncio.client import ApiClient, ApiException, CoordinationV1Api
 
 from licensectl.app import LEADER_LABEL
 from licensectl.devcluster import fleet
+from licensectl.devcluster import webhook as webhook_registration
 from licensectl.devcluster.controlplane import LOOPBACK, ControlPlane, free_port, render_kubeconfig
 from licensectl.model import ANN_RESTART_RESULT, ANN_RESTART_REVISION
 from licensectl.testkit.controller import ControllerProcess
@@ -39,10 +40,13 @@ from ..conftest import KubevirtEnv
 # -- controller processes --------------------------------------------------------------------------
 async def start_controller(name: str, kubeconfig: Path, namespace: str, log_dir: Path,
                            wrapper: Sequence[str] = (), extra_env: Mapping[str, str] | None = None,
+                           webhook_api: ApiClient | None = None, webhook_ca: bool = True,
                            **settings: Any) -> ControllerProcess:
-    """`python -m licensectl run` with JSON logs at info; `settings` are Settings field names -> values."""
+    """`python -m licensectl run` with JSON logs at info; `settings` are Settings field names -> values.
+    With `webhook_api` (an admin client) its admission webhook is registered on the apiserver."""
     c = ControllerProcess(kubeconfig, namespace, log_dir=log_dir, name=name, wrapper=wrapper, extra_env=extra_env,
-                          settings={"log_level": "info", "settle_seconds": 0, **settings})
+                          settings={"log_level": "info", "settle_seconds": 0, **settings}, webhook_api=webhook_api,
+                          webhook_ca=webhook_ca)
     await c.start()
     return c
 
@@ -308,15 +312,24 @@ class Fleet(World):
         conds = (vmi.get("status") or {}).get("conditions") or []
         return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
 
-    async def boot(self, per_tenant: int, **vm_kw: Any) -> list[tuple[str, str]]:
-        """Replicas first (a VMI cannot start before its Secret exists), then the VMs, all Ready."""
+    async def boot(self, per_tenant: int, *, hand_written: bool = False, **vm_kw: Any) -> list[tuple[str, str]]:
+        """Replicas first (a VMI cannot start before its Secret exists), then the VMs, all Ready.
+
+        VMs name their GPU claim and the admission webhook adds the license volume; `hand_written`
+        mounts the replica in the VM itself instead (what a version without the webhook needed)."""
         await eventually(self.revision, timeout=30, what="replicas in every tenant")
+        if not hand_written:
+            for ns in self.tenants:
+                await webhook_registration.wait_delivery(self.api, namespace=ns, claim="gpu")
         # Revision timestamps have one-second resolution: boot a moment after they were written.
         await asyncio.sleep(1.1)
         vms = []
         for ns in self.tenants:
             for i in range(per_tenant):
-                await fleet.create_vm(self.api, ns, f"vm{i}", license_secret=self.replica, **vm_kw)
+                if hand_written:
+                    await fleet.create_vm(self.api, ns, f"vm{i}", license_secret=self.replica, **vm_kw)
+                else:
+                    await fleet.create_vm(self.api, ns, f"vm{i}", gpu_claims=["gpu"], **vm_kw)
                 vms.append((ns, f"vm{i}"))
         for ns, name in vms:
             await eventually(lambda ns=ns, name=name: self.ready(ns, name), timeout=30, what=f"{ns}/{name} ready")
@@ -380,8 +393,9 @@ class Rig:
         c = await start_controller(
             f"{pod}-{len(started)}", kubeconfig, self.fleet.controller_ns, self.tmp, pod_name=pod,
             leader_elect=True, root_tenant=self.fleet.root_name, report_url=self.service.url,
+            reports_plain_http=True,  # ReportsService is a plain HTTP proxy (TLS: test_serving_tls.py)
             max_unavailable="1", max_per_namespace=1, restart_timeout_seconds=60,
-            report_interval_seconds=REPORT_INTERVAL, **lease)
+            report_interval_seconds=REPORT_INTERVAL, webhook_api=self.fleet.api, **lease)
         started.append(c)
         self.service.endpoints[pod] = c
         return c

@@ -42,7 +42,7 @@ async def test_rollout_is_exact_with_a_skewed_controller_clock(
         c = await start_controller(
             "skewed", kv.kubeconfig_path, fl.controller_ns, tmp_path, wrapper=[faketime, "-f", skew],
             extra_env={"FAKETIME_DONT_FAKE_MONOTONIC": "1"}, root_tenant=fl.root_name, settle_seconds=3,
-            max_unavailable="2", restart_timeout_seconds=60)
+            max_unavailable="2", restart_timeout_seconds=60, webhook_api=api_client)
         started.append(c)
         await c.wait_metric("licensectl_ready", 1)
         vms = await fl.boot(per_tenant=2)

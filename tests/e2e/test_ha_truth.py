@@ -34,6 +34,7 @@ from kubernetes_asyncio.client import ApiClient, CoreV1Api
 
 from licensectl import config
 from licensectl.devcluster import fleet
+from licensectl.devcluster import webhook as webhook_registration
 from licensectl.devcluster.guest_sim import GuestProfile, SimulatedGuest
 from licensectl.testkit.controller import ControllerProcess
 from licensectl.testkit.poll import EventuallyTimeout, eventually
@@ -205,8 +206,10 @@ async def test_two_replicas_one_prometheus_no_false_alert_exact_alerts_no_flap_o
 
             await eventually(fl.revision, timeout=30, what="replicas in every tenant")
             await asyncio.sleep(1.1)  # revision times have one-second resolution
+            for ns in sorted(set(placement.values())):
+                await webhook_registration.wait_delivery(api_client, namespace=ns, claim="gpu")
             for vmi, ns in placement.items():
-                await fleet.create_vm(api_client, ns, vmi, license_secret=fl.replica)
+                await fleet.create_vm(api_client, ns, vmi, gpu_claims=["gpu"])
             for vmi, ns in placement.items():
                 await eventually(lambda ns=ns, vmi=vmi: fl.ready(ns, vmi), timeout=30, what=f"{vmi} ready")
                 await guests.set(ns, vmi, GuestProfile.licensed())

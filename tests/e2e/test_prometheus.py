@@ -23,6 +23,7 @@ import yaml
 from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 
 from licensectl.devcluster import fleet
+from licensectl.devcluster import webhook as webhook_registration
 from licensectl.devcluster.controlplane import ControlPlane
 from licensectl.devcluster.guest_sim import GuestProfile, SimulatedGuest
 from licensectl.devcluster.vm_semantics import ANN_BOOT
@@ -161,7 +162,7 @@ async def test_every_dashboard_panel_and_alert_rule_works_against_a_live_control
             c = await start_controller("licensectl-0", kubeconfig, fl.controller_ns, tmp_path,
                                        leader_elect=True, root_tenant=fl.root_name, max_unavailable="2",
                                        report_url="http://127.0.0.1:1/v1/reports",
-                                       report_interval_seconds=REPORT_INTERVAL)
+                                       report_interval_seconds=REPORT_INTERVAL, webhook_api=api_client)
             started.append(c)
             await c.wait_metric("licensectl_leader", 1)
             data = tmp_path / "prometheus"
@@ -181,9 +182,12 @@ async def test_every_dashboard_panel_and_alert_rule_works_against_a_live_control
                 "expiring": GuestProfile.expiring(dt.datetime.now(dt.UTC) + dt.timedelta(hours=6)),
                 "silent": GuestProfile.quiet(),
             }
+            # No license volume in the VMs: the webhook adds it (every replica answers admission).
+            await webhook_registration.wait_delivery(api_client, namespace=guest_ns, claim="gpu")
+            await webhook_registration.wait_delivery(api_client, namespace=hang_ns, claim="gpu-b")
             for name in profiles:
-                await fleet.create_vm(api_client, guest_ns, name, license_secret=fl.replica)
-            await fleet.create_vm(api_client, hang_ns, "hang", license_secret=replica_name(cls_b))
+                await fleet.create_vm(api_client, guest_ns, name, gpu_claims=["gpu"])
+            await fleet.create_vm(api_client, hang_ns, "hang", gpu_claims=["gpu-b"])
             for name in profiles:
                 await eventually(lambda name=name: fl.ready(guest_ns, name), timeout=30, what=f"{name} ready")
             await eventually(lambda: fl.ready(hang_ns, "hang"), timeout=30, what="hang ready")

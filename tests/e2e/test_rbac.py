@@ -218,10 +218,14 @@ async def test_full_lifecycle_as_the_service_account_with_exactly_the_shipped_rb
     settings = {"pod_name": "licensectl-0", "leader_elect": True, "lease_duration_seconds": 4,
                 "renew_deadline_seconds": 3, "retry_period_seconds": 0.5, "root_tenant": fl.root_name,
                 "report_url": "http://127.0.0.1:1/v1/reports", "max_unavailable": "2",
-                "restart_timeout_seconds": 60}
+                "restart_timeout_seconds": 60,
+                # The shipped name: RBAC lets licensectl read and patch only that configuration, whose
+                # caBundle the controller fills in itself (self-managed TLS; registered without one).
+                "webhook_configuration": "licensectl"}
     try:
         async with controllers() as started:
-            c = await start_controller("sa-1", kubeconfig, home, tmp_path, **settings)
+            c = await start_controller("sa-1", kubeconfig, home, tmp_path, webhook_api=api_client, webhook_ca=False,
+                                       **settings)
             started.append(c)
             await c.wait_metric("licensectl_leader", 1)
             vms = await fl.boot(per_tenant=2)
@@ -253,7 +257,8 @@ async def test_full_lifecycle_as_the_service_account_with_exactly_the_shipped_rb
             assert await c.stop() == 0
 
             # The pod restarts: same Lease (get/update by name), Events of persisting problems bumped.
-            c2 = await start_controller("sa-2", kubeconfig, home, tmp_path, **settings)
+            c2 = await start_controller("sa-2", kubeconfig, home, tmp_path, webhook_api=api_client, webhook_ca=False,
+                                        **settings)
             started.append(c2)
             await c2.wait_metric("licensectl_leader", 1, timeout=20)
             # Checked with the RBAC findings below, so one run reports every problem at once.

@@ -99,7 +99,8 @@ async def start_old(rig: Rig, started: list[ControllerProcess], pod: str, tree: 
         settings={"log_level": "info", "settle_seconds": 0, "pod_name": pod, "leader_elect": True,
                   "root_tenant": rig.fleet.root_name, "report_url": rig.service.url, "max_unavailable": "1",
                   "max_per_namespace": 1, "restart_timeout_seconds": 60,
-                  "report_interval_seconds": REPORT_INTERVAL, **LEASE})
+                  "report_interval_seconds": REPORT_INTERVAL, **LEASE},
+        tls_and_webhook=False)  # the old version knows neither flag
     # With `python -m`, the working directory comes first on sys.path: run from the old tree.
     c.process.cwd = tree
     await c.start()
@@ -177,8 +178,11 @@ async def test_upgrade_mid_rollout_old_leader_hands_over_to_new_version(
         assert restarts_issued_by(rig, "licensectl-b") == len(vms) - issued_by_old
         # Replicas were current: the new version did not rewrite a single one.
         assert await replica_versions(api_client, rig) == replicas_before
-        assert not [r for r in rig.writes_by("licensectl-b") if r.resource == "secrets"], \
-            [r for r in rig.writes_by("licensectl-b") if r.resource == "secrets"]
+        secret_writes = [r for r in rig.writes_by("licensectl-b") if r.resource == "secrets"]
+        # Its only Secret write: the serving TLS Secret it creates at its first start (self-managed
+        # mode; the old version had no TLS), in its own namespace.
+        assert [(r.verb, r.namespace) for r in secret_writes] in ([], [("create", fl.controller_ns)]), secret_writes
+        assert await secret_exists(api_client, fl.controller_ns, "licensectl-tls")
         scrape = await new.must_scrape()
         assert scrape.value("licensectl_replica_writes_total") == 0
         assert await fl.revision() == new_rev

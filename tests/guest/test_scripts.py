@@ -13,6 +13,7 @@ import datetime as dt
 import hashlib
 import os
 import shutil
+import ssl
 import stat
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
@@ -21,9 +22,11 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestServer
 
+from licensectl import certs
 from licensectl.credentials import KeyRing, derive_credential
 from licensectl.guest_report import GriddEventKind, GuestState, LicenseState
 from licensectl.reports import EndpointLimits, make_reports_app
+from licensectl.server import start_site
 
 GUEST = Path(__file__).resolve().parents[2] / "licensectl" / "guest"
 INSTALL = GUEST / "licensectl-install.sh"
@@ -530,3 +533,106 @@ def test_units() -> None:
     timer = unit_settings("licensectl-probe.timer")
     assert timer["OnUnitActiveSec"] == ["60s"] and "RandomizedDelaySec" in timer
     assert timer["WantedBy"] == ["timers.target"] and "Before" not in timer
+
+
+# ---------------------------------------------------------------------------------------------
+# HTTPS: the CA from the license disk (docs/guest.md)
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class TlsSink:
+    sink: Sink
+    ca: certs.KeyPair
+
+
+def _server_context(ca: certs.KeyPair, tmp: Path) -> ssl.SSLContext:
+    leaf = certs.new_leaf(ca, ["127.0.0.1", "localhost"], now=dt.datetime.now(dt.UTC))
+    (tmp / "tls.crt").write_bytes(leaf.cert_pem)
+    (tmp / "tls.key").write_bytes(leaf.key_pem)
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(tmp / "tls.crt", tmp / "tls.key")
+    return ctx
+
+
+@pytest.fixture
+async def tls_sink(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[TlsSink]:
+    reports: list[tuple[str, str, GuestState]] = []
+    results: list[str] = []
+    ring = KeyRing(current=KEY)
+    app = make_reports_app(
+        keyring_provider=lambda: ring,
+        uuid_known=lambda ns, uuid: "vm-1" if (ns, uuid) == (NS, UUID) else None,
+        token_sha_for=lambda ns, vmi: TOKEN_SHA,
+        on_report=lambda ns, vmi, st: reports.append((ns, vmi, st)),
+        on_result=results.append, limits=EndpointLimits(), clock=lambda: dt.datetime.now(dt.UTC))
+    ca = certs.new_ca(now=dt.datetime.now(dt.UTC))
+    runner, port = await start_site(app, "127.0.0.1:0",
+                                    ssl_context=_server_context(ca, tmp_path_factory.mktemp("tls")))
+    try:
+        yield TlsSink(Sink(f"https://127.0.0.1:{port}/v1/reports", reports, results, [True]), ca)
+    finally:
+        await runner.cleanup()
+
+
+async def test_install_copies_the_report_ca_and_removes_it_when_gone(guest: Guest) -> None:
+    (guest.disk / "report-ca.crt").write_bytes(b"-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n")
+    assert (await run(guest, INSTALL, guest.env())).rc == 0
+    installed = guest.root / "etc/licensectl/report-ca.crt"
+    assert installed.read_bytes() == (guest.disk / "report-ca.crt").read_bytes() and mode(installed) == 0o600
+    (guest.disk / "report-ca.crt").unlink()
+    assert (await run(guest, INSTALL, guest.env())).rc == 0
+    assert not installed.exists()
+    assert len(guest.systemctl_calls()) == 1  # the CA never restarts gridd
+
+
+async def test_probe_verifies_https_with_the_disk_ca(guest: Guest, tls_sink: TlsSink) -> None:
+    guest.write_disk(url=tls_sink.sink.url)
+    (guest.disk / "report-ca.crt").write_bytes(tls_sink.ca.cert_pem)
+    assert (await run(guest, INSTALL, guest.env())).rc == 0
+    r = await run(guest, PROBE, guest.env())
+    assert r.rc == 0, r.err
+    assert tls_sink.sink.results == ["accepted"]
+    r.assert_no_secret()
+
+
+async def test_probe_refuses_a_server_the_disk_ca_did_not_sign(guest: Guest, tls_sink: TlsSink) -> None:
+    guest.write_disk(url=tls_sink.sink.url)
+    (guest.disk / "report-ca.crt").write_bytes(certs.new_ca(now=dt.datetime.now(dt.UTC)).cert_pem)
+    assert (await run(guest, INSTALL, guest.env())).rc == 0
+    r = await run(guest, PROBE, guest.env(LICENSECTL_ATTEMPTS="1"))
+    assert r.rc == 5, r.err
+    assert tls_sink.sink.results == []  # nothing (no credential) reached the server's handler
+    r.assert_no_secret()
+
+
+async def test_probe_ca_file_setting_overrides_the_disk_ca(guest: Guest, tls_sink: TlsSink) -> None:
+    guest.write_disk(url=tls_sink.sink.url)
+    (guest.disk / "report-ca.crt").write_bytes(certs.new_ca(now=dt.datetime.now(dt.UTC)).cert_pem)
+    assert (await run(guest, INSTALL, guest.env())).rc == 0
+    (guest.tmp / "right-ca.pem").write_bytes(tls_sink.ca.cert_pem)
+    r = await run(guest, PROBE, guest.env(LICENSECTL_CA_FILE=str(guest.tmp / "right-ca.pem")))
+    assert r.rc == 0, r.err
+    assert tls_sink.sink.results == ["accepted"]
+
+
+async def test_probe_plain_http_url_ignores_the_disk_ca(guest: Guest, sink: Sink) -> None:
+    guest.write_disk(url=sink.url)
+    (guest.disk / "report-ca.crt").write_bytes(b"not even a certificate")
+    assert (await run(guest, INSTALL, guest.env())).rc == 0
+    r = await run(guest, PROBE, guest.env())
+    assert r.rc == 0, r.err
+    assert sink.results == ["accepted"]
+
+
+async def test_probe_refuses_https_with_a_wget_that_cannot_verify(guest: Guest, tls_sink: TlsSink) -> None:
+    guest.write_disk(url=tls_sink.sink.url)
+    (guest.disk / "report-ca.crt").write_bytes(tls_sink.ca.cert_pem)
+    assert (await run(guest, INSTALL, guest.env())).rc == 0
+    (guest.tmp / "wget-only").mkdir()
+    busybox = shutil.which("busybox")
+    assert busybox
+    (guest.tmp / "wget-only/wget").symlink_to(busybox)
+    path = (f"{guest.fakebin}:{guest.tmp / 'wget-only'}:{guest.busybox_bin}" if guest.shell == "busybox"
+            else f"{guest.fakebin}:{guest.tmp / 'wget-only'}:/bin")
+    r = await run(guest, PROBE, guest.env(PATH=path, LICENSECTL_HTTP_CLIENT="wget"))
+    assert r.rc == 3 and "cannot verify" in r.err, r.err
+    assert tls_sink.sink.results == []

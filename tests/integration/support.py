@@ -13,6 +13,7 @@ from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api
 
 from licensectl import config
 from licensectl.app import App
+from licensectl.devcluster import webhook as webhook_registration
 from licensectl.devcluster.guest_sim import GuestProfile, SimulatedGuest
 from licensectl.testkit.poll import eventually as eventually
 from licensectl.testkit.world import World, build_world
@@ -22,17 +23,27 @@ from licensectl.testkit.world import unique as unique
 def settings_for(kubeconfig: Path, namespace: str, **overrides: Any) -> config.Settings:
     base = config.Settings(kubeconfig=str(kubeconfig), namespace=namespace, metrics_address="127.0.0.1:0",
                            reports_address="127.0.0.1:0", resync_seconds=30.0, settle_seconds=0.0,
-                           log_level="warning", report_url="http://127.0.0.1:1/v1/reports")
+                           log_level="warning", report_url="http://127.0.0.1:1/v1/reports",
+                           webhook_address="127.0.0.1:0", tls_hosts="127.0.0.1",
+                           webhook_configuration=f"licensectl-{namespace}")
     return dataclasses.replace(base, **overrides)
 
 
 @contextlib.asynccontextmanager
-async def running_app(settings: config.Settings, **kw: Any) -> AsyncIterator[App]:
+async def running_app(settings: config.Settings, *, register_webhook: bool = True, **kw: Any) -> AsyncIterator[App]:
+    """An App that the apiserver calls for VMI admission, as in a cluster: its webhook is
+    registered (the shipped configuration, loopback URL, the App's own CA) while it runs."""
     app = App(settings, **kw)
     await app.start()
+    registered = register_webhook and app.webhook_port > 0
     try:
+        if registered:
+            await webhook_registration.register(app.api, name=settings.webhook_configuration,
+                                                port=app.webhook_port, ca_bundle=app.tls.ca_bundle)
         yield app
     finally:
+        if registered:
+            await webhook_registration.unregister(app.api, settings.webhook_configuration)
         await app.stop()
 
 

@@ -10,6 +10,7 @@ import pytest
 from kubernetes_asyncio.client import ApiClient
 
 from licensectl.devcluster import fleet
+from licensectl.devcluster import webhook as webhook_registration
 from licensectl.devcluster.guest_sim import GuestProfile, SimulatedGuest
 from licensectl.metrics import SNAPSHOT_GAUGES
 from licensectl.render import replica_name
@@ -31,12 +32,13 @@ async def test_per_tenant_mode_keeps_only_the_customer_counts(
                             guest_metrics="per-tenant")
     guests: list[SimulatedGuest] = []
     async with running_app(settings) as app:
-        url = f"http://127.0.0.1:{app.reports_port}/v1/reports"
+        url = f"https://127.0.0.1:{app.reports_port}/v1/reports"
         await eventually(lambda: read_secret(api_client, sub, replica_name(w.cls)), what="replica")
         await asyncio.sleep(1.1)
         profiles = {"good": GuestProfile.licensed(), "bad": GuestProfile.unlicensed()}
-        for name in profiles:
-            await fleet.create_vm(api_client, sub, name, license_secret=replica_name(w.cls))
+        await webhook_registration.wait_delivery(api_client, namespace=sub, claim="gpu")
+        for name in profiles:  # no license volume in the VM: the webhook adds it
+            await fleet.create_vm(api_client, sub, name, gpu_claims=["gpu"])
         await boot_guests(app, api_client, sub, profiles, report_url=url, into=guests)
 
         top = customer["metadata"]["name"]

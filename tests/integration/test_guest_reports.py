@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import ssl
 import time
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 from kubernetes_asyncio.client import ApiClient, ApiException
 
 from licensectl.devcluster import fleet
+from licensectl.devcluster import webhook as webhook_registration
 from licensectl.devcluster.guest_sim import GuestProfile, SimulatedGuest
 from licensectl.model import KEY_REPORT_CREDENTIAL
 from licensectl.render import replica_name
@@ -45,12 +47,14 @@ async def test_probe_reports_become_metrics_and_forgeries_are_rejected(
                 "skew": GuestProfile.skewed(dt.timedelta(minutes=10))}
     guests: list[SimulatedGuest] = []
     async with running_app(settings, clock=clock) as app:
-        url = f"http://127.0.0.1:{app.reports_port}/v1/reports"
+        url = f"https://127.0.0.1:{app.reports_port}/v1/reports"
+        tls = ssl.create_default_context(cadata=app.tls.ca_bundle.decode())
         await eventually(lambda: read_secret(api_client, ns, replica_name(cls)), what="replica")
         await eventually(lambda: read_secret(api_client, other_ns, replica_name(cls)), what="replica 2")
         await asyncio.sleep(1.1)
-        for name in profiles:
-            await fleet.create_vm(api_client, ns, name, license_secret=replica_name(cls))
+        await webhook_registration.wait_delivery(api_client, namespace=ns, claim="gpu")
+        for name in profiles:  # no license volume in the VM: the webhook adds it
+            await fleet.create_vm(api_client, ns, name, gpu_claims=["gpu"])
         await boot_guests(app, api_client, ns, profiles, report_url=url, into=guests)
 
         def state(vmi: str, s: str) -> float | None:
@@ -83,7 +87,7 @@ async def test_probe_reports_become_metrics_and_forgeries_are_rejected(
             for cred, expect in ((other_cred, 401), ("A" * 43, 401), (own_cred, 403)):
                 async with http.post(url, data=body, headers={
                         "Authorization": f"Bearer {cred}", "X-Licensectl-Namespace": ns,
-                        "Content-Type": "text/plain; charset=utf-8"}) as resp:
+                        "Content-Type": "text/plain; charset=utf-8"}, ssl=tls) as resp:
                     text = await resp.text()
                     assert resp.status == expect, (resp.status, text)
                     assert cred not in text and own_cred not in text

@@ -239,7 +239,11 @@ async def test_rotation_updates_every_replica(env: Env) -> None:
             return all(g is not None and secret_bytes(g, KEY_TOKEN) == new for g in got)
 
         await eventually(rotated, what="all replicas rotated")
-        await wait_event(env.api, namespaces[0], replica_name(env.cls), "ReplicaRotated")
+        # One summarising Event on the source, none on each replica (one write per replica change).
+        evs = await wait_event(env.api, env.source_ns, "nls-token", "LicenseRotated")
+        assert any(f"written to {len(namespaces)} replicas" in e.message for e in evs
+                   if e.reason == "LicenseRotated"), [e.message for e in evs]
+        assert [e.reason for e in await events_for(env.api, namespaces[0], replica_name(env.cls))] == []
 
 
 async def test_apiserver_restart_mid_sync_converges_without_deletions(env: Env, control_plane: ControlPlane

@@ -25,6 +25,7 @@ from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api, Discov
 
 from licensectl.config import Settings
 from licensectl.devcluster import fleet
+from licensectl.devcluster import webhook as webhook_registration
 from licensectl.devcluster.controlplane import ControlPlane, free_port, render_kubeconfig
 from licensectl.devcluster.guest_sim import GuestProfile, SimulatedGuest
 from licensectl.kube.client import make_api_client, request_tracing
@@ -93,15 +94,16 @@ async def rig(api_client: ApiClient, kubevirt: KubevirtEnv, namespace_factory: A
     # All interfaces, so the API server's service proxy can reach it on the host address too.
     c = ControllerProcess(kubevirt.kubeconfig_path, w.controller_ns, log_dir=tmp_path, metrics_port=port,
                           settings={"log_level": "info", "settle_seconds": 0, "root_tenant": w.root_name},
-                          args=["--metrics-address", f"0.0.0.0:{port}"])
+                          args=["--metrics-address", f"0.0.0.0:{port}"], webhook_api=api_client)
     await c.start()
     guests: list[SimulatedGuest] = []
     try:
         await c.wait_ready()
         await eventually(lambda: read_secret(api_client, tenant, replica_name(w.cls)), what="replica")
         await asyncio.sleep(1.1)
-        for name in PROFILES:
-            await fleet.create_vm(api_client, tenant, name, license_secret=replica_name(w.cls))
+        await webhook_registration.wait_delivery(api_client, namespace=tenant, claim="gpu")
+        for name in PROFILES:  # no license volume in the VM: the webhook adds it
+            await fleet.create_vm(api_client, tenant, name, gpu_claims=["gpu"])
         for name, profile in PROFILES.items():
             g = SimulatedGuest(tenant, name, profile)
             guests.append(g)
@@ -257,7 +259,7 @@ async def test_the_offline_watch_lists_once_then_follows_watch_events(rig: Rig) 
         await watched.start()
         assert watched.rollouts()[src]["affected"] == len(PROFILES)
         lists = verbs.count("GET")
-        await fleet.create_vm(rig.api, rig.tenant, "late", license_secret=replica_name(rig.w.cls))
+        await fleet.create_vm(rig.api, rig.tenant, "late", gpu_claims=["gpu"])
         for _ in range(40):  # 40 ticks of the watch loop, faster than WATCH_INTERVAL
             if watched.rollouts()[src]["affected"] == len(PROFILES) + 1:
                 break

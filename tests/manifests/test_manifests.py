@@ -90,7 +90,8 @@ def test_builds_contain_the_expected_objects(rendered: dict[str, list[dict[str, 
     core = ["ClusterRole/licensectl", "ClusterRoleBinding/licensectl", "Deployment/licensectl",
             "Namespace/licensectl-system", "NetworkPolicy/licensectl", "PodDisruptionBudget/licensectl",
             "Role/licensectl", "RoleBinding/licensectl", "Service/licensectl-metrics",
-            "Service/licensectl-reports", "ServiceAccount/licensectl"]
+            "Service/licensectl-reports", "Service/licensectl-webhook", "ServiceAccount/licensectl",
+            "MutatingWebhookConfiguration/licensectl"]
     monitoring = ["PrometheusRule/licensectl", "ServiceMonitor/licensectl"]
     crds = ["CustomResourceDefinition/gpuclaims.gpu.cozystack.io",
             "CustomResourceDefinition/gpuclasses.gpu.cozystack.io"]
@@ -99,7 +100,8 @@ def test_builds_contain_the_expected_objects(rendered: dict[str, list[dict[str, 
     assert kinds["example"] == sorted(core + monitoring + crds)
     for objs in rendered.values():
         for o in objs:
-            if o["kind"] not in {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}:
+            if o["kind"] not in {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
+                                 "MutatingWebhookConfiguration"}:
                 assert o["metadata"]["namespace"] == NAMESPACE, o["kind"]
 
 
@@ -165,6 +167,27 @@ def test_example_overlay_patches_apply(rendered: dict[str, list[dict[str, Any]]]
     assert not [o for o in rendered["example"] if o["metadata"]["name"] == "licensectl-runbooks"]
 
 
+def test_webhook_reaches_every_replica_and_never_blocks_vms(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    objs = rendered["default"]
+    pod_labels = one(objs, "Deployment", "licensectl")["spec"]["template"]["metadata"]["labels"]
+    port_names = {p["name"] for p in container(objs)["ports"]}
+    svc = one(objs, "Service", "licensectl-webhook")
+    assert svc["spec"]["selector"].items() <= pod_labels.items() and LEADER_LABEL not in svc["spec"]["selector"]
+    assert {p["targetPort"] for p in svc["spec"]["ports"]} == {"webhook"} <= port_names
+    (hook,) = one(objs, "MutatingWebhookConfiguration", "licensectl")["webhooks"]
+    ref = hook["clientConfig"]["service"]
+    assert (ref["name"], ref["namespace"]) == ("licensectl-webhook", NAMESPACE)
+    assert ref["port"] == svc["spec"]["ports"][0]["port"]
+    assert ref["path"] == "/mutate-virtualmachineinstances"
+    assert hook["failurePolicy"] == "Ignore" and hook["sideEffects"] == "None"
+    assert hook["reinvocationPolicy"] == "IfNeeded" and hook["timeoutSeconds"] <= 5
+    assert hook["rules"] == [{"operations": ["CREATE"], "apiGroups": ["kubevirt.io"], "apiVersions": ["v1"],
+                              "resources": ["virtualmachineinstances"], "scope": "Namespaced"}]
+    assert [c["name"] for c in hook["matchConditions"]] == ["uses-gpu-claims"]
+    (expr,) = hook["namespaceSelector"]["matchExpressions"]
+    assert expr["operator"] == "NotIn" and NAMESPACE in expr["values"]
+
+
 def test_services_select_the_pods_and_the_leader(rendered: dict[str, list[dict[str, Any]]]) -> None:
     objs = rendered["default"]
     pod_labels = one(objs, "Deployment", "licensectl")["spec"]["template"]["metadata"]["labels"]
@@ -188,10 +211,12 @@ def test_network_policy_opens_reports_to_tenants_and_metrics_to_monitoring(
         rendered: dict[str, list[dict[str, Any]]]) -> None:
     np = one(rendered["default"], "NetworkPolicy", "licensectl")
     assert np["spec"]["policyTypes"] == ["Ingress"]
-    by_port = {r["ports"][0]["port"]: r["from"][0]["namespaceSelector"] for r in np["spec"]["ingress"]}
+    by_port = {r["ports"][0]["port"]: (r["from"][0]["namespaceSelector"] if "from" in r else None)
+               for r in np["spec"]["ingress"]}
     assert by_port["reports"] == {"matchExpressions": [
         {"key": "tenant.cozystack.io/tenant-root", "operator": "Exists"}]}
     assert by_port["metrics"] == {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
+    assert by_port["webhook"] is None  # the apiserver's source address cannot be named
 
 
 def rbac_rules(objs: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:

@@ -54,6 +54,12 @@ CONTRACT_LABELS: dict[str, frozenset[str]] = {
         "deletion_cap_hits_total": (),
         "restarts_total": ("result",),
         "reports_total": ("result",),
+        "serving_cert_reloads_total": ("result",),
+        "webhook_admissions_total": ("result",),
+        "webhook_skipped_total": ("reason",),
+        "webhook_duration_seconds": (),
+        "vmis_missing_license_volume": ("namespace",),
+        "serving_cert_expiry_timestamp_seconds": (),
         "reconcile_duration_seconds": ("controller",),
         "rollout_duration_seconds": (),
     }.items()

@@ -10,6 +10,7 @@ from benchmarks.common import (
     fmt_ratio,
     fmt_seconds,
     format_table,
+    informers_recovered,
     level_sizes,
     parse_proc_stat_cpu,
     parse_proc_status,
@@ -18,6 +19,7 @@ from benchmarks.common import (
     tenant_tree,
 )
 from benchmarks.rollout import SIM, bottleneck
+from licensectl.testkit.metrics_text import parse_metrics
 
 
 def test_parse_proc_status_in_bytes() -> None:
@@ -120,3 +122,16 @@ def test_bottleneck_reading() -> None:
     assert "oversubscribed" not in idle
     busy_host = bottleneck({"controller": 0.26, SIM: 0.42}, 2, 200, 200, 0.0, host_load=6.5)
     assert busy_host.endswith("host oversubscribed (load 6.5 on 2 cores): part of the latency is waiting for a CPU")
+
+
+def _scrape(synced: dict[str, int], ready: int) -> str:
+    lines = ["# TYPE licensectl_informer_synced gauge"]
+    lines += [f'licensectl_informer_synced{{resource="{r}"}} {v}' for r, v in synced.items()]
+    return "\n".join([*lines, "# TYPE licensectl_ready gauge", f"licensectl_ready {ready}", ""])
+
+
+def test_recovered_only_when_every_informer_is_synced_and_the_controller_ready() -> None:
+    assert informers_recovered(parse_metrics(_scrape({"namespaces": 1, "secrets": 1}, 1)))
+    assert not informers_recovered(parse_metrics(_scrape({"namespaces": 1, "secrets": 0}, 1)))
+    assert not informers_recovered(parse_metrics(_scrape({"namespaces": 1}, 0)))
+    assert not informers_recovered(parse_metrics(_scrape({}, 1)))  # no informer reported yet

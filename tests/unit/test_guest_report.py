@@ -631,3 +631,29 @@ def test_wrong_product(product: str | None, feature_type: int | None, wrong: boo
 def test_implied_products() -> None:
     assert implied_products(2) == {"vws"} and implied_products(4) == {"vcs", "nvaie"}
     assert implied_products(1) is None and implied_products(0) is None
+
+
+# The section splitter scans for marker lines instead of walking every line: its edges.
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (GOOD.replace(b"--- gridd-log\n", b"--- gridd-log\n--- gridd-log\n"), "bad_format"),  # adjacent duplicate
+        (GOOD + b"--- gridd-log\n", "bad_format"),  # a marker after the end marker
+        (GOOD.replace(b"--- end\n", b"--- end"), None),  # end marker without a final newline
+        (GOOD + b"\n \r\n\t\n", None),  # blank lines after the end marker
+        (GOOD.replace(b"--- end\n", b"--- end\r\n"), None),  # CRLF on the end marker
+        (GOOD.replace(b"--- end\n", b"--- ending\n"), "bad_format"),
+    ],
+)
+def test_section_markers_edges(raw: bytes, reason: str | None) -> None:
+    if reason is None:
+        assert parse_report(raw).uuid == UUID
+    else:
+        with pytest.raises(ReportError) as e:
+            parse_report(raw)
+        assert e.value.reason == reason
+
+
+def test_an_empty_section_has_no_lines() -> None:
+    r = parse_report(body(sections=[(SECTION_SMI_XML, XML.decode()), (SECTION_GRIDD_LOG, "")]))
+    assert r.events == () and r.smi_format == "xml"

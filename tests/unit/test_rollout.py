@@ -816,3 +816,59 @@ def test_simulation_fairness_small_tenants_are_not_starved() -> None:
     # Every small namespace is finished (two rounds) before the big one had more than three restarts.
     last_small = max(i for i, ns in enumerate(order) if ns != big)
     assert order[: last_small + 1].count(big) <= 3
+
+
+# -- backstop: VMIs that should carry a license volume and do not (docs/design.md#backstop) ----------
+WANT = {("t-a", "vm1"): (LIC,)}
+
+
+def plan_w(replicas: Sequence[ReplicaRevision], vmis: Sequence[Vmi], vms: Sequence[Vm], now: float,
+           wanted: Mapping[tuple[str, str], tuple[str, ...]] = WANT) -> RolloutPlan:
+    return plan_rollout(replicas=replicas, vmis=vmis, vms=vms, guests={}, sources={}, settings=ST, now=at(now),
+                        wanted=wanted)
+
+
+def test_missing_volume_is_stale_whatever_the_start_time_and_restarted_once() -> None:
+    fresh = vmi(uid="u1", started=500, secrets=())  # started long after the revision
+    p = plan_w([rep()], [fresh], [vm()], now=600)
+    assert state(p) is VmiState.STALE and p.vmi_states[("t-a", "vm1")].missing_volume
+    assert [r.vmi_uid for r in p.restarts] == ["u1"]
+    # Without `wanted` (the backstop off, or no claim), the same VMI is simply not ours.
+    assert ("t-a", "vm1") not in plan_w([rep()], [fresh], [vm()], now=600, wanted={}).vmi_states
+
+
+def test_missing_volume_waits_for_settle_and_never_overrides_the_limits() -> None:
+    p = plan_w([rep(t=590)], [vmi(uid="u1", started=500, secrets=())], [vm()], now=600)
+    assert state(p) is VmiState.STALE and p.restarts == () and p.next_wakeup == at(650)
+    many = [vmi("t-a", f"vm{i}", uid=f"u{i}", started=0, secrets=()) for i in range(5)]
+    p = plan_rollout(replicas=[rep()], vmis=many, vms=[vm("t-a", f"vm{i}") for i in range(5)], guests={},
+                     sources={}, settings=RolloutSettings(max_unavailable="2", max_per_namespace=10),
+                     now=at(600), wanted={("t-a", f"vm{i}"): (LIC,) for i in range(5)})
+    assert len(p.restarts) == 2
+
+
+def test_restarted_vmi_with_the_volume_is_done_and_not_restarted_again() -> None:
+    ms = [vm(ann=intent("r1", 100, "u1"))]
+    done = plan_w([rep()], [vmi(uid="u2", started=130)], ms, now=200)
+    assert state(done) is VmiState.DONE and done.restarts == ()
+    assert done.results == (RecordResult("t-a", "vm1", "r1", "done", "7"),)
+
+
+def test_restarted_vmi_still_without_the_volume_fails_at_the_timeout_never_loops() -> None:
+    ms = [vm(ann=intent("r1", 100, "u1"))]
+    waiting = plan_w([rep()], [vmi(uid="u2", started=130, secrets=())], ms, now=200)
+    assert state(waiting) is VmiState.RESTARTING and waiting.restarts == ()
+    assert "webhook" in waiting.vmi_states[("t-a", "vm1")].reason
+    failed = plan_w([rep()], [vmi(uid="u2", started=130, secrets=())], ms, now=701)
+    assert state(failed) is VmiState.FAILED and failed.restarts == ()
+    recorded = plan_w([rep()], [vmi(uid="u2", started=130, secrets=())],
+                      [vm(ann=intent("r1", 100, "u1", result="failed"))], now=5000)
+    assert state(recorded) is VmiState.FAILED and recorded.restarts == ()
+
+
+def test_a_vmi_recreated_long_after_a_done_restart_is_planned_afresh() -> None:
+    ms = [vm(ann=intent("r1", 100, "u1", result="done"))]
+    within = plan_w([rep()], [vmi(uid="u2", started=300, secrets=())], ms, now=800)
+    assert state(within) is VmiState.DONE  # could be that restart's own VMI: never twice
+    later = plan_w([rep()], [vmi(uid="u3", started=800, secrets=())], ms, now=900)
+    assert state(later) is VmiState.STALE and [r.vmi_uid for r in later.restarts] == ["u3"]

@@ -343,3 +343,108 @@ async def test_too_many_requests_keeps_resuming() -> None:
     async with running(inf):
         await until(lambda: ("n", "b") in inf.cache)
     assert sum(1 for c in api.calls if not c.get("watch")) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Recovery: the backoff schedule after an outage (docs/design.md#recovery-backoff)
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("rnd", [0.0, 0.5, 0.999999])
+def test_outage_backoff_never_waits_longer_than_the_short_ceiling(rnd: float) -> None:
+    delays = [w.retry_delay(a, rnd, throttled=False) for a in range(200)]
+    assert max(delays) <= w.RECOVERY_CAP <= 2.0
+    assert delays == sorted(delays) and delays[-1] >= w.RECOVERY_CAP / 2  # grows to the ceiling, jitter kept
+    # A healed server is tried again within the ceiling, however long the outage lasted: a LIST of
+    # a few seconds at most then leaves the controller ready within 5 s.
+    assert w.retry_delay(10**6, rnd, throttled=False) <= w.RECOVERY_CAP
+
+
+def test_only_throttling_backs_off_to_the_long_ceiling() -> None:
+    assert w.retry_delay(20, 0.999999, throttled=True) > 15.0
+    assert w.retry_delay(20, 0.999999, throttled=True) <= w.THROTTLED_CAP
+    assert w.retry_delay(0, 0.0, throttled=True) == w.retry_delay(0, 0.0, throttled=False)  # same start
+
+
+def test_jitter_spreads_retries_of_many_informers() -> None:
+    draws = [i / 100 for i in range(100)]
+    at_cap = {round(w.retry_delay(30, r, throttled=False), 3) for r in draws}
+    assert min(at_cap) == w.RECOVERY_CAP / 2 and max(at_cap) < w.RECOVERY_CAP and len(at_cap) > 50
+
+
+def test_what_counts_as_throttled() -> None:
+    class Raised(Exception):
+        status = 429
+
+    assert w.is_throttled(w.ApiError(429, "TooManyRequests")) and w.is_throttled(Raised())
+    assert not w.is_throttled(w.ApiError(503, "ServiceUnavailable"))
+    assert not w.is_throttled(ConnectionRefusedError()) and not w.is_throttled(None)
+
+
+async def _sleeps_during(api: FakeApi, inf: w.Informer[Any], monkeypatch: pytest.MonkeyPatch,
+                         cond: Any) -> list[float]:
+    """The backoff sleeps an informer takes until `cond`, recorded instead of waited."""
+    slept: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def fake_sleep(seconds: float, *args: Any) -> None:
+        slept.append(seconds)
+        await real_sleep(0)
+
+    monkeypatch.setattr("asyncio.sleep", fake_sleep)  # what the informer module calls
+    try:
+        async with running(inf):
+            async with asyncio.timeout(5):
+                while not cond():
+                    await real_sleep(0.001)
+    finally:
+        monkeypatch.setattr("asyncio.sleep", real_sleep)
+    return slept
+
+
+async def test_a_long_outage_is_retried_at_the_short_ceiling(monkeypatch: pytest.MonkeyPatch) -> None:
+    api = FakeApi()
+    api.list_round([ConnectionRefusedError("apiserver down")])
+    for _ in range(40):  # 40 refused LISTs: a minute-long outage at the old schedule
+        api.list_round([ConnectionRefusedError("apiserver down")])
+    api.list_round([page([obj("a", "1")], "10")])
+    api.watches.append(FakeResp(200, [], hang=api.release))
+    inf = w.Informer("test", api, name_projection)  # production defaults
+    slept = await _sleeps_during(api, inf, monkeypatch, lambda: inf.synced)
+    assert len(slept) >= 40 and max(slept) <= w.RECOVERY_CAP
+    assert all(s >= 0.25 for s in slept)  # still backing off, not spinning
+
+
+async def test_a_throttling_server_gets_the_long_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    api = FakeApi()
+    throttled = FakeResp(429, [json.dumps({"kind": "Status", "code": 429, "reason": "TooManyRequests"}).encode()])
+    for _ in range(8):
+        api.list_round([throttled])
+    api.list_round([page([obj("a", "1")], "10")])
+    api.watches.append(FakeResp(200, [], hang=api.release))
+    inf = w.Informer("test", api, name_projection)
+    slept = await _sleeps_during(api, inf, monkeypatch, lambda: inf.synced)
+    assert max(slept) > w.RECOVERY_CAP  # 0.5 * 2**7 = 64, jittered into [15, 30]
+
+
+def test_the_servers_retry_after_wins_over_the_schedule() -> None:
+    # A restarted apiserver answers 429 "storage is (re)initializing" with Retry-After: 1 while its
+    # watch cache fills: retry after about a second, not after the throttled ceiling.
+    assert all(1.0 <= w.retry_delay(a, r, throttled=True, retry_after=1.0) <= 1.25
+               for a in (0, 5, 50) for r in (0.0, 0.5, 0.999999))
+    assert w.retry_delay(3, 0.5, throttled=True, retry_after=10**6) == w.THROTTLED_CAP  # bounded
+    assert w.parse_retry_after("1") == 1.0 and w.parse_retry_after(" 2 ") == 2.0
+    assert w.parse_retry_after(None) is None and w.parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT") is None
+    assert w.parse_retry_after("-1") is None
+    assert w.retry_delay(0, 0.0, throttled=True, retry_after=0.0) == w.MIN_RETRY_AFTER  # never a busy loop
+
+
+async def test_a_restarting_apiserver_is_retried_when_it_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    api = FakeApi()
+    initializing = FakeResp(429, [json.dumps({"kind": "Status", "code": 429, "reason": "TooManyRequests"}).encode()])
+    initializing.headers = {"Retry-After": "1"}  # type: ignore[attr-defined]
+    for _ in range(10):
+        api.list_round([initializing])
+    api.list_round([page([obj("a", "1")], "10")])
+    api.watches.append(FakeResp(200, [], hang=api.release))
+    inf = w.Informer("test", api, name_projection)
+    slept = await _sleeps_during(api, inf, monkeypatch, lambda: inf.synced)
+    assert len(slept) >= 10 and all(1.0 <= s <= 1.25 for s in slept)

@@ -57,6 +57,9 @@ exponent (YAML numbers reach templates as float64, and 1000000 would print as 1e
 {{- fail (printf "config.%s must be host:port in a pod (the Services and probes use its port)" $key) -}}
 {{- end -}}
 {{- end -}}
+{{- if and .Values.certManager.enabled (eq (toString .Values.config.tlsMode) "self-managed") -}}
+{{- fail "certManager.enabled needs config.tlsMode=secret (or null): cert-manager writes the TLS Secret" -}}
+{{- end -}}
 {{- end }}
 
 {{/*
@@ -83,6 +86,12 @@ Call: include "licensectl.rbacFrom" (list $ "files/rbac.yaml").
 {{- if and (has "leases" $r.resources) $r.resourceNames }}
 {{- $_ := set $r "resourceNames" (list $root.Values.config.leaseName) }}
 {{- end }}
+{{- end }}
+{{- end }}
+{{- /* A custom config.webhookConfiguration replaces that rule's resourceNames too. */}}
+{{- range $r := $o.rules | default list }}
+{{- if and (has "mutatingwebhookconfigurations" $r.resources) $r.resourceNames $root.Values.config.webhookConfiguration }}
+{{- $_ := set $r "resourceNames" (list $root.Values.config.webhookConfiguration) }}
 {{- end }}
 {{- end }}
 ---

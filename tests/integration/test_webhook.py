@@ -1,0 +1,264 @@
+"""License delivery through the VMI admission webhook, called by the real apiserver's admission chain.
+
+The webhook is registered with the shipped MutatingWebhookConfiguration (manifests/base/webhook.yaml)
+pointing at the App's loopback HTTPS listener; VMIs are created through the apiserver, by the test
+or by the KubeVirt simulator, so every decision here went through matchConditions, TLS and JSONPatch
+as in a cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import copy
+import dataclasses
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api, CustomObjectsApi
+
+from licensectl.delivery import SERIAL
+from licensectl.devcluster import fleet
+from licensectl.devcluster import webhook as registration
+from licensectl.devcluster.controlplane import free_port
+from licensectl.model import ANN_GPU_CLAIMS, ANN_RESTART_RESULT
+from licensectl.render import replica_name
+from licensectl.testkit.world import World, unique
+
+from ..conftest import KubevirtEnv
+from .support import eventually, make_world, metric, running_app, settings_for, wait_event
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+@dataclass
+class Rig:
+    api: ApiClient
+    world: World
+    entitled: str  # tenant namespace with a claim "gpu" of the world's vGPU class
+    other: str  # tenant whose vgpu flag is off, also with a claim "gpu"
+
+    def settings(self, kubeconfig: Any, **kw: Any) -> Any:
+        return settings_for(kubeconfig, self.world.controller_ns, root_tenant=self.world.root_name,
+                            restart_timeout_seconds=30.0, **kw)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def rig(api_client: ApiClient, namespace_factory: Any, cleanup: Any) -> AsyncIterator[Rig]:
+    w = await make_world(api_client, namespace_factory, cleanup)
+    entitled = (await w.tenant(claim=True))["metadata"]["name"]
+    other = (await w.tenant(vgpu=False, claim=True))["metadata"]["name"]
+    yield Rig(api_client, w, entitled, other)
+
+
+def vmi_body(name: str, *, claims: tuple[str, ...] = (), annotation: str | None = None,
+             volumes: list[dict[str, Any]] | None = None, disks: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A VMI in KubeVirt's DRA shape (claims) and/or with the claims annotation."""
+    devices: dict[str, Any] = {"disks": [{"name": "root", "disk": {"bus": "virtio"}}, *(disks or [])]}
+    spec: dict[str, Any] = {"domain": {"devices": devices, "resources": {"requests": {"memory": "1Gi"}}},
+                            "volumes": [{"name": "root", "containerDisk": {"image": "example/os:1"}}, *(volumes or [])]}
+    if claims:
+        devices["gpus"] = [{"name": f"gpu{i}", "claimName": f"c{i}", "requestName": "gpu"} for i in range(len(claims))]
+        spec["resourceClaims"] = [{"name": f"c{i}", "resourceClaimName": c} for i, c in enumerate(claims)]
+    meta: dict[str, Any] = {"name": name}
+    if annotation is not None:
+        meta["annotations"] = {ANN_GPU_CLAIMS: annotation}
+    return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "metadata": meta, "spec": spec}
+
+
+async def create_vmi(api: ApiClient, ns: str, body: dict[str, Any]) -> dict[str, Any]:
+    obj: dict[str, Any] = await CustomObjectsApi(api).create_namespaced_custom_object(
+        "kubevirt.io", "v1", ns, "virtualmachineinstances", copy.deepcopy(body))
+    return obj
+
+
+def license_volumes(vmi: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {v["name"]: v for v in vmi["spec"].get("volumes", []) if "secret" in v}
+
+
+async def replica_seen(app: Any, ns: str, name: str) -> bool:
+    return (ns, name) in app.caches.replicas.cache
+
+
+async def test_entitled_claim_gets_the_volume_and_disk(rig: Rig, kubeconfig_path: Any) -> None:
+    async with running_app(rig.settings(kubeconfig_path)) as app:
+        await eventually(lambda: replica_seen(app, rig.entitled, rig.world.replica), what="replica cached")
+        dra = await create_vmi(rig.api, rig.entitled, vmi_body("dra", claims=("gpu",)))
+        ann = await create_vmi(rig.api, rig.entitled, vmi_body("ann", annotation="gpu"))
+    for vmi in (dra, ann):
+        vols = license_volumes(vmi)
+        assert list(vols) == [f"licensectl-{rig.world.cls}"], vmi["spec"]["volumes"]
+        secret = next(iter(vols.values()))["secret"]
+        assert secret == {"secretName": rig.world.replica, "volumeLabel": SERIAL, "optional": True}
+        disk = [d for d in vmi["spec"]["domain"]["devices"]["disks"] if d["name"] in vols]
+        assert disk == [{"name": f"licensectl-{rig.world.cls}", "serial": SERIAL, "disk": {"bus": "virtio"}}]
+        # Nothing the user wrote is removed or reordered.
+        assert vmi["spec"]["volumes"][0]["name"] == "root"
+        assert vmi["spec"]["domain"]["devices"]["disks"][0]["name"] == "root"
+    assert metric(app, "licensectl_webhook_admissions_total", {"result": "mutated"}) == 2
+
+
+async def test_not_entitled_is_admitted_unchanged_with_an_event(rig: Rig, kubeconfig_path: Any) -> None:
+    body = vmi_body("denied", claims=("gpu",))
+    async with running_app(rig.settings(kubeconfig_path)) as app:
+        await eventually(lambda: replica_seen(app, rig.entitled, rig.world.replica), what="replica cached")
+        vmi = await create_vmi(rig.api, rig.other, body)
+        assert vmi["spec"] == body["spec"]
+        evs = await wait_event(rig.api, rig.other, "denied", "LicenseNotDelivered")
+        assert any("not_entitled" in e.message for e in evs)
+        assert metric(app, "licensectl_webhook_skipped_total", {"reason": "not_entitled"}) == 1
+
+
+async def test_two_vgpu_classes_give_two_volumes(rig: Rig, kubeconfig_path: Any) -> None:
+    second = unique("vcs")
+    await fleet.create_gpu_class(rig.api, second, mode="vgpu", secret=rig.world.source, feature_type=4)
+    try:
+        await fleet.create_claim(rig.api, rig.entitled, "compute", class_name=second)
+        async with running_app(rig.settings(kubeconfig_path)) as app:
+            for name in (rig.world.replica, replica_name(second)):
+                await eventually(lambda name=name: replica_seen(app, rig.entitled, name), what=f"{name} cached")
+            vmi = await create_vmi(rig.api, rig.entitled, vmi_body("both", claims=("gpu", "compute")))
+    finally:
+        await fleet.delete_gpu_class(rig.api, second)
+    vols = license_volumes(vmi)
+    assert {v["secret"]["secretName"] for v in vols.values()} == {rig.world.replica, replica_name(second)}
+    assert sorted(v["secret"]["volumeLabel"] for v in vols.values()) == [SERIAL, f"{SERIAL}-2"]
+    serials = sorted(d.get("serial") for d in vmi["spec"]["domain"]["devices"]["disks"] if d["name"] in vols)
+    assert serials == [SERIAL, f"{SERIAL}-2"]
+
+
+async def test_a_vmi_that_already_has_the_volume_is_byte_identical(rig: Rig, kubeconfig_path: Any) -> None:
+    own = {"name": "my-license", "secret": {"secretName": rig.world.replica, "volumeLabel": "MINE"}}
+    body = vmi_body("handmade", claims=("gpu",), volumes=[own],
+                    disks=[{"name": "my-license", "serial": "MINE", "disk": {"bus": "virtio"}}])
+    async with running_app(rig.settings(kubeconfig_path)) as app:
+        await eventually(lambda: replica_seen(app, rig.entitled, rig.world.replica), what="replica cached")
+        vmi = await create_vmi(rig.api, rig.entitled, body)
+        assert metric(app, "licensectl_webhook_admissions_total", {"result": "unchanged"}) == 1
+    assert vmi["spec"] == body["spec"]
+
+
+async def test_a_vmi_without_gpus_never_reaches_the_webhook(rig: Rig, kubeconfig_path: Any) -> None:
+    settings = rig.settings(kubeconfig_path)
+    async with running_app(settings) as app:
+        before = await registration.webhook_requests(rig.api, settings.webhook_configuration)
+        calls = metric(app, "licensectl_webhook_admissions_total", {"result": "unchanged"}) or 0.0
+        for i in range(5):
+            await create_vmi(rig.api, rig.entitled, vmi_body(f"plain{i}"))
+        # A control: one VMI with a claim in the same namespace does reach it.
+        await create_vmi(rig.api, rig.entitled, vmi_body("control", annotation="nosuchclaim"))
+        after = await registration.webhook_requests(rig.api, settings.webhook_configuration)
+        assert after - before == 1
+        assert (metric(app, "licensectl_webhook_admissions_total", {"result": "unchanged"}) or 0.0) - calls == 1
+
+
+async def test_webhook_down_then_backstop_restarts_once_with_the_volume(
+        rig: Rig, kubevirt: KubevirtEnv, kubeconfig_path: Any) -> None:
+    settings = rig.settings(kubevirt.kubeconfig_path, max_unavailable="5")
+    # Down: the configuration points at a port nobody listens on (failurePolicy Ignore admits).
+    await registration.register(rig.api, name=settings.webhook_configuration, port=free_port(), wait=False)
+    try:
+        # The replica exists (a previous licensectl run wrote it) before the VMs start.
+        async with running_app(settings, register_webhook=False):
+            await eventually(lambda: rig.world.replica_revision(rig.entitled), what="replica written")
+        await asyncio.sleep(1.1)  # one-second timestamps: start the VMs after the revision
+        for i in range(2):
+            await fleet.create_vm(rig.api, rig.entitled, f"vm{i}", gpu_claims=["gpu"])
+        first = {}
+        for i in range(2):
+            vmi = await eventually(lambda i=i: running(rig.api, rig.entitled, f"vm{i}"), what=f"vm{i} running")
+            assert license_volumes(vmi) == {}, "admitted without the webhook"
+            first[i] = vmi["metadata"]["uid"]
+        # Back: licensectl starts; its webhook is registered; the backstop finds both VMIs.
+        async with running_app(settings) as app:
+            for i in range(2):
+                await wait_event(rig.api, rig.entitled, f"vm{i}", "LicenseVolumeMissing")
+
+            async def restarted(i: int) -> dict[str, Any] | None:
+                vmi = await running(rig.api, rig.entitled, f"vm{i}")
+                return vmi if vmi is not None and vmi["metadata"]["uid"] != first[i] else None
+
+            for i in range(2):
+                vmi = await eventually(lambda i=i: restarted(i), timeout=60, what=f"vm{i} restarted")
+                vols = license_volumes(vmi)
+                assert [v["secret"]["secretName"] for v in vols.values()] == [rig.world.replica]
+
+            async def done(i: int) -> bool:
+                vm = await CustomObjectsApi(rig.api).get_namespaced_custom_object(
+                    "kubevirt.io", "v1", rig.entitled, "virtualmachines", f"vm{i}")
+                return (vm["metadata"].get("annotations") or {}).get(ANN_RESTART_RESULT) == "done"
+
+            for i in range(2):
+                await eventually(lambda i=i: done(i), timeout=30, what=f"vm{i} restart recorded done")
+            await eventually(lambda: metric(app, "licensectl_vmis_missing_license_volume",
+                                            {"namespace": rig.entitled}) is None, what="missing gauge cleared")
+            await asyncio.sleep(3)  # a few more passes: nothing restarts again
+        for i in range(2):
+            assert len(kubevirt.record.restarts_for(rig.entitled, f"vm{i}")) == 1
+    finally:
+        await registration.unregister(rig.api, settings.webhook_configuration)
+
+
+async def running(api: ApiClient, ns: str, name: str) -> dict[str, Any] | None:
+    try:
+        vmi: dict[str, Any] = await CustomObjectsApi(api).get_namespaced_custom_object(
+            "kubevirt.io", "v1", ns, "virtualmachineinstances", name)
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                for c in (vmi.get("status") or {}).get("conditions") or [])
+    return vmi if ready and not vmi["metadata"].get("deletionTimestamp") else None
+
+
+async def test_serving_certificate_rotated_under_a_stream_of_creations(rig: Rig, kubeconfig_path: Any) -> None:
+    """Zero failed admissions: every VMI created while the certificate changes carries the volume."""
+    from licensectl import certs
+
+    settings = rig.settings(kubeconfig_path)
+    core = CoreV1Api(rig.api)
+    async with running_app(settings) as app:
+        await eventually(lambda: replica_seen(app, rig.entitled, rig.world.replica), what="replica cached")
+        secret = await core.read_namespaced_secret(settings.tls_secret, settings.namespace)
+        data = {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
+        ca = certs.KeyPair(cert_pem=data["ca.crt"], key_pem=data["ca.key"])
+        old_serial = certs.serial_of(data["tls.crt"])
+        created: list[dict[str, Any]] = []
+
+        async def stream() -> None:
+            for i in range(60):
+                created.append(await create_vmi(rig.api, rig.entitled, vmi_body(f"s{i}", claims=("gpu",))))
+                await asyncio.sleep(0.05)
+
+        async def rotate() -> None:
+            await asyncio.sleep(0.5)
+            leaf = certs.new_leaf(ca, app.tls.hosts, now=app.clock())
+            await core.patch_namespaced_secret(settings.tls_secret, settings.namespace, {"data": {
+                "tls.crt": base64.b64encode(leaf.cert_pem).decode(),
+                "tls.key": base64.b64encode(leaf.key_pem).decode()}})
+
+        await asyncio.gather(stream(), rotate())
+        await eventually(lambda: app.tls.serial != old_serial, what="new leaf loaded")
+        late = await create_vmi(rig.api, rig.entitled, vmi_body("late", claims=("gpu",)))
+    missing = [v["metadata"]["name"] for v in [*created, late] if not license_volumes(v)]
+    assert missing == []
+    assert len(created) == 60
+
+
+async def test_a_standby_answers_admission_too(rig: Rig, kubeconfig_path: Any) -> None:
+    """Admission never depends on who leads: only the standby's webhook is registered here."""
+    base = rig.settings(kubeconfig_path, leader_elect=True, lease_duration_seconds=15.0)
+    async with running_app(base, register_webhook=False, identity="a") as leader:
+        await eventually(lambda: leader.is_leader, what="a leads")
+        standby_settings = dataclasses.replace(base, webhook_configuration=f"{base.webhook_configuration}-b")
+        async with running_app(standby_settings, identity="b") as standby:
+            assert not standby.is_leader
+            await eventually(lambda: replica_seen(standby, rig.entitled, rig.world.replica), what="replica cached")
+            vmi = await create_vmi(rig.api, rig.entitled, vmi_body("via-standby", claims=("gpu",)))
+            assert [v["secret"]["secretName"] for v in license_volumes(vmi).values()] == [rig.world.replica]
+            assert metric(standby, "licensectl_webhook_admissions_total", {"result": "mutated"}) == 1
+            assert not standby.is_leader
