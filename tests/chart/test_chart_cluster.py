@@ -15,6 +15,7 @@ minimal CRDs written from its documented API (tests/chart/crds/).
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import subprocess
@@ -23,7 +24,7 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes_asyncio.client import ApiClient, CoordinationV1Api, CoreV1Api
+from kubernetes_asyncio.client import AdmissionregistrationV1Api, ApiClient, CoordinationV1Api, CoreV1Api
 from kubernetes_asyncio.client.rest import ApiException
 
 from licensectl.devcluster.controlplane import ControlPlane, render_kubeconfig
@@ -130,6 +131,8 @@ def kustomized_into(kube: list[str], ns: str) -> list[dict[str, Any]]:
             o["metadata"]["namespace"] = ns
         for s in o.get("subjects") or []:
             s["namespace"] = ns
+        for hook in o.get("webhooks") or []:  # what kustomize's namespace transformer rewrites too
+            hook["clientConfig"]["service"]["namespace"] = ns
         out.append(o)
     return out
 
@@ -226,7 +229,9 @@ async def test_install_run_as_its_service_account_upgrade_and_uninstall(
         c = await start_controller("helm-sa", kubeconfig, ns, tmp_path, pod_name="licensectl-0",
                                    leader_elect=True, lease_duration_seconds=4, renew_deadline_seconds=3,
                                    retry_period_seconds=0.5, root_tenant=fl.root_name,
-                                   report_url="http://127.0.0.1:1/v1/reports")
+                                   report_url="http://127.0.0.1:1/v1/reports",
+                                   # The release's own configuration: the chart's RBAC names only it.
+                                   webhook_configuration="licensectl")
         started.append(c)
         await c.wait_metric("licensectl_leader", 1)
         await eventually(fl.revision, timeout=30, what="replicas in every tenant")
@@ -235,6 +240,15 @@ async def test_install_run_as_its_service_account_upgrade_and_uninstall(
         assert scrape.value("licensectl_api_requests_total", code="403") == 0
         lease = await CoordinationV1Api(api_client).read_namespaced_lease("licensectl", ns)
         assert lease.spec.holder_identity == "licensectl-0"
+
+        # Self-managed TLS: the leader filled the release's webhook caBundle with its own CA.
+        async def ca_bundle_is_the_controllers() -> bool:
+            hook = await AdmissionregistrationV1Api(api_client).read_mutating_webhook_configuration("licensectl")
+            tls = await core.read_namespaced_secret("licensectl-tls", ns)
+            return base64.b64decode(hook.webhooks[0].client_config.ca_bundle or "") == base64.b64decode(
+                tls.data["ca.crt"])
+
+        await eventually(ca_bundle_is_the_controllers, timeout=30, what="caBundle of the release's webhook")
         assert await c.stop() == 0
 
     # 3. Upgrade to the Cozystack setup: objects are updated in place, switched-off ones removed.

@@ -333,6 +333,10 @@ class Fleet(World):
                 vms.append((ns, f"vm{i}"))
         for ns, name in vms:
             await eventually(lambda ns=ns, name=name: self.ready(ns, name), timeout=30, what=f"{ns}/{name} ready")
+        # Likewise a rotation comes a moment after the fleet is up: the revision time is stamped from the
+        # controller's estimate of the apiserver clock, to the second, so a VMI that turned Running in the
+        # rotation's own second may be judged started after it (docs/design.md#decision-stale-rule).
+        await asyncio.sleep(1.1)
         return vms
 
     async def all_done(self, vms: list[tuple[str, str]], revision: str) -> bool:

@@ -185,7 +185,7 @@ def test_webhook_reaches_every_replica_and_never_blocks_vms(rendered: dict[str, 
                               "resources": ["virtualmachineinstances"], "scope": "Namespaced"}]
     assert [c["name"] for c in hook["matchConditions"]] == ["uses-gpu-claims"]
     (expr,) = hook["namespaceSelector"]["matchExpressions"]
-    assert expr["operator"] == "NotIn" and NAMESPACE in expr["values"]
+    assert expr["operator"] == "NotIn" and expr["values"] == ["kube-system"]
 
 
 def test_services_select_the_pods_and_the_leader(rendered: dict[str, list[dict[str, Any]]]) -> None:
