@@ -29,6 +29,8 @@ from licensectl.devcluster import webhook as registration
 from licensectl.devcluster.controlplane import ControlPlane, free_port
 from licensectl.devcluster.kubeapi import install_crds
 from licensectl.testkit.controller import ControllerProcess
+from licensectl.testkit.metrics_text import Scrape
+from licensectl.testkit.poll import eventually
 from licensectl.testkit.process import ManagedProcess
 from licensectl.testkit.world import World, build_world
 
@@ -98,16 +100,15 @@ def histogram_quantile(buckets: list[tuple[float, float]], q: float) -> float | 
     return prev_le
 
 
+def buckets_of(scrape: Scrape, metric: str, **labels: str) -> list[tuple[float, float]]:
+    """Cumulative (le, count) buckets of histogram `metric`, summed over the series matching `labels`."""
+    bucket = f"{metric}_bucket"
+    return sorted((float(le), scrape.value(bucket, le=le, **labels)) for le in scrape.by_label(bucket, "le"))
+
+
 async def apiserver_webhook_buckets(api: ApiClient, name: str) -> list[tuple[float, float]]:
-    text = await registration.apiserver_metrics(api)
-    out: dict[float, float] = {}
-    needle = f'name="{registration.webhook_name(name)}"'
-    for line in text.splitlines():
-        if line.startswith("apiserver_admission_webhook_admission_duration_seconds_bucket{") and needle in line:
-            raw = line.split('le="', 1)[1].split('"', 1)[0]
-            le = float("inf") if raw == "+Inf" else float(raw)
-            out[le] = out.get(le, 0.0) + float(line.rsplit(" ", 1)[1])
-    return sorted(out.items())
+    return buckets_of(await registration.apiserver_metrics(api),
+                      "apiserver_admission_webhook_admission_duration_seconds", name=registration.webhook_name(name))
 
 
 def diff_buckets(after: list[tuple[float, float]], before: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -116,10 +117,7 @@ def diff_buckets(after: list[tuple[float, float]], before: list[tuple[float, flo
 
 
 async def controller_buckets(ctl: ControllerProcess) -> list[tuple[float, float]]:
-    s = await ctl.must_scrape()
-    return sorted((float("inf") if dict(labels).get("le") == "+Inf" else float(dict(labels)["le"]), v)
-                  for (name, labels), v in s.samples.items()
-                  if name == "licensectl_webhook_duration_seconds_bucket")
+    return buckets_of(await ctl.must_scrape(), "licensectl_webhook_duration_seconds")
 
 
 async def run(cp: ControlPlane, scale: str) -> str:
@@ -247,12 +245,12 @@ async def _start_null_webhook(api: ApiClient, namespace: str, workdir: Path) -> 
 
 
 async def wait_port(port: int, timeout: float = 30.0) -> None:  # noqa: ASYNC109
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    async def listening() -> bool:
         try:
             _, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.close()
-            return
         except OSError:
-            await asyncio.sleep(0.1)
-    raise TimeoutError(f"no-op webhook not listening on {port}")
+            return False
+        writer.close()
+        return True
+
+    await eventually(listening, timeout=timeout, what=f"no-op webhook listening on {port}")

@@ -306,7 +306,7 @@ class App:
         for _, reason in a.delivery.skipped:
             m.webhook_skipped.labels(reason.value).inc()
         # An Event needs an object (a name) and no dry run (sideEffects: None); never on the answer's path.
-        if a.delivery.skipped and a.name and not a.name.endswith("*") and not a.dry_run and self._main_loop:
+        if a.delivery.skipped and a.name and not a.dry_run and self._main_loop:
             self._main_loop.call_soon_threadsafe(self._not_delivered_events, a)
 
     def _not_delivered_events(self, a: Admission) -> None:

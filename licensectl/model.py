@@ -55,6 +55,10 @@ ANN_RESTART_ATTEMPTED_AT = f"{DOMAIN}/restart-attempted-at"
 # the VMI's namespace; docs/design.md#vmi-claims).
 ANN_GPU_CLAIMS = f"{DOMAIN}/gpu-claims"
 
+# Serving TLS Secret annotation: set by licensectl on the Secret it created (self-managed mode).
+ANN_TLS = f"{DOMAIN}/tls"
+MODE_SELF_MANAGED = "self-managed"
+
 # Source Secret annotation: rollout-wide pause switch set by the hoster.
 ANN_ROLLOUT_PAUSED = f"{DOMAIN}/rollout-paused"
 # Source Secret annotation: failures issued before this time no longer count against the budget.
@@ -218,3 +222,20 @@ class Vm:
     run_strategy: str | None
     annotations: Mapping[str, str] = EMPTY
     resource_version: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TLSSecret:
+    """The serving-certificate Secret (docs/operations.md#serving-tls). Key material stays out of repr."""
+
+    namespace: str
+    name: str
+    uid: str
+    resource_version: str
+    type: str
+    annotations: Mapping[str, str]
+    data: Mapping[str, bytes] = field(repr=False)
+
+    @property
+    def self_managed(self) -> bool:
+        return self.annotations.get(ANN_TLS) == MODE_SELF_MANAGED

@@ -48,7 +48,7 @@ class Admission:
     """One answered review, for metrics and Events (names only, never object content)."""
 
     namespace: str
-    name: str  # metadata.name, or generateName + "*" when the apiserver has not named it yet
+    name: str  # metadata.name; "" while the apiserver has not named it yet (generateName)
     result: str  # mutated | unchanged | not_ready | ignored
     delivery: Delivery | None
     seconds: float
@@ -60,12 +60,8 @@ Decide = Callable[[str, Mapping[str, Any]], Delivery | None]
 
 def _name_of(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata")
-    if not isinstance(meta, dict):
-        return ""
-    name, gen = meta.get("name"), meta.get("generateName")
-    if isinstance(name, str) and name:
-        return name
-    return f"{gen}*" if isinstance(gen, str) and gen else ""
+    name = meta.get("name") if isinstance(meta, dict) else None
+    return name if isinstance(name, str) else ""
 
 
 def review_response(uid: str, delivery: Delivery | None) -> dict[str, Any]:

@@ -9,7 +9,6 @@ exactly as in a cluster. Each registration gets its own webhook name, so the api
 from __future__ import annotations
 
 import base64
-import contextlib
 import copy
 from pathlib import Path
 from typing import Any, cast
@@ -17,6 +16,8 @@ from typing import Any, cast
 import yaml
 from kubernetes_asyncio.client import AdmissionregistrationV1Api, ApiClient, ApiException, CustomObjectsApi
 
+from licensectl.model import ANN_GPU_CLAIMS
+from licensectl.testkit.metrics_text import Scrape, parse_metrics
 from licensectl.testkit.poll import eventually
 from licensectl.webhook import PATH
 
@@ -73,38 +74,49 @@ async def unregister(api: ApiClient, name: str) -> None:
             raise
 
 
-async def apiserver_metrics(api: ApiClient) -> str:
-    """The apiserver's own /metrics text (needs a client allowed to GET /metrics)."""
+async def apiserver_metrics(api: ApiClient) -> Scrape:
+    """The apiserver's own /metrics (needs a client allowed to GET /metrics), parsed by the test kit."""
     resp = await api.call_api("/metrics", "GET", auth_settings=["BearerToken"], response_types_map={},
                               _preload_content=False)
     raw = await (resp[0] if isinstance(resp, tuple) else resp).read()
-    return str(raw.decode())
+    return parse_metrics(raw.decode())
 
 
 async def webhook_requests(api: ApiClient, name: str) -> float:
-    """apiserver_admission_webhook_request_total for one registration (all codes), from /metrics."""
-    text = await apiserver_metrics(api)
-    total = 0.0
-    needle = f'name="{webhook_name(name)}"'
-    for line in text.splitlines():
-        if line.startswith("apiserver_admission_webhook_request_total{") and needle in line:
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    """apiserver_admission_webhook_request_total for one registration (all codes)."""
+    return (await apiserver_metrics(api)).value("apiserver_admission_webhook_request_total",
+                                                name=webhook_name(name))
+
+
+def _probe_vmi(prefix: str, *, claim: str | None = None, annotation: str | None = None) -> dict[str, Any]:
+    """A VMI for server-side dry-run creates: they run mutating admission and store nothing."""
+    spec: dict[str, Any] = {"domain": {"devices": {}}}
+    meta: dict[str, Any] = {"generateName": prefix}
+    if claim is not None:
+        spec["domain"]["devices"]["gpus"] = [{"name": "gpu0", "claimName": "c0", "requestName": "gpu"}]
+        spec["resourceClaims"] = [{"name": "c0", "resourceClaimName": claim}]
+    if annotation is not None:
+        meta["annotations"] = {ANN_GPU_CLAIMS: annotation}
+    return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "metadata": meta, "spec": spec}
+
+
+async def _dry_run_create(api: ApiClient, namespace: str, body: dict[str, Any]) -> dict[str, Any] | None:
+    """The admitted object, or None when the apiserver refused it."""
+    try:
+        obj: dict[str, Any] = await CustomObjectsApi(api).create_namespaced_custom_object(
+            "kubevirt.io", "v1", namespace, "virtualmachineinstances", body, dry_run="All")
+    except ApiException:
+        return None
+    return obj
 
 
 async def wait_called(api: ApiClient, *, name: str, timeout: float = 30.0) -> None:  # noqa: ASYNC109
     """The apiserver picks configurations up through its own watch: until then a VMI would pass
-    without the webhook. Server-side dry-run creates (which run mutating admission) prove it."""
-    co = CustomObjectsApi(api)
-    probe = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
-             "metadata": {"generateName": "licensectl-webhook-probe-",
-                          "annotations": {"licensectl.io/gpu-claims": "probe"}},
-             "spec": {"domain": {"devices": {}}}}
+    without the webhook. Dry-run creates prove the apiserver calls it."""
+    probe = _probe_vmi("licensectl-webhook-probe-", annotation="probe")
 
     async def called() -> bool:
-        with contextlib.suppress(ApiException):
-            await co.create_namespaced_custom_object("kubevirt.io", "v1", PROBE_NAMESPACE,
-                                                     "virtualmachineinstances", probe, dry_run="All")
+        await _dry_run_create(api, PROBE_NAMESPACE, probe)
         return await webhook_requests(api, name) > 0
 
     await eventually(called, timeout=timeout, interval=0.2, what=f"apiserver calling webhook {name}")
@@ -112,21 +124,13 @@ async def wait_called(api: ApiClient, *, name: str, timeout: float = 30.0) -> No
 
 async def wait_delivery(api: ApiClient, *, namespace: str, claim: str, timeout: float = 60.0) -> None:  # noqa: ASYNC109
     """Until a VMI using `claim` in `namespace` would get its license volume: a webhook is registered,
-    called, and its caches hold the replica. Proven with a server-side dry-run create, the same
-    admission path a real VMI takes, so VMs created afterwards never race the registration."""
-    co = CustomObjectsApi(api)
-    probe = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
-             "metadata": {"generateName": "licensectl-delivery-probe-"},
-             "spec": {"domain": {"devices": {"gpus": [{"name": "gpu0", "claimName": "c0", "requestName": "gpu"}]}},
-                      "resourceClaims": [{"name": "c0", "resourceClaimName": claim}]}}
+    called, and its caches hold the replica. Proven with a dry-run create, the same admission path a
+    real VMI takes, so VMs created afterwards never race the registration."""
+    probe = _probe_vmi("licensectl-delivery-probe-", claim=claim)
 
     async def delivered() -> bool:
-        try:
-            obj = await co.create_namespaced_custom_object("kubevirt.io", "v1", namespace,
-                                                           "virtualmachineinstances", probe, dry_run="All")
-        except ApiException:
-            return False
-        return any("secret" in v for v in (obj.get("spec") or {}).get("volumes") or [])
+        obj = await _dry_run_create(api, namespace, probe)
+        return obj is not None and any("secret" in v for v in (obj.get("spec") or {}).get("volumes") or [])
 
     await eventually(delivered, timeout=timeout, interval=0.2,
                      what=f"license delivery for claim {claim} in {namespace}")

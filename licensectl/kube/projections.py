@@ -272,3 +272,15 @@ def run_strategy_of(spec: Mapping[str, Any]) -> str | None:
 def vm_from(obj: object) -> model.Vm | None:
     m = _common(obj)
     return None if m is None else model.Vm(**m, run_strategy=run_strategy_of(_dict(_path(obj, "spec"))))
+
+
+def tls_secret_from(obj: object) -> model.TLSSecret | None:
+    """The serving-certificate Secret; undecodable data keys are dropped, like any Secret's."""
+    meta = _meta(obj)
+    name = _str(meta.get("name"))
+    if name is None:
+        return None
+    return model.TLSSecret(
+        namespace=_str(meta.get("namespace")) or "", name=name, uid=_str(meta.get("uid")) or "",
+        resource_version=_str(meta.get("resourceVersion")) or "", type=_str(_path(obj, "type")) or "",
+        annotations=_str_map(meta.get("annotations")), data=MappingProxyType(_decode_data(_path(obj, "data"))))

@@ -25,25 +25,22 @@ import os
 import ssl
 import tempfile
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any
 
 from kubernetes_asyncio.client import AdmissionregistrationV1Api, ApiClient, ApiException, CoreV1Api
 
 from licensectl import certs, config, logs
 from licensectl.kube.events import InvolvedObject
+from licensectl.kube.projections import tls_secret_from
 from licensectl.kube.raw import RawApi
 from licensectl.kube.watch import Informer
 from licensectl.metrics import Metrics
-from licensectl.model import DOMAIN
+from licensectl.model import ANN_TLS, MODE_SELF_MANAGED, TLSSecret
 from licensectl.ports import EventSink
 
 log = logs.get(__name__)
 
-MODE_SELF_MANAGED = "self-managed"
 MODE_SECRET = "secret"
-ANN_TLS = f"{DOMAIN}/tls"
 KEY_CERT = "tls.crt"
 KEY_KEY = "tls.key"
 KEY_CA = "ca.crt"
@@ -64,42 +61,6 @@ RESULTS = (LOADED, INVALID, MISSING, FOREIGN, ERROR)
 
 
 # -- pure helpers -----------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class TLSSecret:
-    """Slim projection of the TLS Secret; key material stays out of repr."""
-
-    namespace: str
-    name: str
-    uid: str
-    resource_version: str
-    type: str
-    annotations: Mapping[str, str]
-    data: Mapping[str, bytes] = field(repr=False)
-
-    @property
-    def self_managed(self) -> bool:
-        return self.annotations.get(ANN_TLS) == MODE_SELF_MANAGED
-
-
-def tls_secret_from(obj: Mapping[str, Any]) -> TLSSecret | None:
-    meta = obj.get("metadata")
-    if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str):
-        return None
-    data: dict[str, bytes] = {}
-    raw = obj.get("data")
-    if isinstance(raw, Mapping):
-        for k, v in raw.items():
-            if isinstance(k, str) and isinstance(v, str):
-                with contextlib.suppress(ValueError):
-                    data[k] = base64.b64decode(v, validate=True)
-    ann = meta.get("annotations")
-    return TLSSecret(
-        namespace=str(meta.get("namespace") or ""), name=meta["name"], uid=str(meta.get("uid") or ""),
-        resource_version=str(meta.get("resourceVersion") or ""), type=str(obj.get("type") or ""),
-        annotations=MappingProxyType({str(k): str(v) for k, v in ann.items()} if isinstance(ann, Mapping) else {}),
-        data=MappingProxyType(data))
-
-
 def serving_hosts(namespace: str, extra: str) -> tuple[str, ...]:
     """SANs of the self-managed leaf: both Services' in-cluster names, then the configured extras."""
     base = [f"{svc}.{namespace}.svc{suffix}" for svc in (WEBHOOK_SERVICE, REPORTS_SERVICE)

@@ -64,9 +64,7 @@ class ControllerProcess:
         self.args = [*settings_args(**(settings or {})), *args]
         # A --webhook-configuration in the settings names the registration too (e.g. the shipped
         # "licensectl", whose caBundle the controller keeps; `webhook_ca=False` leaves that to it).
-        self.webhook_configuration = next(
-            (self.args[i + 1] for i, a in enumerate(self.args[:-1]) if a == "--webhook-configuration"),
-            f"licensectl-{namespace}-{name}"[:253])
+        self.webhook_configuration = self._flag("--webhook-configuration") or f"licensectl-{namespace}-{name}"[:253]
         self._webhook_ca = webhook_ca
         self._webhook_api = webhook_api
         self._registration: asyncio.Task[None] | None = None
@@ -107,16 +105,24 @@ class ControllerProcess:
     def metrics_url(self) -> str:
         return f"http://{LOOPBACK}:{self.metrics_port}/metrics"
 
+    def _flag(self, flag: str) -> str | None:
+        """The value `args` give `flag` ("--x v" or "--x=v"; the last one wins, as in argparse)."""
+        value: str | None = None
+        for i, a in enumerate(self.args):
+            if a == flag and i + 1 < len(self.args):
+                value = self.args[i + 1]
+            elif a.startswith(flag + "="):
+                value = a.split("=", 1)[1]
+        return value
+
     @property
     def _tls_hosts_set(self) -> bool:
-        return any(a == "--tls-hosts" or a.startswith("--tls-hosts=") for a in self.args)
+        return self._flag("--tls-hosts") is not None
 
     @property
     def reports_url(self) -> str:
         """The loopback reports URL: https (the self-managed certificate names 127.0.0.1) unless plain."""
-        a = self.args
-        plain = any(x == "--reports-plain-http=true" or (x == "--reports-plain-http" and a[i + 1:i + 2] != ["false"])
-                    for i, x in enumerate(a))
+        plain = (self._flag("--reports-plain-http") or "false").strip().lower() in ("1", "true", "yes", "on")
         return f"{'http' if plain else 'https'}://{LOOPBACK}:{self.reports_port}/v1/reports"
 
     def alive(self) -> bool:
@@ -157,8 +163,7 @@ class ControllerProcess:
         api = self._webhook_api
         assert api is not None
         core = CoreV1Api(api)
-        tls_secret = next((self.args[i + 1] for i, a in enumerate(self.args[:-1]) if a == "--tls-secret"),
-                          "licensectl-tls")
+        tls_secret = self._flag("--tls-secret") or "licensectl-tls"
 
         async def ca() -> bytes | None:
             try:

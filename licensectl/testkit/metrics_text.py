@@ -21,12 +21,13 @@ class Scrape:
     samples: Mapping[SampleKey, float]
     at: float = 0.0  # time.monotonic() of the scrape, for benchmarks that time convergence
 
-    def value(self, name: str, **labels: str) -> float:
-        """Sum of every sample named `name` whose labels include `labels` (0 when none)."""
+    def value(self, name: str, /, **labels: str) -> float:
+        """Sum of every sample named `name` whose labels include `labels` (0 when none); a label may
+        itself be called `name` (the apiserver's admission metrics have one)."""
         want = set(labels.items())
         return sum(v for (n, ls), v in self.samples.items() if n == name and want <= ls)
 
-    def has(self, name: str, **labels: str) -> bool:
+    def has(self, name: str, /, **labels: str) -> bool:
         want = set(labels.items())
         return any(n == name and want <= ls for (n, ls) in self.samples)
 
