@@ -50,13 +50,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Fail the run if a process the suite started (licensectl.testkit.process) outlived it.
+    """Fail the run if a test was skipped, or if a process the suite started (licensectl.testkit.process)
+    outlived it.
 
     Runs after every fixture's teardown; the survivors are killed so they do not linger either.
     """
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = reporter.stats.get("skipped", []) if reporter is not None else []
+    if skipped and reporter is not None:
+        # A skipped test is not a passed one (tests/conftest.py policy: missing tools ERROR instead).
+        reporter.ensure_newline()
+        reporter.write_sep("=", f"{len(skipped)} test(s) skipped: a skip never counts as passing", red=True)
+        for rep in skipped[:20]:
+            reporter.write_line(f"  {rep.nodeid}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
     leaked = end_leaked_processes()
     if leaked:
-        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
             reporter.ensure_newline()
             reporter.write_sep("=", "processes started by the tests were still alive at the end (now killed)", red=True)

@@ -268,6 +268,15 @@ async def test_two_replicas_one_prometheus_no_false_alert_exact_alerts_no_flap_o
             assert await scalar('max(licensectl_replicas{state="in_sync"})') == await scalar(
                 'min(licensectl_replicas{state="in_sync"})') == sa.value("licensectl_replicas", state="in_sync")
             assert await scalar("sum(licensectl_leader)") == 1
+            # Admission is answered by both pods (each VMI passed both registrations: one added the
+            # volume, the other found it); the backstop's gauge is a rollout series, leader-only,
+            # and empty because every VMI carries its volume.
+            assert await scalar("count(count by (pod) (licensectl_webhook_admissions_total))") == 2
+            assert await scalar('sum(licensectl_webhook_admissions_total{result="mutated"})') >= len(placement)
+            assert await scalar('sum(licensectl_webhook_admissions_total{result="unchanged"})') >= len(placement)
+            assert sa.value("licensectl_webhook_admissions_total") > 0 < sb.value("licensectl_webhook_admissions_total")
+            assert not sa.has("licensectl_vmis_missing_license_volume")
+            assert not sb.has("licensectl_vmis_missing_license_volume")
 
             # -- 2. four conditions: exactly the matching alerts, for exactly those guests --------
             log.phase = "conditions"
