@@ -1,4 +1,4 @@
-"""Hoster actions that write to the cluster: `licensectl rollout pause|resume` and `keys rotate`.
+"""Hoster actions that write to the cluster: `licensectl rollout pause|resume|retry|undo`, `keys rotate`.
 
 Kept apart from `licensectl.status` (which only reads) so that what can change a cluster is visible
 from the module name alone. Each action is one small write; the controller reacts to it.
@@ -19,17 +19,22 @@ from licensectl.kube.raw import RawApi, checked
 from licensectl.kube.server_clock import ServerClock
 from licensectl.kube.signing_key import SECRET_NAME, SigningKeyStore
 from licensectl.model import ANN_ROLLOUT_PAUSED, ANN_ROLLOUT_RESUMED_AT
+from licensectl.rotation import ANN_RETRY_AT, ANN_UNDO_AT
 from licensectl.timecodec import format_micro_time
 
 
 def pause_resume_annotations(verb: str, server_now: dt.datetime) -> dict[str, str | None]:
-    """The annotation patch for `rollout pause|resume`; `server_now` must be the apiserver's time.
+    """The annotation patch for `rollout pause|resume|retry|undo`; `server_now` must be the apiserver's time.
 
     The controller compares `resumed-at` with restart times it stamped on the apiserver's clock
     (docs/design.md), so a workstation clock that is off would reset or extend the failure budget.
     """
     if verb == "resume":
         return {ANN_ROLLOUT_PAUSED: None, ANN_ROLLOUT_RESUMED_AT: format_micro_time(server_now)}
+    if verb == "retry":  # an aborted or undone candidate starts again from the canary
+        return {ANN_RETRY_AT: format_micro_time(server_now)}
+    if verb == "undo":  # every namespace back on the stable revision (docs/design.md#safe-rotation)
+        return {ANN_UNDO_AT: format_micro_time(server_now)}
     return {ANN_ROLLOUT_PAUSED: "true"}
 
 
@@ -53,7 +58,9 @@ async def pause_resume_main(args: Any, settings: config.Settings) -> int:
         except ApiException as e:
             print(f"licensectl rollout {verb}: {source}: HTTP {e.status} {e.reason}", file=sys.stderr)
             return 1
-        print(f"rollout of {source} {'paused' if verb == 'pause' else 'resumed'}")
+        done = {"pause": "paused", "resume": "resumed", "retry": "retried from the canary",
+                "undo": "undone: every namespace returns to the stable revision"}[verb]
+        print(f"rollout of {source} {done}")
         return 0
     finally:
         await api.close()

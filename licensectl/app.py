@@ -39,10 +39,12 @@ from licensectl.kube.signing_key import SigningKeyStore
 from licensectl.kube.watch import InformerHooks
 from licensectl.kube.writer import SecretWriter
 from licensectl.metrics import GaugeSample, Metrics
-from licensectl.model import ANN_CLASS, DOMAIN, Vmi
+from licensectl.model import ANN_REVISION, DOMAIN, ObjectRef, Vmi
 from licensectl.render import RenderedLicense
+from licensectl.replication import SourceRevisions
 from licensectl.reports import EndpointLimits, make_reports_app
 from licensectl.rollout_controller import RolloutController, vmi_object
+from licensectl.rotation_controller import RotationController
 from licensectl.server import make_internal_app, start_site
 from licensectl.webhook import Admission, WebhookServer, make_webhook_app
 
@@ -96,8 +98,9 @@ class App:
         return True if self.elector is None else self.elector.is_leader
 
     # Which loop reads which cache: an event wakes only the loops whose inputs it changed.
-    REPLICATION_INPUTS = frozenset({"namespaces", "gpuclasses", "gpuclaims", "replicas", "source"})
-    ROLLOUT_INPUTS = frozenset({"replicas", "source", "virtualmachines", "virtualmachineinstances"})
+    REPLICATION_INPUTS = frozenset({"namespaces", "gpuclasses", "gpuclaims", "replicas", "source", "revisionstores"})
+    ROLLOUT_INPUTS = frozenset({"replicas", "source", "virtualmachines", "virtualmachineinstances",
+                                "revisionstores"})
 
     def _count_request(self, verb: str, code: int) -> None:
         self.metrics.api_requests.labels(verb, str(code)).inc()
@@ -125,12 +128,16 @@ class App:
             caches=self.caches, writer=SecretWriter(CoreV1Api(self.api), dry_run=s.dry_run), events=self.events,
             metrics=self.metrics, settings=s, credential_for=self._credential_for,
             report_url=config.report_url_for(s), clock=self.clock, report_ca=self._report_ca,
-            gpu_class_api_version=f"{s.gpu_group}/{s.gpu_version}")
+            gpu_class_api_version=f"{s.gpu_group}/{s.gpu_version}", rotations=self._rotations)
         self.rollout = RolloutController(
             caches=self.caches,
             kubevirt=KubevirtClient(self.api, dry_run=s.dry_run, fallback_delete=s.restart_fallback_delete),
             events=self.events, metrics=self.metrics, settings=s, guests=self.guests, clock=self.clock,
-            wanted=self._wanted_volumes)
+            wanted=self._wanted_volumes, token_sha_for=self._token_sha)
+        self.rotation = RotationController(
+            caches=self.caches, api=CoreV1Api(self.api), events=self.events, metrics=self.metrics, settings=s,
+            guests=self.guests, clock=self.clock, replication_plan=lambda: self.replication.status.plan,
+            rollout_plan=lambda: self.rollout.plan, token_sha_for=self._token_sha)
         self.metrics.snapshots.add(self._samples)
 
         # One serving certificate for the HTTPS listeners (docs/operations.md#serving-tls).
@@ -239,6 +246,7 @@ class App:
         if self.keys.keyring is None and not self.settings.dry_run:
             return 1.0  # no credential to write yet: replicas would be unusable for reports
         await self.replication.reconcile(leader=leader)
+        await self.rotation.reconcile(leader=leader)
         waits = [w for w in (self.replication.retry_after,
                              CONFLICT_RECHECK_SECONDS if self.replication.status.conflicts else None) if w]
         return min(waits) if waits else None
@@ -247,11 +255,18 @@ class App:
         plan = await self.rollout.reconcile(leader=self.is_leader)
         if plan is None:
             return 0.5
+        # The rotation reads what the rollout just decided (docs/design.md#safe-rotation).
+        await self.rotation.reconcile(leader=self.is_leader)
         if self.rollout.awaiting_own_writes:
             return 0.2
-        if plan.next_wakeup is None:
+        wakeups = [t for t in (plan.next_wakeup, self.rotation.next_check) if t is not None]
+        if not wakeups:
             return None
-        return max(0.1, (plan.next_wakeup - self.clock()).total_seconds())
+        return max(0.1, (min(wakeups) - self.clock()).total_seconds())
+
+    def _rotations(self) -> Mapping[ObjectRef, SourceRevisions] | None:
+        """What replication renders from; the revision stores are a core cache, synced before any pass."""
+        return self.rotation.rotations()
 
     def _leadership_changed(self, leader: bool) -> None:
         if leader:
@@ -348,7 +363,8 @@ class App:
         for secret_name in v.secret_volumes:
             r = self.caches.replicas.cache.get((namespace, secret_name))
             if r is not None and r.owned:
-                lic = plan.licenses.get(r.annotations.get(ANN_CLASS, ""))
+                # By the revision the replica carries: stable or candidate (docs/design.md#safe-rotation).
+                lic = plan.by_revision.get(r.annotations.get(ANN_REVISION, ""))
                 if lic is not None:
                     return lic
         return None
@@ -396,6 +412,7 @@ class App:
         # leaves no gap); rollout and guest series only from the leader, the one replica that holds
         # the guest reports they depend on.
         out.extend(self.replication.samples())
+        out.extend(self.rotation.samples())
         if self.is_leader:
             out.extend(self.rollout.samples())
             out.extend(self.guests.samples(now, live, tenant_of=self._tenant_of(),
@@ -420,6 +437,7 @@ class App:
             "ready": self.ready(),
             "replication": self.replication.status_dict(),
             "rollout": self.rollout.status_dict(),
+            "rotation": self.rotation.status_dict(),
             "guests": {
                 "counts": self.guests.counts(now, live),
                 "list": [{"namespace": v.namespace, "vmi": v.vmi, "state": v.state,

@@ -21,11 +21,13 @@ from licensectl.kube.watch import Informer, InformerHooks
 from licensectl.model import (
     MANAGED_BY_LABEL,
     MANAGED_BY_VALUE,
+    REVISION_STORE_LABEL,
     GpuClaim,
     GpuClass,
     Namespace,
     ObjectRef,
     ReplicaSecret,
+    RevisionStore,
     SourceSecret,
     Vm,
     Vmi,
@@ -60,6 +62,11 @@ class Caches:
         self.replicas: Informer[ReplicaSecret] = mk(
             "replicas", self._core.list_secret_for_all_namespaces, projections.replica_secret_from,
             label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}", on_change=changed("replicas"))
+        # Revision stores (docs/design.md#safe-rotation): in licensectl's own namespace only.
+        self.revision_stores: Informer[RevisionStore] = mk(
+            "revisionstores", functools.partial(self._core.list_namespaced_secret, settings.namespace),
+            projections.revision_store_from, label_selector=f"{REVISION_STORE_LABEL}=true",
+            on_change=changed("revisionstores"))
         self.vms: Informer[Vm] | None = None
         self.vmis: Informer[Vmi] | None = None
         if with_kubevirt:
@@ -74,7 +81,7 @@ class Caches:
     @property
     def core(self) -> list[Informer[Any]]:
         """The informers whose completeness every deletion depends on."""
-        return [self.namespaces, self.classes, self.claims, self.replicas]
+        return [self.namespaces, self.classes, self.claims, self.replicas, self.revision_stores]
 
     @property
     def all(self) -> list[Informer[Any]]:

@@ -32,14 +32,17 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--context", default=None)
     _controller_arguments(status)
 
-    rollout = sub.add_parser("rollout", help="rollout status / pause / resume")
+    rollout = sub.add_parser("rollout", help="rollout status / pause / resume / retry / undo")
     rsub = rollout.add_subparsers(dest="rollout_command", metavar="VERB", required=True)
     rs = rsub.add_parser("status", help="print progress; exit 0 when complete, non-zero when paused/failed")
     rs.add_argument("--watch", "-w", action="store_true")
     rs.add_argument("--timeout", type=float, default=0.0, help="give up after this many seconds (0: never)")
     _controller_arguments(rs)
-    for verb in ("pause", "resume"):
-        v = rsub.add_parser(verb, help=f"{verb} the rollout of a source Secret")
+    helps = {"pause": "pause the rollout of a source Secret", "resume": "resume the rollout of a source Secret",
+             "retry": "start an aborted or undone candidate again from the canary",
+             "undo": "return every namespace to the stable revision (the candidate is bad)"}
+    for verb, text in helps.items():
+        v = rsub.add_parser(verb, help=text)
         v.add_argument("source", help="NAMESPACE/NAME of the source Secret")
     for r in rsub.choices.values():
         r.add_argument("--kubeconfig", default=None)
@@ -125,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from licensectl.status import rollout_status_main
 
         return asyncio.run(rollout_status_main(args, _command_settings(args)))
-    if args.command == "rollout":  # pause | resume
+    if args.command == "rollout":  # pause | resume | retry | undo
         from licensectl.actions import pause_resume_main
 
         return asyncio.run(pause_resume_main(args, _command_settings(args)))

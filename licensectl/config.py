@@ -48,6 +48,20 @@ def _max_unavailable(v: str) -> str:
     return s
 
 
+def _canary(v: str) -> str:
+    from licensectl.rotation import CanarySpec
+
+    CanarySpec.parse(v)
+    return v.strip()
+
+
+def _rollout_steps(v: str) -> str:
+    from licensectl.rotation import parse_steps
+
+    parse_steps(v)
+    return v.strip()
+
+
 @dataclass(frozen=True)
 class Settings:
     kubeconfig: str = ""
@@ -73,9 +87,15 @@ class Settings:
     max_failures: int = 3
     restart_timeout_seconds: float = 600.0
     manual_deadline_seconds: float = 7 * 24 * 3600.0
-    done_gate: str = "ready"
+    done_gate: str = "ready-licensed"
     restart_fallback_delete: bool = False
     restart_reissue_seconds: float = 60.0
+    max_restarts_per_minute: int = 0
+    # Safe rotation (docs/design.md#safe-rotation).
+    canary: str = "3"
+    rollout_steps: str = "10%,50%,100%"
+    analysis_deadline_seconds: float = 900.0
+    analysis_max_unlicensed: int = 1
     # Guest reports.
     report_url: str = ""
     report_interval_seconds: float = 60.0
@@ -147,8 +167,19 @@ OPTIONS: tuple[Option, ...] = (
     Option("restart_timeout_seconds", "A restarted VMI must be done within this time or counts as failed.",
            float),
     Option("manual_deadline_seconds", "A manual-restart VM still stale after this is reported overdue.", float),
-    Option("done_gate", "When a restarted VMI counts as done: ready, or ready-licensed (guest report).",
+    Option("done_gate", "When a restarted VMI counts as done: ready, or ready-licensed (a guest that has "
+           "reported before must report licensed with the new token; one that never did is done when Ready).",
            _choice("ready", "ready-licensed")),
+    Option("max_restarts_per_minute", "Restarts issued per minute across the fleet (0: no limit beyond "
+           "maxUnavailable).", int),
+    Option("canary", "Canary of a new token revision: a VM count (\"3\"), a percentage of VMs (\"5%\"), or "
+           "named tenant namespaces (\"namespaces:a,b\"). Only guests that report count.", _canary),
+    Option("rollout_steps", "Shares of namespaces promoted after the canary passes, e.g. 10%,50%,100%.",
+           _rollout_steps),
+    Option("analysis_deadline_seconds", "A canary or step whose guests have not proved licensed this long "
+           "after it started aborts the rotation.", float),
+    Option("analysis_max_unlicensed", "Guests failing to license with the new token (gridd reports an "
+           "acquisition failure) that abort the rotation; 0 disables.", int),
     Option("restart_reissue_seconds",
            "A restart whose VMI is still running unchanged this long after the call is issued again.", float),
     Option("restart_fallback_delete",
@@ -189,7 +220,8 @@ assert {o.field for o in OPTIONS} == {f.name for f in fields(Settings)}, "OPTION
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add one flag per option; defaults stay None so the environment can fill the gap."""
     for o in OPTIONS:
-        parser.add_argument(o.flag, dest=o.field, default=None, help=f"{o.help} [env {o.env}]",
+        # argparse %-formats help texts: a literal "10%" must reach it as "10%%".
+        parser.add_argument(o.flag, dest=o.field, default=None, help=f"{o.help} [env {o.env}]".replace("%", "%%"),
                             metavar=o.field.upper() if o.parse is not _bool else "BOOL")
 
 

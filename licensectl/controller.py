@@ -11,19 +11,19 @@ import asyncio
 import datetime as dt
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from licensectl import config, logs, tokeninfo
-from licensectl.core_settings import tenant_settings
+from licensectl.core_settings import rotation_settings, tenant_settings
 from licensectl.kube.events import InvolvedObject
 from licensectl.kube.writer import ObservedMeta, SecretBody, WriteResult
 from licensectl.metrics import GaugeSample, Metrics
 from licensectl.model import ANN_REVISION, ANN_SOURCE_NAME, ANN_SOURCE_NAMESPACE, ObjectRef, ReplicaSecret
 from licensectl.ports import EventSink, MonotonicClock, ReplicationCaches, ReplicaWriter, WallClock
 from licensectl.render import DesiredReplica, SourceProblem
-from licensectl.replication import ReplicationInputs, ReplicationPlan, plan_replication
+from licensectl.replication import ReplicationInputs, ReplicationPlan, SourceRevisions, plan_replication
 
 log = logs.get(__name__)
 
@@ -88,8 +88,13 @@ class ReplicationController:
                  settings: config.Settings, credential_for: Callable[[str], str], report_url: str,
                  clock: WallClock | None = None, monotonic: MonotonicClock = time.monotonic,
                  concurrency: int = 32, gpu_class_api_version: str = "gpu.cozystack.io/v1alpha1",
-                 report_ca: Callable[[], bytes] = bytes) -> None:
+                 report_ca: Callable[[], bytes] = bytes,
+                 rotations: Callable[[], Mapping[ObjectRef, SourceRevisions] | None] = lambda: None) -> None:
         self.caches = caches
+        # Safe rotation (docs/design.md#safe-rotation): replicas follow each source's record; None
+        # (tests of replication alone) follows the live source.
+        self.rotations = rotations
+        self.steps = rotation_settings(settings).steps
         self.writer = writer
         self.events = events
         self.metrics = metrics
@@ -136,6 +141,8 @@ class ReplicationController:
             token_key=self.settings.token_key,
             tenant=self.tenant,
             now=self.clock(),
+            rotations=self.rotations(),
+            steps=self.steps,
         ))
 
     # -- act --------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 from licensectl.config import Settings
 from licensectl.entitlement import TenantSettings
 from licensectl.rollout import RolloutSettings
+from licensectl.rotation import CanarySpec, RotationSettings, parse_steps
 
 
 def tenant_settings(s: Settings) -> TenantSettings:
@@ -29,4 +30,12 @@ def rollout_settings(s: Settings) -> RolloutSettings:
         manual_deadline_seconds=s.manual_deadline_seconds,
         done_gate=s.done_gate,
         reissue_after_seconds=s.restart_reissue_seconds,
+        max_restarts_per_minute=s.max_restarts_per_minute,
     )
+
+
+def rotation_settings(s: Settings) -> RotationSettings:
+    """The safe-rotation knobs (docs/design.md#safe-rotation); the strings were validated at startup."""
+    return RotationSettings(canary=CanarySpec.parse(s.canary), steps=parse_steps(s.rollout_steps),
+                            analysis_deadline_seconds=s.analysis_deadline_seconds,
+                            max_unlicensed=s.analysis_max_unlicensed)

@@ -23,7 +23,8 @@ from licensectl.app import App
 from licensectl.devcluster import fleet
 from licensectl.devcluster import webhook as webhook_registration
 from licensectl.devcluster.controlplane import ControlPlane, ensure_binaries
-from licensectl.devcluster.guest_sim import GuestProfile, SimulatedGuest
+from licensectl.devcluster.guest_fleet import GuestFleet, constant
+from licensectl.devcluster.guest_sim import GuestProfile
 from licensectl.devcluster.kubeapi import api_client_from_kubeconfig, install_crds
 from licensectl.devcluster.virt_api import RestartProxy
 from licensectl.devcluster.virt_controller import KubevirtSimulator
@@ -101,8 +102,8 @@ class Demo:
     json_out: str | None
     metrics_port: int
     summary: dict[str, Any] = field(default_factory=dict)
-    guests: dict[tuple[str, str], SimulatedGuest] = field(default_factory=dict)
-    booted_uid: dict[tuple[str, str], str] = field(default_factory=dict)
+    guests: dict[tuple[str, str], GuestProfile] = field(default_factory=dict)  # each VM's guest profile
+    fleet: GuestFleet | None = None
 
     async def run(self, stop: asyncio.Event) -> int:
         started = time.monotonic()
@@ -127,6 +128,7 @@ class Demo:
                 metrics_address=f"127.0.0.1:{self.metrics_port}", reports_address="127.0.0.1:0",
                 settle_seconds=5.0, max_unavailable=str(MAX_UNAVAILABLE), max_per_namespace=MAX_PER_NAMESPACE,
                 restart_timeout_seconds=25.0, done_gate="ready-licensed", report_interval_seconds=5.0,
+                canary="1", rollout_steps="50%,100%", analysis_deadline_seconds=120.0,
                 resync_seconds=30.0, log_level="warning", tls_hosts="127.0.0.1",
                 webhook_address="127.0.0.1:0", webhook_configuration="licensectl-demo")
             app = App(settings, identity="demo")
@@ -155,7 +157,8 @@ class Demo:
             self.print_guests(app)
             before = await self.rotate(api)
             say(f"6. rotated the {GRAPHICS} token in {SOURCE_NS}/nls-graphics (revision {before[:12]} -> new); "
-                f"rollout: maxUnavailable {MAX_UNAVAILABLE}, {MAX_PER_NAMESPACE} per tenant, settle 5 s")
+                f"safe rotation: a canary, then 50% and 100% of the tenants, each step analysed on guest "
+                f"reports; maxUnavailable {MAX_UNAVAILABLE}, {MAX_PER_NAMESPACE} per tenant, settle 5 s")
             ok = await self.watch_rollout(app, sim, stop=stop, started=started)
             await asyncio.sleep(3)  # one more probe round after the last restart
             view = await read_cluster(api, settings)
@@ -191,8 +194,8 @@ class Demo:
             if sim is not None:
                 await sim.stop()
             await api.close()
-            for g in self.guests.values():
-                g.cleanup()
+            if self.fleet is not None:
+                self.fleet.cleanup()
             await asyncio.to_thread(cp.stop)
             say("stopped: control plane, controller, simulator and Prometheus are gone")
 
@@ -257,33 +260,14 @@ class Demo:
     async def create_vms(self, api: Any) -> None:
         for ns, name, cls, prof in VMS:
             await fleet.create_vm(api, ns, name, gpu_claims=[f"gpu-{CLAIMS.index((ns, cls))}"])
-            self.guests[(ns, name)] = SimulatedGuest(ns, name, profile(prof))
+            self.guests[(ns, name)] = profile(prof)
 
     async def guest_loop(self, api: Any, report_url: str) -> None:
         """Every simulated guest: (re)boot when its VMI is new (a restart), then probe on a timer."""
-        from kubernetes_asyncio.client import CustomObjectsApi
-
-        co = CustomObjectsApi(api)
-        while True:
-            vmis = await co.list_cluster_custom_object("kubevirt.io", "v1", "virtualmachineinstances")
-            ready = {(v["metadata"]["namespace"], v["metadata"]["name"]): v["metadata"]["uid"]
-                     for v in vmis.get("items", [])
-                     if any(c.get("type") == "Ready" and c.get("status") == "True"
-                            for c in (v.get("status") or {}).get("conditions") or [])}
-            jobs = []
-            for key, guest in self.guests.items():
-                uid = ready.get(key)
-                if uid is None:
-                    continue
-                jobs.append(self._guest_step(api, key, guest, uid, report_url))
-            await asyncio.gather(*jobs)
-            await asyncio.sleep(2.0)
-
-    async def _guest_step(self, api: Any, key: tuple[str, str], guest: SimulatedGuest, uid: str, url: str) -> None:
-        if self.booted_uid.get(key) != uid:
-            await guest.boot(api, report_url=url)
-            self.booted_uid[key] = uid
-        await guest.probe()
+        self.fleet = GuestFleet(api, report_url, interval_seconds=2.0)
+        for (ns, name), prof in self.guests.items():
+            self.fleet.add(ns, name, profile_for=constant(prof))  # the demo's guests ignore the token
+        await self.fleet.run()
 
     async def wait_guests(self, app: App) -> None:
         deadline = time.monotonic() + 60
@@ -324,18 +308,25 @@ class Demo:
         seen_progress = False
         deadline = started + self.duration if self.duration else None
         while not stop.is_set():
-            r = (app.status()["rollout"].get("sources") or {}).get(source)
+            status = app.status()
+            r = (status["rollout"].get("sources") or {}).get(source)
+            rot = (status.get("rotation") or {}).get(source) or {}
             if r is not None:
                 per_ns = {ns: len([x for x in sim.record.restarts if x.namespace == ns and x.status == 202])
                           for ns, *_ in TREE if any(v[0] == ns and v[2] == GRAPHICS for v in VMS)}
-                line = progress_line(source, r, tty) + "  restarts per tenant: " + ", ".join(
+                wave = "" if rot.get("phase") not in ("canary", "promoting") else (
+                    ", canary" if rot.get("wave") == 0 else f", step {rot.get('wave')}")
+                line = f"[{rot.get('phase', '?')}{wave}] " + progress_line(source, r, tty) + (
+                    "  restarts per tenant: ") + ", ".join(
                     f"{ns.removeprefix('tenant-')}={n}" for ns, n in per_ns.items())
                 if line != last:
                     say("   " + line)
                     last = line
                 seen_progress = seen_progress or r["phase"] in ("settling", "progressing", "paused")
-                if seen_progress and r["phase"] in ("complete", "paused") and not r["restarting"]:
-                    return bool(r["phase"] == "complete")
+                # Done when the rotation decided (promoted everywhere, or aborted) and no restart is left.
+                settled = r["phase"] in ("complete", "paused") and not r["restarting"]
+                if seen_progress and settled and rot.get("phase") in ("promoted", "aborted"):
+                    return bool(r["phase"] == "complete" and rot.get("phase") == "promoted")
             if deadline is not None and time.monotonic() > deadline:
                 say("   --duration reached before the rollout finished")
                 return False

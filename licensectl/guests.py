@@ -112,9 +112,19 @@ class GuestStore:
             out.append(GuestView(ns, vmi, state, g, wrong))
         return out
 
-    def gates(self) -> Mapping[tuple[str, str], GuestGate]:
-        """Rollout evidence: licensed + token current, with the report time."""
-        return {k: GuestGate(licensed=g.state is LicenseState.LICENSED, token_sha256_current=g.token_current,
+    def gates(self, token_sha_for: Callable[[str, str], str | None] | None = None
+              ) -> Mapping[tuple[str, str], GuestGate]:
+        """Rollout evidence: licensed + token current, with the report time.
+
+        With `token_sha_for` (what the VMI's replica holds *now*), "current" is judged when the plan is
+        made, not when the report came: a report judged against a replica the cache had not yet seen
+        rewritten would otherwise pass for evidence of the new token (docs/design.md#safe-rotation)."""
+        def current(k: tuple[str, str], g: GuestState) -> bool:
+            if token_sha_for is None:
+                return g.token_current
+            return g.token_sha256 is not None and g.token_sha256 == token_sha_for(*k)
+
+        return {k: GuestGate(licensed=g.state is LicenseState.LICENSED, token_sha256_current=current(k, g),
                              reported_at=g.reported_at) for k, g in self._states.items()}
 
     def samples(self, now: dt.datetime, live: Iterable[tuple[str, str]] | None = None, *,

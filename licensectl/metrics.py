@@ -45,6 +45,11 @@ SNAPSHOT_GAUGES: dict[str, str] = {
     "deletions_deferred": "Replica deletions waiting for the deletion cap.",
     # Rollout
     "rollout_vmis": "Affected VMIs by rollout state (current, stale, restarting, failed, blocked, manual, overdue).",
+    "rotation_phase": "1 for the current safe-rotation phase of a source (stable, canary, promoting, promoted, "
+                      "aborted, undone), 0 for the others.",
+    "rotation_wave": "The running wave of a source's rotation: 0 canary, i step i.",
+    "rotation_namespaces": "Entitled namespaces whose replicas carry the stable or the candidate revision "
+                           "under the current rotation decision.",
     "rollout_in_progress": "1 while a rollout for a source is settling or progressing.",
     "rollout_paused": "1 while a rollout is paused, by reason (failures, manual).",
     "rollout_last_progress_timestamp_seconds": "Last time a rollout issued or completed a restart.",

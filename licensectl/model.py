@@ -28,6 +28,10 @@ ANN_SOURCE_UID = f"{DOMAIN}/source-uid"
 ANN_CLASS = f"{DOMAIN}/class"
 ANN_REVISION = f"{DOMAIN}/revision"
 ANN_REVISION_TIME = f"{DOMAIN}/revision-time"
+# Replica annotation: the source revision (stable or candidate, docs/design.md#safe-rotation) it carries.
+ANN_SOURCE_REVISION = f"{DOMAIN}/source-revision"
+# Label of the revision store Secrets in licensectl's namespace (not managed-by: they are no replicas).
+REVISION_STORE_LABEL = f"{DOMAIN}/revision-store"
 
 # Keys inside a replica Secret (and so files on the guest's license disk).
 KEY_TOKEN = "client_configuration_token.tok"
@@ -239,3 +243,21 @@ class TLSSecret:
     @property
     def self_managed(self) -> bool:
         return self.annotations.get(ANN_TLS) == MODE_SELF_MANAGED
+
+
+@dataclass(frozen=True, slots=True)
+class RevisionStore:
+    """A source's revision store (docs/design.md#safe-rotation): stable and candidate bytes plus the
+    rotation record in its annotations. Holds token bytes: never log or repr `data`."""
+
+    namespace: str
+    name: str
+    uid: str
+    resource_version: str
+    annotations: Mapping[str, str]
+    data: Mapping[str, bytes] = field(repr=False)
+
+    @property
+    def source(self) -> ObjectRef | None:
+        ns, name = self.annotations.get(ANN_SOURCE_NAMESPACE), self.annotations.get(ANN_SOURCE_NAME)
+        return ObjectRef(ns, name) if ns and name else None

@@ -24,6 +24,7 @@ from licensectl.model import (
     ANN_REVISION_TIME,
     ANN_SOURCE_NAME,
     ANN_SOURCE_NAMESPACE,
+    ANN_SOURCE_REVISION,
     ANN_SOURCE_UID,
     KEY_GRIDD_CONF,
     KEY_REPORT_CA,
@@ -242,10 +243,11 @@ def _revision_time(existing: ReplicaSecret | None, revision: str, now: dt.dateti
 
 def render_replica(lic: RenderedLicense, *, namespace: str, gpu_class: GpuClass, source: SourceSecret,
                    report_url: str, credential: str, existing: ReplicaSecret | None,
-                   now: dt.datetime, report_ca: bytes = b"") -> DesiredReplica:
+                   now: dt.datetime, report_ca: bytes = b"", source_revision: str = "") -> DesiredReplica:
     """The complete desired replica Secret for one namespace and class.
 
     `report_ca` (the reports listener's CA bundle) is delivered like the URL: outside the revision.
+    `source_revision` names the stable or candidate source revision it carries (docs/design.md#safe-rotation).
     """
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware")
@@ -268,6 +270,7 @@ def render_replica(lic: RenderedLicense, *, namespace: str, gpu_class: GpuClass,
         ANN_CLASS: gpu_class.name,
         ANN_REVISION: lic.revision,
         ANN_REVISION_TIME: format_time(revision_time),
+        **({ANN_SOURCE_REVISION: source_revision} if source_revision else {}),
     })
     return DesiredReplica(
         namespace=namespace, name=replica_name(gpu_class.name), class_name=gpu_class.name,
@@ -293,8 +296,13 @@ def replica_diff(existing: ReplicaSecret | None, desired: DesiredReplica) -> Rep
         raise ValueError(f"replica_diff: {existing.namespace}/{existing.name} is not {desired.ref}")
     if not existing.owned or existing.annotations.get(ANN_CLASS) != desired.class_name:
         return ReplicaAction.CONFLICT
+    want = desired.annotations
+    if ANN_SOURCE_REVISION not in existing.annotations and existing.annotations.get(ANN_REVISION) == desired.revision:
+        # A replica from a release before safe rotation, already on this revision: the source-revision
+        # mark alone is not worth a write per replica at upgrade; it comes with the next revision change.
+        want = {k: v for k, v in want.items() if k != ANN_SOURCE_REVISION}
     if (existing.data_digest != desired.data_digest or not _subset(desired.labels, existing.labels)
-            or not _subset(desired.annotations, existing.annotations)):
+            or not _subset(want, existing.annotations)):
         return ReplicaAction.UPDATE
     return ReplicaAction.NOOP
 

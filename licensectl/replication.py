@@ -25,6 +25,7 @@ from licensectl.render import (
     replica_name,
     replica_state,
 )
+from licensectl.rotation import RotationRecord
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,20 @@ class ReplicationInputs:
     tenant: TenantSettings
     now: dt.datetime
     report_ca: bytes = b""  # CA bundle of the reports listener; b"" over plain HTTP or until loaded
+    # Safe rotation (docs/design.md#safe-rotation): per source, the record and the bytes it names.
+    # None: replicas follow the live source (no rotation). A source missing from the mapping is
+    # unknown (its store not written yet): its replicas are kept as they are.
+    rotations: Mapping[ObjectRef, SourceRevisions] | None = None
+    steps: tuple[float, ...] = (100.0,)
+
+
+@dataclass(frozen=True)
+class SourceRevisions:
+    """What the replicas of one source may carry: the stable bytes, and the candidate's if any."""
+
+    record: RotationRecord
+    stable: SourceSecret
+    candidate: SourceSecret | None
 
 
 @dataclass(frozen=True)
@@ -53,7 +68,10 @@ class ReplicationPlan:
     # (namespace, replica name) -> in_sync | drifted | missing | conflict
     states: Mapping[tuple[str, str], str] = field(default_factory=dict)
     source_problems: Mapping[str, SourceProblem] = field(default_factory=dict)  # by class name
-    licenses: Mapping[str, RenderedLicense] = field(default_factory=dict)  # by class name
+    licenses: Mapping[str, RenderedLicense] = field(default_factory=dict)  # by class name (live source)
+    # Every license a replica may carry now, by its revision (stable and candidate of each class):
+    # what a guest mounting a replica of that revision must hold.
+    by_revision: Mapping[str, RenderedLicense] = field(default_factory=dict)
     entitlement: EntitlementResult | None = None
 
     @property
@@ -77,6 +95,9 @@ def plan_replication(inp: ReplicationInputs) -> ReplicationPlan:
     licenses: dict[str, RenderedLicense] = {}
     problems: dict[str, SourceProblem] = {}
     unknown: set[str] = set()
+    # class -> (stable license, candidate license or None, record)
+    rotated: dict[str, tuple[RenderedLicense, RenderedLicense | None, RotationRecord]] = {}
+    by_revision: dict[str, RenderedLicense] = {}
     for class_name in sorted({c for _, c in ent.entitled}):
         gpu_class = inp.classes[class_name]
         ref = gpu_class.secret_ref
@@ -86,8 +107,24 @@ def plan_replication(inp: ReplicationInputs) -> ReplicationPlan:
         rendered = render_license(inp.sources[ref], gpu_class, inp.token_key)
         if isinstance(rendered, SourceProblem):
             problems[class_name] = rendered
-        else:
-            licenses[class_name] = rendered
+            continue
+        licenses[class_name] = rendered
+        if inp.rotations is None:
+            by_revision[rendered.revision] = rendered
+            continue
+        rot = inp.rotations.get(ref)
+        if rot is None:
+            unknown.add(class_name)
+            continue
+        stable = render_license(rot.stable, gpu_class, inp.token_key)
+        cand = None if rot.candidate is None else render_license(rot.candidate, gpu_class, inp.token_key)
+        if isinstance(stable, SourceProblem) or isinstance(cand, SourceProblem):
+            unknown.add(class_name)  # stored bytes the class cannot render: keep replicas, change nothing
+            continue
+        rotated[class_name] = (stable, cand, rot.record)
+        by_revision[stable.revision] = stable
+        if cand is not None:
+            by_revision[cand.revision] = cand
 
     creates: list[DesiredReplica] = []
     updates: list[tuple[ReplicaSecret, DesiredReplica]] = []
@@ -98,7 +135,13 @@ def plan_replication(inp: ReplicationInputs) -> ReplicationPlan:
         key = (ns, name)
         keep.add(key)
         existing = inp.replicas.get(key)
-        lic = licenses.get(class_name)
+        lic: RenderedLicense | None = None if class_name in unknown else licenses.get(class_name)
+        source_revision = ""
+        if class_name in rotated:
+            stable, cand, record = rotated[class_name]
+            on_candidate = cand is not None and record.on_candidate(ns, inp.steps)
+            lic = cand if on_candidate and cand is not None else stable
+            source_revision = record.candidate if on_candidate else record.stable
         source = inp.sources.get(ref)
         if key in inp.conflicts and existing is None:
             states[key] = "conflict"
@@ -109,7 +152,8 @@ def plan_replication(inp: ReplicationInputs) -> ReplicationPlan:
             continue
         desired = render_replica(lic, namespace=ns, gpu_class=inp.classes[class_name], source=source,
                                  report_url=inp.report_url, credential=inp.credential_for(ns),
-                                 existing=existing, now=inp.now, report_ca=inp.report_ca)
+                                 existing=existing, now=inp.now, report_ca=inp.report_ca,
+                                 source_revision=source_revision)
         action = replica_diff(existing, desired)
         states[key] = replica_state(existing, desired).value
         if action is ReplicaAction.CREATE:
@@ -119,4 +163,4 @@ def plan_replication(inp: ReplicationInputs) -> ReplicationPlan:
 
     deletes = tuple(r for key, r in sorted(inp.replicas.items()) if key not in keep and r.owned)
     return ReplicationPlan(creates=tuple(creates), updates=tuple(updates), deletes=deletes, states=states,
-                           source_problems=problems, licenses=licenses, entitlement=ent)
+                           source_problems=problems, licenses=licenses, by_revision=by_revision, entitlement=ent)

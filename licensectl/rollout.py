@@ -148,8 +148,9 @@ class RolloutSettings:
     max_failures: int = 3  # < 1 disables the failure pause
     restart_timeout_seconds: float = 600.0
     manual_deadline_seconds: float = 7 * 24 * 3600.0
-    done_gate: str = DONE_GATE_READY
+    done_gate: str = DONE_GATE_READY_LICENSED
     reissue_after_seconds: float = 60.0
+    max_restarts_per_minute: int = 0  # < 1: no rate limit beyond max_unavailable
 
     def unavailable_limit(self, affected: int) -> int:
         """An absolute count, or a percentage of the affected VMIs rounded down; at least 1."""
@@ -615,11 +616,26 @@ def plan_rollout(
     restarts: list[Action] = []
     statuses: dict[model.ObjectRef, RolloutStatus] = {}
     wakeups: list[dt.datetime] = []
+    # Fleet-wide restart rate: restarts first issued in the last minute, read back from the intents.
+    rate: list[int] = [-1]
+    if st.max_restarts_per_minute >= 1:
+        window = now - _secs(60)
+        recent = sorted(e.slot.intent.issued_at for e in evals
+                        if e.slot.intent is not None and window < e.slot.intent.issued_at <= now)
+        rate = [max(0, st.max_restarts_per_minute - len(recent))]
+        if rate[0] == 0 and recent:
+            wakeups.append(recent[0] + _secs(60))
 
     for src in all_sources:
         group = by_source.get(src, [])
         control = sources.get(src, SourceControl())
-        revisions = tuple(sorted({r.revision for r in by_key.values() if r.source == src}))
+        # Oldest first, so the last is what the newest replica write carries (during a safe rotation
+        # the stable revision written back after an abort is newer than the candidate it replaced).
+        newest: dict[str, dt.datetime] = {}
+        for r in by_key.values():
+            if r.source == src and (r.revision not in newest or r.revision_time > newest[r.revision]):
+                newest[r.revision] = r.revision_time
+        revisions = tuple(sorted(newest, key=lambda rev: (newest[rev], rev)))
         failures_by_rev: dict[str, int] = defaultdict(int)
         for e in group:
             if e.counts_failure:
@@ -648,7 +664,7 @@ def plan_rollout(
                         e.slot.namespace, e.slot.name, e.slot.vmi.uid, e.slot.intent.revision,
                         e.slot.intent.replica or e.slot.replica.name, e.slot.intent.issued_at, now,
                         reissue=True, vm_resource_version=e.slot.vm.resource_version if e.slot.vm else ""))
-            unavailable = _pick(group, st, limit, unavailable, ns_unavailable, now, restarts)
+            unavailable = _pick(group, st, limit, unavailable, ns_unavailable, now, restarts, rate)
 
         counts = {s: 0 for s in VmiState}
         for e in group:
@@ -696,8 +712,10 @@ def plan_rollout(
 
 
 def _pick(group: list[_Eval], st: RolloutSettings, limit: int, unavailable: int,
-          ns_unavailable: dict[str, int], now: dt.datetime, out: list[Action]) -> int:
+          ns_unavailable: dict[str, int], now: dt.datetime, out: list[Action], rate: list[int]) -> int:
     """Round-robin new restarts across namespaces within the limits; returns the new unavailable count.
+
+    ``rate`` holds the restarts still allowed this minute (-1: unlimited), shared by all sources.
 
     Namespaces with the fewest restarts issued for their current revision go first (then by name),
     one pick per namespace per round, so a large tenant cannot starve small ones. Within a
@@ -723,9 +741,11 @@ def _pick(group: list[_Eval], st: RolloutSettings, limit: int, unavailable: int,
                 continue
             e = q[0]
             cost = 0 if e.unavailable else 1
-            if unavailable + cost > limit or ns_unavailable[ns] + cost > st.max_per_namespace:
+            if unavailable + cost > limit or ns_unavailable[ns] + cost > st.max_per_namespace or rate[0] == 0:
                 continue
             q.pop(0)
+            if rate[0] > 0:
+                rate[0] -= 1
             unavailable += cost
             ns_unavailable[ns] += cost
             vmi, vm = e.slot.vmi, e.slot.vm

@@ -56,7 +56,8 @@ def vmi_object(namespace: str, name: str, uid: str = "") -> InvolvedObject:
 class RolloutController:
     def __init__(self, *, caches: RolloutCaches, kubevirt: KubevirtApi, events: EventSink, metrics: Metrics,
                  settings: config.Settings, guests: GuestStore, clock: WallClock | None = None,
-                 monotonic: MonotonicClock = time.monotonic, wanted: WantedVolumes | None = None) -> None:
+                 monotonic: MonotonicClock = time.monotonic, wanted: WantedVolumes | None = None,
+                 token_sha_for: Callable[[str, str], str | None] | None = None) -> None:
         self.caches = caches
         self.kubevirt = kubevirt
         self.events = events
@@ -68,6 +69,8 @@ class RolloutController:
         self._monotonic = monotonic
         # VMI -> the replica volumes it must carry (licensectl.delivery, via the App): the backstop.
         self._wanted: WantedVolumes = wanted or (lambda _vmis: {})
+        # (namespace, VMI) -> SHA-256 of the token its replica holds now: judges guest evidence at plan time.
+        self._token_sha_for = token_sha_for
         self.plan: RolloutPlan | None = None
         self._expect: dict[tuple[str, str], tuple[str, float]] = {}  # vm -> (rv we wrote over, since)
         self._phases: dict[ObjectRef, Phase] = {}
@@ -102,7 +105,8 @@ class RolloutController:
                    for ref, s in c.source_states().items() if s is not None}
         vmis = list(c.vmis.snapshot().values())
         return plan_rollout(replicas=replicas, vmis=vmis,
-                            vms=list(c.vms.snapshot().values()), guests=self.guests.gates(), sources=sources,
+                            vms=list(c.vms.snapshot().values()), guests=self.guests.gates(self._token_sha_for),
+                            sources=sources,
                             settings=self.rollout_settings, now=self.clock(), wanted=self._wanted(vmis))
 
     def _replica_revisions(self) -> list[ReplicaRevision]:
@@ -238,9 +242,10 @@ class RolloutController:
             obj = InvolvedObject("v1", "Secret", ref.namespace, ref.name)
             rev = st.revisions[-1][:12] if st.revisions else ""
             if st.phase is Phase.PROGRESSING and before in (None, Phase.IDLE, Phase.SETTLING, Phase.COMPLETE):
+                stale = st.counts.get(VmiState.STALE, 0)
                 await self.events.emit(obj, "Normal", "RolloutStarted",
-                                       f"Rolling out license revision {rev} to {st.affected} VMIs "
-                                       f"(maxUnavailable {st.max_unavailable})")
+                                       f"Rolling out license revision {rev}: {stale} of {st.affected} VMIs to "
+                                       f"restart (maxUnavailable {st.max_unavailable})")
             elif st.phase is Phase.PAUSED:
                 await self.events.emit(obj, "Warning", "RolloutPaused", st.message or "rollout paused")
             elif st.phase is Phase.COMPLETE and before in (Phase.PROGRESSING, Phase.PAUSED, Phase.SETTLING):

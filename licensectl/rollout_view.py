@@ -24,6 +24,10 @@ def progress_line(src: str, r: Mapping[str, Any], tty: bool) -> str:
     head = f"{src} {r['phase']} rev {r['revision'] or '-'}: {done}/{r['affected']} current"
     tail = (f", {r['restarting']} restarting, {r['stale']} stale, {r['failed']} failed, {r['blocked']} blocked, "
             f"{r['manual']} manual")
+    rot = r.get("rotation") or {}
+    if rot.get("phase"):  # safe rotation (docs/design.md#safe-rotation): where the candidate stands
+        wave = "canary" if rot.get("wave") == 0 else f"step {rot.get('wave')}"
+        tail += f"; rotation {rot['phase']}" + (f" ({wave})" if rot["phase"] in ("canary", "promoting") else "")
     if tty:
         width = 24
         filled = int(width * done / total)
@@ -32,8 +36,17 @@ def progress_line(src: str, r: Mapping[str, Any], tty: bool) -> str:
 
 
 def rollout_exit(rollouts: Mapping[str, Mapping[str, Any]]) -> int | None:
-    """0 complete, 1 paused or failed, None still going (like kubectl rollout status)."""
+    """0 complete, 1 paused, failed, aborted or undone, None still going (like kubectl rollout status).
+
+    With safe rotation a source is complete only once its candidate is promoted (or there is none):
+    between two waves the restarts are all done while the rotation still goes on."""
+    rotations = [str((r.get("rotation") or {}).get("phase") or "") for r in rollouts.values()]
+    if any(p in ("canary", "promoting") for p in rotations):
+        return None
     phases = [r["phase"] for r in rollouts.values()]
+    if any(p in ("aborted", "undone") for p in rotations) and all(
+            p in (Phase.PAUSED.value, Phase.COMPLETE.value, Phase.IDLE.value) for p in phases):
+        return 1
     if any(p == Phase.PAUSED.value for p in phases) or any(r["failed"] for r in rollouts.values()):
         return 1 if all(p in (Phase.PAUSED.value, Phase.COMPLETE.value, Phase.IDLE.value) for p in phases) else None
     if all(p in (Phase.COMPLETE.value, Phase.IDLE.value) for p in phases):

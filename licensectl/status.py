@@ -248,6 +248,7 @@ def status_from_controller(doc: Mapping[str, Any]) -> dict[str, Any]:
         "replicas": dict(repl.get("replica_counts") or {}),
         "tenant_problems": list(repl.get("tenant_problems") or []),
         "rollouts": dict((doc.get("rollout") or {}).get("sources") or {}),
+        "rotations": dict(doc.get("rotation") or {}),
         "guests": guests if doc.get("leader") else None,
     }
 
@@ -290,6 +291,13 @@ def _origin(doc: Mapping[str, Any]) -> list[str]:
     return []
 
 
+def _wave_label(r: Mapping[str, Any]) -> str:
+    """The running wave of a rotation; "-" when none runs (stable, promoted, aborted, undone)."""
+    if r.get("phase") not in ("canary", "promoting") or r.get("wave") is None:
+        return "-"
+    return "canary" if r["wave"] == 0 else f"step {r['wave']}"
+
+
 def status_table(doc: Mapping[str, Any]) -> str:
     out = [*_origin(doc), "SOURCES"]
     rows = [["CLASS", "SOURCE", "VALID", "REVISION", "ENTITLED NAMESPACES", "PROBLEM"]]
@@ -302,6 +310,12 @@ def status_table(doc: Mapping[str, Any]) -> str:
               f"{r['manual']}" + (f" ({r['overdue']} overdue)" if r["overdue"] else "")]
              for src, r in doc["rollouts"].items()]
     out += ["ROLLOUTS", table(rows), ""]
+    if doc.get("rotations"):  # safe rotation (docs/design.md#safe-rotation); the offline view has none
+        rows = [["SOURCE", "ROTATION", "WAVE", "STABLE", "CANDIDATE", "CANARY", "REASON"]]
+        rows += [[src, r["phase"], _wave_label(r),
+                  r.get("stable") or "-", r.get("candidate") or "-", ",".join(r.get("canary") or []) or "-",
+                  r.get("reason") or ""] for src, r in sorted(doc["rotations"].items())]
+        out += ["ROTATIONS", table(rows), ""]
     g = doc.get("guests")
     if g is None:
         out.append("GUESTS  (only the controller's leader knows guest license states)")
@@ -431,7 +445,9 @@ async def rollout_status_main(args: Any, settings: config.Settings) -> int:
         async def rollouts() -> dict[str, Any]:
             if controller:  # the controller's own view, including guest evidence for the done gate
                 doc = await fetch_controller_status(api, target)
-                return dict((doc.get("rollout") or {}).get("sources") or {})
+                rotation = doc.get("rotation") or {}
+                return {src: {**r, "rotation": rotation.get(src)}
+                        for src, r in ((doc.get("rollout") or {}).get("sources") or {}).items()}
             if watched is not None:
                 return watched.rollouts()
             assert api is not None

@@ -124,6 +124,12 @@ def journal_text(fixture: str) -> str:
     return "".join(out)
 
 
+def mounted_secret(vmi: dict[str, Any]) -> str | None:
+    """The Secret the VMI mounts as a disk (the license disk); None when it mounts none."""
+    return next((str(v["secret"]["secretName"]) for v in (vmi.get("spec") or {}).get("volumes") or []
+                 if isinstance(v, dict) and isinstance(v.get("secret"), dict)), None)
+
+
 def _write_exe(path: Path, text: str) -> None:
     path.write_text(text)
     path.chmod(0o755)
@@ -144,7 +150,17 @@ class SimulatedGuest:
         self.bin = self.base / "bin"
         for d in (self.root / "sys/class/dmi/id", self.disk, self.bin, self.base / "tmp", self.base / "mnt"):
             d.mkdir(parents=True, exist_ok=True)
+        _write_exe(self.bin / "systemctl", "#!/bin/sh\nexit 0\n")
+        self.set_profile(self.profile)
+
+    def set_profile(self, profile: GuestProfile) -> None:
+        """Become a guest with `profile` (a re-boot may license differently): rewrites the fake
+        nvidia-smi, the journal and the clock."""
+        self.profile = profile
+        for exe in ("nvidia-smi", "date"):
+            (self.bin / exe).unlink(missing_ok=True)
         smi_xml = self.base / "smi.xml"
+        smi_xml.unlink(missing_ok=True)
         if self.profile.xml is not None:
             smi_xml.write_text(self.profile.xml)
         text = FIXTURES / (self.profile.text_fixture or UNLICENSED_TEXT)
@@ -152,7 +168,6 @@ class SimulatedGuest:
         if self.profile.driver:
             _write_exe(self.bin / "nvidia-smi", f'#!/bin/sh\ncase "$*" in\n"-q -x") {xml_case} ;;\n'
                                                f'"-q") cat "{text}" ;;\n*) exit 2 ;;\nesac\n')
-        _write_exe(self.bin / "systemctl", "#!/bin/sh\nexit 0\n")
         journal = self.base / "journal.txt"
         journal.write_text(journal_text(self.profile.gridd_log) if self.profile.driver else "")
         _write_exe(self.bin / "journalctl", f'#!/bin/sh\ncat "{journal}"\n')
@@ -190,16 +205,20 @@ class SimulatedGuest:
         controller listens on loopback, not on the in-cluster Service name)."""
         vmi: dict[str, Any] = await RawApi(CustomObjectsApi(api)).get_namespaced_custom_object(
             "kubevirt.io", "v1", self.namespace, "virtualmachineinstances", self.vmi)
-        uuid = (((vmi.get("spec") or {}).get("domain") or {}).get("firmware") or {}).get("uuid", "")
-        (self.root / "sys/class/dmi/id/product_uuid").write_text(str(uuid).upper() + "\n")
-        secret_name = next((v["secret"]["secretName"] for v in (vmi.get("spec") or {}).get("volumes", [])
-                            if isinstance(v, dict) and isinstance(v.get("secret"), dict)), None)
+        secret_name = mounted_secret(vmi)
         if secret_name is None:
             return 2
         secret = await RawApi(CoreV1Api(api)).read_namespaced_secret(secret_name, self.namespace)
+        return await self.install(vmi, secret, report_url=report_url)
+
+    async def install(self, vmi: dict[str, Any], secret: dict[str, Any] | None, *,
+                      report_url: str | None = None) -> int:
+        """`boot` from a VMI and its license Secret already read (None: no license disk)."""
+        uuid = (((vmi.get("spec") or {}).get("domain") or {}).get("firmware") or {}).get("uuid", "")
+        (self.root / "sys/class/dmi/id/product_uuid").write_text(str(uuid).upper() + "\n")
         for f in self.disk.iterdir():
             f.unlink()
-        for key, value in (secret.get("data") or {}).items():
+        for key, value in ((secret or {}).get("data") or {}).items():
             data = base64.b64decode(value)
             if key == "report-url" and report_url:
                 data = report_url.encode()

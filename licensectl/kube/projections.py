@@ -284,3 +284,9 @@ def tls_secret_from(obj: object) -> model.TLSSecret | None:
         namespace=_str(meta.get("namespace")) or "", name=name, uid=_str(meta.get("uid")) or "",
         resource_version=_str(meta.get("resourceVersion")) or "", type=_str(_path(obj, "type")) or "",
         annotations=_str_map(meta.get("annotations")), data=MappingProxyType(_decode_data(_path(obj, "data"))))
+
+
+def revision_store_from(obj: object) -> model.RevisionStore | None:
+    """Holds token bytes: callers must never log `data`."""
+    m = _common(obj)
+    return None if m is None else model.RevisionStore(**m, data=MappingProxyType(_decode_data(_path(obj, "data"))))

@@ -43,9 +43,13 @@ async def start_controller(name: str, kubeconfig: Path, namespace: str, log_dir:
                            webhook_api: ApiClient | None = None, webhook_ca: bool = True,
                            **settings: Any) -> ControllerProcess:
     """`python -m licensectl run` with JSON logs at info; `settings` are Settings field names -> values.
-    With `webhook_api` (an admin client) its admission webhook is registered on the apiserver."""
+    With `webhook_api` (an admin client) its admission webhook is registered on the apiserver.
+    The rotation is one step (no canary, 100%) with the `ready` done gate unless `settings` say
+    otherwise: these tests are about the rollout engine, HA and upgrades, and their guests do not
+    re-boot on a restart; tests/e2e/test_rotation_kill.py runs the safe rotation with re-booting guests."""
+    base = {"log_level": "info", "settle_seconds": 0, "canary": "0", "rollout_steps": "100%", "done_gate": "ready"}
     c = ControllerProcess(kubeconfig, namespace, log_dir=log_dir, name=name, wrapper=wrapper, extra_env=extra_env,
-                          settings={"log_level": "info", "settle_seconds": 0, **settings}, webhook_api=webhook_api,
+                          settings={**base, **settings}, webhook_api=webhook_api,
                           webhook_ca=webhook_ca)
     await c.start()
     return c

@@ -235,6 +235,10 @@ async def test_full_lifecycle_as_the_service_account_with_exactly_the_shipped_rb
                 {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
                  "metadata": {"name": "lonely", "namespace": fl.tenants[0]}, "spec": lonely["spec"]})
             assert await leader_pods(api_client, home) == ["licensectl-0"]
+            # The standalone VMI must run before the rotation's replicas are written (one-second
+            # timestamps), or it starts on the new revision and has nothing to be blocked on.
+            await eventually(lambda: fl.ready(fl.tenants[0], "lonely"), timeout=30, what="lonely VMI ready")
+            await asyncio.sleep(1.1)
 
             # Rotation -> replicas updated -> rolling restart through the restart subresource.
             old = await fl.revision()
@@ -253,7 +257,7 @@ async def test_full_lifecycle_as_the_service_account_with_exactly_the_shipped_rb
             assert s.value("licensectl_replica_writes_total", action="delete") >= 1
             # The invalid source was reported (an Event); it stays invalid across the restart below.
             recorded = await _within(lambda: _events_with(api_client, "LicenseSourceInvalid", 1), 15)
-            assert await _events_with(api_client, "RestartBlocked", 1)
+            assert await _within(lambda: _events_with(api_client, "RestartBlocked", 1), 15)
             assert await c.stop() == 0
 
             # The pod restarts: same Lease (get/update by name), Events of persisting problems bumped.

@@ -26,8 +26,9 @@ import pytest
 from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api
 
 from licensectl.devcluster.controlplane import ControlPlane
+from licensectl.kube.revision_store import store_name
 from licensectl.kube.signing_key import SECRET_NAME as SIGNING_KEY_SECRET
-from licensectl.model import ANN_RESTART_REVISION
+from licensectl.model import ANN_RESTART_REVISION, ObjectRef
 from licensectl.testkit.controller import ControllerProcess
 from licensectl.testkit.poll import eventually
 from licensectl.testkit.process import REPO_ROOT, child_env
@@ -179,9 +180,14 @@ async def test_upgrade_mid_rollout_old_leader_hands_over_to_new_version(
         # Replicas were current: the new version did not rewrite a single one.
         assert await replica_versions(api_client, rig) == replicas_before
         secret_writes = [r for r in rig.writes_by("licensectl-b") if r.resource == "secrets"]
-        # Its only Secret write: the serving TLS Secret it creates at its first start (self-managed
-        # mode; the old version had no TLS), in its own namespace.
-        assert [(r.verb, r.namespace) for r in secret_writes] in ([], [("create", fl.controller_ns)]), secret_writes
+        # Its only Secret writes, in its own namespace: the serving TLS Secret it creates at its first
+        # start (self-managed mode; the old version had no TLS) and the source's revision store, whose
+        # stable revision is what the replicas already carry (docs/design.md#safe-rotation).
+        assert [(r.verb, r.namespace) for r in secret_writes] in (
+            [], [("create", fl.controller_ns)], [("create", fl.controller_ns)] * 2), secret_writes
+        store = await CoreV1Api(api_client).read_namespaced_secret(
+            store_name(ObjectRef(fl.source_ns, fl.source_name)), fl.controller_ns)
+        assert (store.metadata.annotations or {}).get("licensectl.io/rotation-phase") == "stable"
         assert await secret_exists(api_client, fl.controller_ns, "licensectl-tls")
         scrape = await new.must_scrape()
         assert scrape.value("licensectl_replica_writes_total") == 0

@@ -21,7 +21,10 @@ from licensectl.testkit.world import unique as unique
 
 
 def settings_for(kubeconfig: Path, namespace: str, **overrides: Any) -> config.Settings:
-    base = config.Settings(kubeconfig=str(kubeconfig), namespace=namespace, metrics_address="127.0.0.1:0",
+    """Loopback listeners, no settle time, and the one-step rotation (no canary, one 100% step): the
+    rollout engine's own tests; the safe-rotation tests opt in to a canary and steps."""
+    base = config.Settings(canary="0", rollout_steps="100%",
+                           kubeconfig=str(kubeconfig), namespace=namespace, metrics_address="127.0.0.1:0",
                            reports_address="127.0.0.1:0", resync_seconds=30.0, settle_seconds=0.0,
                            log_level="warning", report_url="http://127.0.0.1:1/v1/reports",
                            webhook_address="127.0.0.1:0", tls_hosts="127.0.0.1",

@@ -16,7 +16,14 @@ from kubernetes_asyncio.client import ApiClient, CoreV1Api
 
 from licensectl.devcluster import fleet
 from licensectl.devcluster.controlplane import ControlPlane
-from licensectl.model import ANN_REVISION, ANN_REVISION_TIME, KEY_GRIDD_CONF, KEY_REPORT_CREDENTIAL, KEY_TOKEN
+from licensectl.model import (
+    ANN_REVISION,
+    ANN_REVISION_TIME,
+    KEY_GRIDD_CONF,
+    KEY_REPORT_CREDENTIAL,
+    KEY_TOKEN,
+    REVISION_STORE_LABEL,
+)
 from licensectl.render import replica_name
 from licensectl.testkit.process import run_licensectl
 
@@ -303,5 +310,12 @@ async def test_dry_run_writes_nothing(env: Env) -> None:
         await eventually(lambda: (ns, replica_name(env.cls)) in app.replication.status.plan.states,
                          what="the namespace planned")
         assert app.replication.status.plan.states[(ns, replica_name(env.cls))] == "missing"
+        # It plans the write it would make (the live content as the first, stable revision) ...
+        await eventually(lambda: [d.namespace for d in app.replication.status.plan.creates] == [ns],
+                         what="the create it would make planned")
         await asyncio.sleep(1)
         assert await replica(env, ns) is None
+        # ... and keeps no revision store either (docs/design.md#safe-rotation).
+        stores = await CoreV1Api(env.api).list_namespaced_secret(
+            env.controller_ns, label_selector=f"{REVISION_STORE_LABEL}=true")
+        assert stores.items == []

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "dashboards" / "licensectl.json"
 SCHEMA_DIR = Path(__file__).with_name("grafana-schema")
 
-ROWS = ["Fleet license state", "By tenant", "Expiries", "Rollout progress", "Replication health",
+ROWS = ["Fleet license state", "By tenant", "Expiries", "Rollout progress", "Rotation", "Replication health",
         "Controller health"]
 
 

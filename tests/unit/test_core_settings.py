@@ -5,9 +5,10 @@ from __future__ import annotations
 import dataclasses
 
 from licensectl.config import Settings
-from licensectl.core_settings import rollout_settings, tenant_settings
+from licensectl.core_settings import rollout_settings, rotation_settings, tenant_settings
 from licensectl.entitlement import TenantSettings
 from licensectl.rollout import RolloutSettings
+from licensectl.rotation import RotationSettings
 
 
 def test_tenant_settings_come_from_config() -> None:
@@ -29,3 +30,4 @@ def test_defaults_agree_with_config() -> None:
     """The core's own defaults are the documented configuration defaults (tests rely on both)."""
     assert tenant_settings(Settings()) == TenantSettings()
     assert dataclasses.asdict(rollout_settings(Settings())) == dataclasses.asdict(RolloutSettings())
+    assert rotation_settings(Settings()) == RotationSettings()

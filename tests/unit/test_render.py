@@ -416,3 +416,19 @@ def test_diff_rejects_a_secret_of_another_name() -> None:
     wrong = dataclasses.replace(observed(d), name="something-else")
     with pytest.raises(ValueError, match="something-else"):
         replica_diff(wrong, d)
+
+
+
+def test_a_replica_without_the_source_revision_mark_is_not_rewritten_for_it_alone() -> None:
+    """Upgrade from a release before safe rotation: same revision, no `source-revision` mark -> no write;
+    a new revision brings the mark along; a wrong mark is drift."""
+    d = render_replica(rendered(), namespace="t", gpu_class=VWS, source=source(), report_url="u", credential="c",
+                       existing=None, now=NOW, source_revision="s1")
+    old_ann = {k: v for k, v in d.annotations.items() if k != model.ANN_SOURCE_REVISION}
+    old = model.ReplicaSecret("t", d.name, "uid", "1", labels=d.labels, annotations=old_ann,
+                              data_digest=d.data_digest)
+    assert replica_diff(old, d) is ReplicaAction.NOOP
+    other = dataclasses.replace(d, revision="r2", annotations={**d.annotations, model.ANN_REVISION: "r2"})
+    assert replica_diff(old, other) is ReplicaAction.UPDATE
+    marked = dataclasses.replace(old, annotations={**old_ann, model.ANN_SOURCE_REVISION: "s0"})
+    assert replica_diff(marked, d) is ReplicaAction.UPDATE

@@ -154,3 +154,23 @@ async def test_an_answer_that_is_not_a_status_document_is_refused(tmp_path: Path
     with pytest.raises(ControllerUnreachable, match="did not answer with a licensectl status document"):
         await fetch(tmp_path, [(200, {"hello": "world"})], seen)
     assert json.dumps(CONTROLLER_DOC)  # the fixture itself is plain JSON
+
+
+def test_the_status_table_shows_each_rotation() -> None:
+    rotation = {"licensectl-system/vws-token": {
+        "phase": "aborted", "wave": 0, "stable": "aaaaaaaaaaaa", "candidate": "bbbbbbbbbbbb", "canary": ["tenant-a"],
+        "evidence": True, "reason": "canary: 1 guest(s) failed", "waveStartedAt": None},
+        "licensectl-system/vcs-token": {"phase": "invalid"}}
+    doc = status_from_controller({**CONTROLLER_DOC, "rotation": rotation})
+    assert doc["rotations"] == rotation
+    lines = status_table(doc).splitlines()
+    assert "ROTATIONS" in lines
+    assert any(line.split()[:6] == ["licensectl-system/vws-token", "aborted", "-", "aaaaaaaaaaaa",
+                                    "bbbbbbbbbbbb", "tenant-a"] for line in lines)
+    assert any(line.split()[:3] == ["licensectl-system/vcs-token", "invalid", "-"] for line in lines)
+    for phase, wave, label in (("canary", 0, "canary"), ("promoting", 2, "step"), ("promoted", 2, "-")):
+        running = {"licensectl-system/vws-token": {**rotation["licensectl-system/vws-token"], "phase": phase,
+                                                    "wave": wave}}
+        lines = status_table(status_from_controller({**CONTROLLER_DOC, "rotation": running})).splitlines()
+        assert any(line.split()[:3] == ["licensectl-system/vws-token", phase, label] for line in lines), phase
+    assert "ROTATIONS" not in status_table(status_from_controller(CONTROLLER_DOC))
