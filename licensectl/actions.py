@@ -23,7 +23,7 @@ from licensectl.rotation import ANN_RETRY_AT, ANN_UNDO_AT
 from licensectl.timecodec import format_micro_time
 
 
-def pause_resume_annotations(verb: str, server_now: dt.datetime) -> dict[str, str | None]:
+def rollout_action_annotations(verb: str, server_now: dt.datetime) -> dict[str, str | None]:
     """The annotation patch for `rollout pause|resume|retry|undo`; `server_now` must be the apiserver's time.
 
     The controller compares `resumed-at` with restart times it stamped on the apiserver's clock
@@ -38,8 +38,8 @@ def pause_resume_annotations(verb: str, server_now: dt.datetime) -> dict[str, st
     return {ANN_ROLLOUT_PAUSED: "true"}
 
 
-async def pause_resume_main(args: Any, settings: config.Settings) -> int:
-    """Pause or resume the rollout of one source Secret by annotating it (`args.rollout_command`)."""
+async def rollout_action_main(args: Any, settings: config.Settings) -> int:
+    """Pause, resume, retry or undo the rollout of one source Secret by annotating it (`args.rollout_command`)."""
     verb, source = args.rollout_command, args.source
     ns, _, name = source.partition("/")
     if not ns or not name:
@@ -53,7 +53,7 @@ async def pause_resume_main(args: Any, settings: config.Settings) -> int:
             # One cheap request first (GET /version, allowed to every authenticated user): its
             # response's Date header sets the clock; the Secret itself is never read.
             await checked(VersionApi(api).get_code(_preload_content=False))
-            ann = pause_resume_annotations(verb, clock.now())
+            ann = rollout_action_annotations(verb, clock.now())
             await raw.patch_namespaced_secret(name, ns, {"metadata": {"annotations": ann}})
         except ApiException as e:
             print(f"licensectl rollout {verb}: {source}: HTTP {e.status} {e.reason}", file=sys.stderr)

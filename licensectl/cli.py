@@ -129,9 +129,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return asyncio.run(rollout_status_main(args, _command_settings(args)))
     if args.command == "rollout":  # pause | resume | retry | undo
-        from licensectl.actions import pause_resume_main
+        from licensectl.actions import rollout_action_main
 
-        return asyncio.run(pause_resume_main(args, _command_settings(args)))
+        return asyncio.run(rollout_action_main(args, _command_settings(args)))
     if args.command == "keys":
         from licensectl.actions import keys_rotate_main
 

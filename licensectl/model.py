@@ -159,6 +159,12 @@ class SourceSecret:
         return ObjectRef(self.namespace, self.name)
 
 
+def source_of(annotations: Mapping[str, str]) -> ObjectRef | None:
+    """The source Secret a licensectl-written Secret (replica, revision store) names; None if it names none."""
+    ns, name = annotations.get(ANN_SOURCE_NAMESPACE), annotations.get(ANN_SOURCE_NAME)
+    return ObjectRef(ns, name) if ns and name else None
+
+
 def u64(n: int) -> bytes:
     """A length prefix for hashing: fixed 8 bytes, so concatenations cannot be ambiguous."""
     return n.to_bytes(8, "big")
@@ -259,5 +265,4 @@ class RevisionStore:
 
     @property
     def source(self) -> ObjectRef | None:
-        ns, name = self.annotations.get(ANN_SOURCE_NAMESPACE), self.annotations.get(ANN_SOURCE_NAME)
-        return ObjectRef(ns, name) if ns and name else None
+        return source_of(self.annotations)

@@ -196,6 +196,20 @@ def render_license(source: SourceSecret | None, gpu_class: GpuClass,
         return SourceProblem(SourceProblemReason.SOURCE_MISSING, gpu_class.secret_ref,
                              f"license Secret {gpu_class.secret_ref} of GPUClass {gpu_class.name} "
                              "does not exist")
+    content = source_content(source, token_key)
+    if isinstance(content, SourceProblem):
+        return content
+    token, hoster = content
+    conf = _render_gridd_conf(hoster, ft)
+    return RenderedLicense(token=token, gridd_conf=conf, feature_type=ft,
+                           revision=_revision(token, conf),
+                           token_sha256=hashlib.sha256(token).hexdigest())
+
+
+def source_content(source: SourceSecret, token_key: str) -> tuple[bytes, str] | SourceProblem:
+    """The token and the hoster's gridd.conf text of a source Secret, or why it has none usable.
+
+    Independent of GPU classes: what a source revision is made of (docs/design.md#safe-rotation)."""
     sref = source.ref
     token = source.data.get(token_key)
     if token is None:
@@ -214,10 +228,7 @@ def render_license(source: SourceSecret | None, gpu_class: GpuClass,
         return SourceProblem(SourceProblemReason.GRIDD_CONF_INVALID, sref,
                              f"license Secret {sref}: key {SOURCE_GRIDD_CONF_KEY!r} must be UTF-8 "
                              f"text without NUL bytes, at most {MAX_GRIDD_CONF_BYTES} bytes")
-    conf = _render_gridd_conf(hoster, ft)
-    return RenderedLicense(token=token, gridd_conf=conf, feature_type=ft,
-                           revision=_revision(token, conf),
-                           token_sha256=hashlib.sha256(token).hexdigest())
+    return token, hoster
 
 
 def _decode_gridd_conf(raw: bytes) -> str | None:

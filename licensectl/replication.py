@@ -83,6 +83,13 @@ class ReplicationPlan:
             return {}
         return dict(Counter(self.entitlement.entitled.values()))
 
+    def namespaces_per_source(self) -> Mapping[ObjectRef, frozenset[str]]:
+        """Entitled namespaces by the source their classes name."""
+        out: dict[ObjectRef, set[str]] = {}
+        for (ns, _cls), ref in (self.entitlement.entitled.items() if self.entitlement else ()):
+            out.setdefault(ref, set()).add(ns)
+        return {ref: frozenset(nss) for ref, nss in out.items()}
+
     def state_counts(self) -> Mapping[str, int]:
         c = Counter(self.states.values())
         return {s: c.get(s, 0) for s in ("in_sync", "drifted", "missing", "conflict")}

@@ -395,6 +395,21 @@ def _fresh(record: RotationRecord, candidate: str, view: SourceView, st: Rotatio
     return Decision(rec, tuple(events))
 
 
+def can_change(record: RotationRecord | None, live: str | None, control: HosterControl) -> bool:
+    """Whether `decide` could return a new record, judged without the per-VMI observations: the
+    shell skips building them in the common idle case. Mirrors the branches of `decide`."""
+    if record is None:
+        return live is not None
+    if live is not None and live not in (record.stable, record.candidate):
+        return True
+    if live is not None and live == record.stable and record.phase is not RotationPhase.STABLE:
+        return True
+    acted = record.acted_at
+    if any(t is not None and (acted is None or t > acted) for t in (control.undo_at, control.retry_at)):
+        return True
+    return record.phase in ACTIVE
+
+
 def decide(record: RotationRecord | None, view: SourceView, *, st: RotationSettings, now: dt.datetime) -> Decision:
     """The next decision for one source (``Decision.record`` None: keep the current one)."""
     live = view.live

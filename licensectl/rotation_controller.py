@@ -25,11 +25,10 @@ from licensectl.kube.events import InvolvedObject
 from licensectl.metrics import GaugeSample, Metrics
 from licensectl.model import (
     ANN_REVISION,
-    ANN_SOURCE_NAME,
-    ANN_SOURCE_NAMESPACE,
     ANN_SOURCE_REVISION,
     ObjectRef,
     RevisionStore,
+    source_of,
 )
 from licensectl.ports import EventSink, WallClock
 from licensectl.replication import ReplicationPlan, SourceRevisions
@@ -41,6 +40,7 @@ from licensectl.rotation import (
     RotationRecord,
     SourceView,
     WaveVmi,
+    can_change,
     decide,
     guest_evidence,
     wave_status,
@@ -125,9 +125,7 @@ class RotationController:
         st = self.rotation_settings
         stores = self.stores()
         live_sources = self.caches.source_states()
-        per_source: dict[ObjectRef, set[str]] = {}
-        for (ns, _cls), ref in plan.entitlement.entitled.items() if plan.entitlement else ():
-            per_source.setdefault(ref, set()).add(ns)
+        per_source = plan.namespaces_per_source()
         wanted = {gc.secret_ref for gc in self.caches.classes.cache.values() if gc.mode == "vgpu" and gc.secret_ref}
         checks: list[dt.datetime] = []
         for ref in sorted(wanted, key=str):
@@ -143,8 +141,8 @@ class RotationController:
             control = HosterControl.from_annotations(
                 live.annotations if live else {},
                 paused=SourceControl.from_annotations(live.annotations).paused if live else False)
-            namespaces = per_source.get(ref, set())
-            if not self._needs_view(record, live_rev, control):
+            namespaces = per_source.get(ref, frozenset())
+            if not can_change(record, live_rev, control):
                 continue
             view = self._view(ref, record, live_rev, control, namespaces, now)
             if view is None:
@@ -178,33 +176,17 @@ class RotationController:
                 await self.events.emit(source_object(ref), ev.type, ev.reason, ev.message)
         self.next_check = min(checks, default=None)
 
-    @staticmethod
-    def _needs_view(record: RotationRecord | None, live: str | None, control: HosterControl) -> bool:
-        """Skip building the per-VMI view when no decision can change (the common idle case)."""
-        if record is None:
-            return live is not None
-        if live is not None and live not in (record.stable, record.candidate):
-            return True
-        if live is not None and live == record.stable and record.phase is not RotationPhase.STABLE:
-            return True
-        acted = record.acted_at
-        for t in (control.undo_at, control.retry_at):
-            if t is not None and (acted is None or t > acted):
-                return True
-        return record.phase in ACTIVE
-
     def _view(self, ref: ObjectRef, record: RotationRecord | None, live: str | None, control: HosterControl,
-              namespaces: set[str], now: dt.datetime) -> SourceView | None:
+              namespaces: frozenset[str], now: dt.datetime) -> SourceView | None:
         """The observations `decide` reads; None while the rollout has no plan (KubeVirt caches not
         synced): a wave is never judged, nor a canary chosen, without knowing the VMIs."""
         rollout = self._rollout_plan()
-        needs_vmis = record is None or record.phase is not RotationPhase.STABLE or live != record.stable
-        if rollout is None and needs_vmis and record is not None:
+        if rollout is None and record is not None:  # only the first decision (stable := live) needs no VMIs
             return None
         replicas = self.caches.replicas.cache
         carried: dict[str, set[str]] = {}
         for (ns, _name), r in replicas.items():
-            if ns in namespaces and r.owned and _source_of(r.annotations) == ref:
+            if ns in namespaces and r.owned and source_of(r.annotations) == ref:
                 carried.setdefault(ns, set()).add(r.annotations.get(ANN_SOURCE_REVISION, ""))
         ns_view = {ns: (next(iter(carried[ns])) if len(carried.get(ns, ())) == 1 else "") for ns in namespaces}
         vmis_cache = self.caches.vmis.cache if self.caches.vmis is not None else {}
@@ -249,10 +231,7 @@ class RotationController:
     def samples(self) -> Iterable[GaugeSample]:
         """From every replica: the record lives in the cluster, so all replicas export the same."""
         plan = self._replication_plan()
-        per_source: dict[ObjectRef, set[str]] = {}
-        if plan is not None and plan.entitlement is not None:
-            for (ns, _cls), ref in plan.entitlement.entitled.items():
-                per_source.setdefault(ref, set()).add(ns)
+        per_source = plan.namespaces_per_source() if plan is not None else {}
         steps = self.rotation_settings.steps
         for ref, store in sorted(self.stores().items(), key=lambda kv: str(kv[0])):
             rec = RotationRecord.from_annotations(store.annotations)
@@ -280,7 +259,3 @@ class RotationController:
                              "waveStartedAt": rec.wave_started_at.isoformat() if rec.wave_started_at else None}
         return out
 
-
-def _source_of(ann: Mapping[str, str]) -> ObjectRef | None:
-    ns, name = ann.get(ANN_SOURCE_NAMESPACE), ann.get(ANN_SOURCE_NAME)
-    return ObjectRef(ns, name) if ns is not None and name else None

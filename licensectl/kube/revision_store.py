@@ -18,7 +18,7 @@ from typing import Any
 
 from kubernetes_asyncio.client import ApiException, CoreV1Api
 
-from licensectl import logs
+from licensectl import logs, render
 from licensectl.kube.raw import RawApi
 from licensectl.model import (
     ANN_SOURCE_NAME,
@@ -28,7 +28,6 @@ from licensectl.model import (
     RevisionStore,
     SourceSecret,
 )
-from licensectl.render import SOURCE_GRIDD_CONF_KEY
 from licensectl.rotation import Decision, RotationRecord, content_revision
 
 log = logs.get(__name__)
@@ -44,14 +43,11 @@ def store_name(source: ObjectRef) -> str:
 
 
 def live_revision(source: SourceSecret | None, token_key: str) -> str | None:
-    """The content revision of the live source, or None when it has no usable token (then it is
-    no candidate; the replication reports why)."""
-    if source is None:
+    """The content revision of the live source, or None when it is no usable content (the same checks
+    the renderer makes; the replication reports why): such a source never becomes a candidate."""
+    if source is None or isinstance(render.source_content(source, token_key), render.SourceProblem):
         return None
-    token = source.data.get(token_key)
-    if not token or not token.strip():
-        return None
-    return content_revision(token, source.data.get(SOURCE_GRIDD_CONF_KEY))
+    return content_revision(source.data[token_key], source.data.get(render.SOURCE_GRIDD_CONF_KEY))
 
 
 def _slot_keys(slot: str) -> tuple[str, str]:
@@ -67,7 +63,7 @@ def slot_source(store: RevisionStore, slot: str, *, live: SourceSecret, token_ke
         return None
     data = {token_key: token}
     if ck in store.data:
-        data[SOURCE_GRIDD_CONF_KEY] = store.data[ck]
+        data[render.SOURCE_GRIDD_CONF_KEY] = store.data[ck]
     return SourceSecret(live.namespace, live.name, live.uid, live.resource_version, MappingProxyType(data),
                         live.annotations)
 
@@ -121,8 +117,8 @@ def store_body(*, namespace: str, source: ObjectRef, existing: RevisionStore | N
             return None
         tk, ck = _slot_keys(decision.snapshot)
         data[tk] = live.data[token_key]
-        if SOURCE_GRIDD_CONF_KEY in live.data:
-            data[ck] = live.data[SOURCE_GRIDD_CONF_KEY]
+        if render.SOURCE_GRIDD_CONF_KEY in live.data:
+            data[ck] = live.data[render.SOURCE_GRIDD_CONF_KEY]
         else:
             data.pop(ck, None)
     if not rec.candidate:

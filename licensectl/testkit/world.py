@@ -84,10 +84,20 @@ class World:
     async def rotate(self, n: int, *, days: float = 200) -> bytes:
         """The hoster replaces the token in the source Secret (a new revision)."""
         token = token_for(days, rotation=n)
+        await self.put_token(token)
+        return token
+
+    async def put_token(self, token: bytes) -> None:
+        """The hoster writes `token` (chosen by the caller, e.g. one its license server refuses) into
+        the source Secret."""
         await CoreV1Api(self.api).patch_namespaced_secret(self.source_name, self.source_ns, {"data": {
             TOKEN_KEY: base64.b64encode(token).decode()}})
         self.tokens.append(token)
-        return token
+
+    @property
+    def cli_env(self) -> dict[str, str]:
+        """What the `licensectl` command needs to find this world's controller and tenant tree."""
+        return {"LICENSECTL_NAMESPACE": self.controller_ns, "LICENSECTL_ROOT_TENANT": self.root_name}
 
     async def replica_revision(self, ns: str) -> str | None:
         """The revision annotation of the replica in `ns` (None when there is none)."""

@@ -268,6 +268,13 @@ async def test_two_replicas_one_prometheus_no_false_alert_exact_alerts_no_flap_o
             assert await scalar('max(licensectl_replicas{state="in_sync"})') == await scalar(
                 'min(licensectl_replicas{state="in_sync"})') == sa.value("licensectl_replicas", state="in_sync")
             assert await scalar("sum(licensectl_leader)") == 1
+            # The rotation record lives in the cluster: both pods export it, equal, so the shipped
+            # `max by (source...)` of LicensectlRolloutAborted counts each source once.
+            assert await scalar("count(count by (pod) (licensectl_rotation_phase))") == 2
+            assert await scalar('max(licensectl_rotation_phase{phase="stable"})') == await scalar(
+                'min(licensectl_rotation_phase{phase="stable"})') == 1
+            assert await scalar('count(max by (source_namespace, source_name) '
+                                '(licensectl_rotation_phase{phase="stable"}))') == 1
             # Admission is answered by both pods (each VMI passed both registrations: one added the
             # volume, the other found it); the backstop's gauge is a rollout series, leader-only,
             # and empty because every VMI carries its volume.

@@ -51,7 +51,7 @@ from licensectl.rotation import (
 from licensectl.testkit.controller import ControllerProcess
 from licensectl.testkit.poll import eventually
 from licensectl.testkit.process import run_licensectl
-from licensectl.testkit.world import TOKEN_KEY, token_for
+from licensectl.testkit.world import token_for
 
 from .support import Fleet, Rig, controllers, start_controller
 
@@ -138,13 +138,6 @@ async def source_revisions(fl: Fleet) -> dict[str, str | None]:
     return out
 
 
-async def rotate_to(fl: Fleet, token: bytes) -> None:
-    """The hoster puts `token` in the source Secret (a token chosen up front, unlike `Fleet.rotate`)."""
-    await CoreV1Api(fl.api).patch_namespaced_secret(fl.source_name, fl.source_ns, {"data": {
-        TOKEN_KEY: base64.b64encode(token).decode()}})
-    fl.tokens.append(token)
-
-
 async def source_events(fl: Fleet, reason: str) -> list[Any]:
     events = await CoreV1Api(fl.api).list_namespaced_event(
         fl.source_ns, field_selector=f"involvedObject.name={fl.source_name}")
@@ -192,7 +185,7 @@ async def restart_by_hand(rig: Rig, guests: GuestFleet, ns: str, vm: str) -> Boo
 async def undo(fl: Fleet, kubeconfig: Any) -> None:
     """`licensectl rollout undo` as the hoster runs it."""
     r = await run_licensectl("rollout", "undo", f"{fl.source_ns}/{fl.source_name}", kubeconfig=kubeconfig,
-                             env={"LICENSECTL_NAMESPACE": fl.controller_ns, "LICENSECTL_ROOT_TENANT": fl.root_name})
+                             env=fl.cli_env)
     assert r.code == 0 and "undone" in r.out, (r.code, r.out, r.err)
 
 
@@ -492,7 +485,7 @@ async def test_bad_candidate_aborts_through_a_leader_kill_and_only_the_canary_ev
         stable = content_revision(fl.token, None)
         try:
             async with observing(fl) as obs:
-                await rotate_to(fl, bad)
+                await fl.put_token(bad)
                 delay = rng.uniform(0.5, 8.0)
                 kills.append(f"kill after {delay:.2f}s")
                 await asyncio.sleep(delay)

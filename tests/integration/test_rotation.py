@@ -13,7 +13,6 @@ tests/e2e/test_rotation_kill.py):
 from __future__ import annotations
 
 import asyncio
-import base64
 import dataclasses
 import hashlib
 import time
@@ -21,7 +20,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from kubernetes_asyncio.client import ApiClient, CoreV1Api
+from kubernetes_asyncio.client import ApiClient
 
 from licensectl.app import App
 from licensectl.devcluster import fleet
@@ -32,7 +31,7 @@ from licensectl.kube.kubevirt import KubevirtClient, RestartResult
 from licensectl.model import ANN_SOURCE_REVISION, ObjectRef
 from licensectl.rotation import RotationPhase, RotationRecord, parse_steps
 from licensectl.testkit.process import run_licensectl
-from licensectl.testkit.world import TOKEN_KEY, World, token_for
+from licensectl.testkit.world import World, token_for
 
 from ..conftest import KubevirtEnv
 from .support import events_for, eventually, make_world, metric, read_secret, running_app, settings_for
@@ -73,8 +72,7 @@ class Rig:
         return g is not None and g.state is LicenseState.LICENSED and g.token_current
 
     async def cli(self, *argv: str) -> tuple[int, str]:
-        r = await run_licensectl(*argv, kubeconfig=self.kv.kubeconfig_path, env={
-            "LICENSECTL_NAMESPACE": self.w.controller_ns, "LICENSECTL_ROOT_TENANT": self.w.root_name})
+        r = await run_licensectl(*argv, kubeconfig=self.kv.kubeconfig_path, env=self.w.cli_env)
         return r.code, r.out
 
     async def replicas_follow(self, rec: RotationRecord) -> None:
@@ -185,7 +183,7 @@ async def test_bad_token_aborts_after_the_canary(rig: Rig) -> None:
     r = rig
     stable = r.record()
     assert stable is not None
-    await _put_token(r.w, BAD)
+    await r.w.put_token(BAD)  # a token from another license server instance
     canary = await r.phase(RotationPhase.CANARY, timeout=30)
     aborted = await r.phase(RotationPhase.ABORTED, timeout=120)
     assert aborted.wave == 0 and "canary" in aborted.reason and "acquire_failed" in aborted.reason, aborted.reason
@@ -235,10 +233,3 @@ async def test_bad_token_aborts_after_the_canary(rig: Rig) -> None:
     for tok in (BAD, r.w.token):
         assert tok.decode() not in doc
 
-
-async def _put_token(w: World, token: bytes) -> None:
-    """The hoster installs a token from another license server instance (what `World.rotate` does
-    with a token of its own making)."""
-    await CoreV1Api(w.api).patch_namespaced_secret(w.source_name, w.source_ns, {"data": {
-        TOKEN_KEY: base64.b64encode(token).decode()}})
-    w.tokens.append(token)

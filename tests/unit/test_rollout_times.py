@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from licensectl.actions import pause_resume_annotations, pause_resume_main
+from licensectl.actions import rollout_action_annotations, rollout_action_main
 from licensectl.config import Settings
 from licensectl.model import ANN_ROLLOUT_PAUSED, ANN_ROLLOUT_RESUMED_AT, ObjectRef
 from licensectl.rollout import Phase, ReplicaRevision
@@ -110,7 +110,7 @@ async def test_resume_stamps_the_apiserver_time_not_the_workstation_time(tmp_pat
         settings = Settings(kubeconfig=str(kubeconfig_for(server, tmp_path / "kc")))
         args = argparse.Namespace(rollout_command="resume", source="licensectl-system/vws-token")
         local = time.time()
-        assert await pause_resume_main(args, settings) == 0
+        assert await rollout_action_main(args, settings) == 0
     assert len(patches) == 1
     ann = patches[0]["metadata"]["annotations"]
     assert ann[ANN_ROLLOUT_PAUSED] is None
@@ -122,6 +122,6 @@ async def test_resume_stamps_the_apiserver_time_not_the_workstation_time(tmp_pat
 
 def test_pause_sets_only_the_switch() -> None:
     now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
-    assert pause_resume_annotations("pause", now) == {ANN_ROLLOUT_PAUSED: "true"}
-    resumed = pause_resume_annotations("resume", now)
+    assert rollout_action_annotations("pause", now) == {ANN_ROLLOUT_PAUSED: "true"}
+    resumed = rollout_action_annotations("resume", now)
     assert resumed[ANN_ROLLOUT_PAUSED] is None and parse_time(resumed[ANN_ROLLOUT_RESUMED_AT] or "") == now

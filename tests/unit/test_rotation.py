@@ -39,6 +39,7 @@ from licensectl.rotation import (
     SourceView,
     WaveVmi,
     bucket,
+    can_change,
     content_revision,
     decide,
     guest_evidence,
@@ -1152,3 +1153,23 @@ def test_failed_gridd_events_are_gridd_event_kinds() -> None:
 def test_guest_evidence(kw: dict[str, object], want: tuple[bool, str | None]) -> None:
     args: dict[str, object] = {"reason": None, "last_event": None, "holds_candidate": True, "since_start": True, **kw}
     assert guest_evidence(**args) == want  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("phase", list(RotationPhase))
+@pytest.mark.parametrize("live", [None, S, C, content_revision(b"token-new", None)])
+@pytest.mark.parametrize("act", [None, "undo-old", "undo-new", "retry-old", "retry-new"])
+def test_can_change_is_false_only_where_decide_keeps_the_record(phase: RotationPhase, live: str | None,
+                                                                act: str | None) -> None:
+    """The shell skips observing VMIs when `can_change` says no: `decide` must then keep the record,
+    whatever the VMIs and namespaces say (here: everything passed, or a failure, long after the deadline)."""
+    rec = record(phase, acted=T0)
+    when = {"old": T0 - sec(5), "new": T0 + sec(5)}
+    ctl = HosterControl()
+    if act is not None:
+        verb, age = act.split("-")
+        ctl = HosterControl(undo_at=when[age]) if verb == "undo" else HosterControl(retry_at=when[age])
+    for vmis in ([vmi("a", "x")], [vmi("a", "x", licensed=False, failure="acquire_failed")]):
+        v = view(live, carrying(rec, ["a", "b"]), vmis, control=ctl)
+        if not can_change(rec, live, ctl):
+            assert decide(rec, v, st=ST, now=T0 + sec(10_000)).record is None
+    assert can_change(None, live, ctl) == (live is not None)
