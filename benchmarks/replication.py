@@ -46,6 +46,7 @@ from benchmarks.common import (
 from licensectl.devcluster import fleet
 from licensectl.devcluster.controlplane import ControlPlane
 from licensectl.devcluster.kubeapi import install_crds
+from licensectl.kube import api as kube_api
 from licensectl.kube.raw import RawApi
 from licensectl.model import ANN_CLASS, MANAGED_BY_LABEL, MANAGED_BY_VALUE
 from licensectl.testkit.metrics_text import Scrape, delta, delta_by_label, parse_metrics
@@ -104,7 +105,7 @@ async def seed(api: ApiClient, scale: ReplicationScale, token: bytes) -> dict[st
 # ---------------------------------------------------------------------------------------------
 async def raw_write_floor(api: ApiClient, expected: int, token: bytes) -> tuple[float, int]:
     """Replace every replica with new content at the controller's concurrency; (seconds, writes)."""
-    raw: Any = RawApi(CoreV1Api(api))
+    raw: Any = RawApi(kube_api.CoreV1Api(api))  # the thin client the controller uses, no controller logic
     listed = await raw.list_secret_for_all_namespaces(label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}")
     # The signing-key Secret carries the managed-by label too; replicas also carry the class annotation.
     items = [s for s in listed.get("items") or []
@@ -132,7 +133,7 @@ async def raw_write_floor(api: ApiClient, expected: int, token: bytes) -> tuple[
 async def raw_create_floor(api: ApiClient, expected: int) -> tuple[float, int]:
     """Delete every replica (untimed), then create them again from their listed content at the
     controller's concurrency: the cold start's baseline; (seconds, creates)."""
-    raw: Any = RawApi(CoreV1Api(api))
+    raw: Any = RawApi(kube_api.CoreV1Api(api))  # the thin client the controller uses, no controller logic
     listed = await raw.list_secret_for_all_namespaces(label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}")
     items = [s for s in listed.get("items") or []
              if ANN_CLASS in ((s.get("metadata") or {}).get("annotations") or {})]

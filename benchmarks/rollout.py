@@ -64,13 +64,21 @@ from licensectl.devcluster.ledger import Interval, RestartRecord
 from licensectl.devcluster.virt_api import RestartProxy
 from licensectl.devcluster.virt_controller import KubevirtSimulator
 from licensectl.devcluster.vm_semantics import firmware_uuid
-from licensectl.model import ANN_RESTART_RESULT, ANN_RESTART_REVISION
+from licensectl.model import (
+    ANN_RESTART_RESULT,
+    ANN_RESTART_REVISION,
+    ANN_REVISION,
+    ANN_REVISION_TIME,
+    MANAGED_BY_LABEL,
+    MANAGED_BY_VALUE,
+)
 from licensectl.render import replica_name
-from licensectl.rollout import RESULT_DONE, RolloutSettings
+from licensectl.rollout import MIN_SETTLE_SECONDS, RESULT_DONE, RolloutSettings
 from licensectl.testkit.controller import settings_args
-from licensectl.testkit.metrics_text import Scrape, delta, delta_by_label
+from licensectl.testkit.metrics_text import Scrape, delta_by_label
 from licensectl.testkit.poll import eventually
 from licensectl.testkit.world import SOURCE_NAME
+from licensectl.timecodec import annotation_time
 
 MAX_UNAVAILABLE = "10%"
 READY_DELAY = 0.05
@@ -222,6 +230,23 @@ def is_store_write(method: str, path: str, namespace: str = CONTROLLER_NS) -> bo
     return method in WRITE_VERBS and (path == prefix or path.startswith(prefix + "/"))
 
 
+def first_new_revision_time(before: Mapping[Key, str], after: Mapping[Key, tuple[str, dt.datetime | None]]
+                            ) -> dt.datetime | None:
+    """The earliest revision time among replicas whose revision changed: when the settle period of
+    the rollout's first restarts began (each replica's restarts settle from its own revision time)."""
+    times = [t for key, (rev, t) in after.items() if t is not None and rev != before.get(key)]
+    return min(times, default=None)
+
+
+def after_settle(*, t_first: float | None, t_rot_wall: dt.datetime, first_revision: dt.datetime | None,
+                 settle: float) -> float | None:
+    """Seconds from the end of the settle period (first new revision time + settle) to the first
+    restart accepted, `t_first` being seconds after the rotation write at `t_rot_wall`."""
+    if t_first is None or first_revision is None:
+        return None
+    return t_first - ((first_revision - t_rot_wall).total_seconds() + settle)
+
+
 def wave_label(reason: str, message: str) -> str:
     if reason == "RotationStepStarted":
         # "<wave> passed (...); step 2 of 3: ..." -> "step 2" (the step that starts, after the last ";")
@@ -274,14 +299,17 @@ class Phase:
 
     wall: float  # rotation write -> every VM's restart recorded done
     t_first: float | None  # rotation write -> first restart accepted
+    t_after_settle: float | None  # end of the first replicas' settle period -> first restart accepted
     t_replicas: float | None  # rotation write -> every replica rewritten (one-step only)
     accepted: int
     rejected: int
     per_vm: Counter[Key]
     req: dict[str, float]
+    codes: dict[str, float]
     results: dict[str, float]
     passes: dict[str, float]
     ctl_cpu: float
+    scrape_cpu: float  # of ctl_cpu: spent while answering the benchmark's /metrics polls (an upper bound)
     shares: dict[str, float]
     max_down: int
     lag: list[float]
@@ -300,6 +328,19 @@ class Phase:
         return statistics.quantiles(self.lag, n=20)[-1] if len(self.lag) >= 2 else 0.0
 
 
+async def _replica_revisions(api: ApiClient) -> dict[Key, tuple[str, dt.datetime | None]]:
+    """Every replica's revision and revision time: one list call, served from the apiserver's watch
+    cache (cheap; a moment behind etcd at most)."""
+    res = await CoreV1Api(api).list_secret_for_all_namespaces(
+        label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}", resource_version="0")
+    out: dict[Key, tuple[str, dt.datetime | None]] = {}
+    for sec in res.items:
+        ann = sec.metadata.annotations or {}
+        out[(sec.metadata.namespace, sec.metadata.name)] = (ann.get(ANN_REVISION, ""),
+                                                            annotation_time(ann, ANN_REVISION_TIME))
+    return out
+
+
 async def _source_events(api: ApiClient) -> list[tuple[dt.datetime, str, str]]:
     res = await CoreV1Api(api).list_namespaced_event(SOURCE_NS, field_selector=f"involvedObject.name={SOURCE_NAME}")
     return [(e.first_timestamp, e.reason or "", e.message or "") for e in res.items if e.first_timestamp is not None]
@@ -311,8 +352,10 @@ async def rotate_and_measure(*, cp: ControlPlane, api: ApiClient, sim: KubevirtS
     """Replace the source token, wait until every VM's restart is recorded done for the new revision,
     then read the controller's counters and stop it. Completion is read from the simulator's own VM
     cache, which costs the controller nothing. /metrics is scraped every few seconds in both rotations
-    (a scrape costs the controller CPU that grows with the fleet, billed to the rollout alike), and
-    densely only until the replicas are rewritten in the one-step rollout, to time that mark."""
+    (a scrape costs the controller CPU that grows with the fleet, billed to the rollout alike). In the
+    one-step rollout the replicas are read from the apiserver's cache every poll until all are rewritten,
+    to time that mark: not from /metrics, whose scrape (a second of the controller's loop at 2,000 VMIs)
+    four times a second would hold up the very restarts the time to plan measures."""
     record = sim.record
     dense = label == "one-step"
     cp_pids = {k: p for k, p in cp.pids.items() if k in ("kube-apiserver", "etcd")}
@@ -321,6 +364,7 @@ async def rotate_and_measure(*, cp: ControlPlane, api: ApiClient, sim: KubevirtS
     ctl_cpu0, self_cpu0, cp_cpu0 = ctl.cpu_seconds(), self_cpu_seconds(), cpu_seconds(cp_pids)
     n_records = len(record.restarts)
     writes0 = Counter(proxy.store_writes)
+    revisions_before = {k: rev for k, (rev, _) in (await _replica_revisions(api)).items()}
     lag = LoopLag()
     lag.start()
     try:
@@ -329,16 +373,19 @@ async def rotate_and_measure(*, cp: ControlPlane, api: ApiClient, sim: KubevirtS
         await rotate_source(api, token)
         marks: dict[str, float] = {}
         last = [time.monotonic(), 0.0]  # last progress line, last scrape
+        scrape_cpu = [0.0]  # controller CPU during this benchmark's own /metrics scrapes
 
         async def rolled_out() -> bool:
             now_ = time.monotonic()
-            if (dense and "replicas" not in marks) or now_ - last[1] >= SPARSE_SCRAPE_SECONDS:
+            if dense and "replicas" not in marks:
+                now_revs = await _replica_revisions(api)
+                if sum(1 for k, (rev, _) in now_revs.items() if rev != revisions_before.get(k)) >= namespaces:
+                    marks["replicas"] = time.monotonic()
+            if now_ - last[1] >= SPARSE_SCRAPE_SECONDS:
                 last[1] = now_
-                s = await ctl.scrape()
-                rewritten = s is not None and delta(s, before, "licensectl_replica_writes_total", action="update",
-                                                    result="updated") >= namespaces
-                if s is not None and rewritten and dense and "replicas" not in marks:
-                    marks["replicas"] = s.at
+                c0 = ctl.cpu_seconds()
+                await ctl.scrape()
+                scrape_cpu[0] += ctl.cpu_seconds() - c0
             done = vms_rolled(sim.vms.store.values(), revisions)
             if now_ - last[0] > 10:
                 last[0] = now_
@@ -370,17 +417,22 @@ async def rotate_and_measure(*, cp: ControlPlane, api: ApiClient, sim: KubevirtS
     progress(f"{label} rotation complete in {wall:.1f}s; controller stopped (exit code {code})")
     restarts = record.restarts[n_records:]
     accepted = [r for r in restarts if r.status == 202]
+    t_first = min(r.at for r in accepted) - t_rot if accepted else None
+    first_revision = first_new_revision_time(revisions_before, await _replica_revisions(api))
     shares = {"controller": ctl_cpu / wall, SIM: self_cpu / wall}
     shares |= {k: (cp_cpu1[k] - cp_cpu0[k]) / wall for k in cp_cpu0}
     return Phase(
         wall=wall,
-        t_first=min(r.at for r in accepted) - t_rot if accepted else None,
+        t_first=t_first,
+        t_after_settle=after_settle(t_first=t_first, t_rot_wall=wall_rot, first_revision=first_revision,
+                                    settle=MIN_SETTLE_SECONDS),
         t_replicas=marks["replicas"] - t_rot if "replicas" in marks else None,
         accepted=len(accepted), rejected=len(restarts) - len(accepted), per_vm=restarts_per_vm(restarts),
         req=delta_by_label(after, before, "licensectl_api_requests_total", label="verb"),
+        codes=delta_by_label(after, before, "licensectl_api_requests_total", label="code"),
         results=delta_by_label(after, before, "licensectl_restarts_total", label="result"),
         passes=delta_by_label(after, before, "licensectl_reconcile_total", label="controller"),
-        ctl_cpu=ctl_cpu, shares=shares, max_down=peak_unavailable(record.unavailable, t_rot),
+        ctl_cpu=ctl_cpu, scrape_cpu=scrape_cpu[0], shares=shares, max_down=peak_unavailable(record.unavailable, t_rot),
         lag=list(lag.samples), store_writes={k: n for k, n in writes.items() if n},
         waves=wave_offsets(await _source_events(api), wall_rot), cost=cost, mem=mem, peak_rss=ctl.peak_rss,
         code=code)
@@ -426,15 +478,21 @@ def phase_rows(p: Phase, *, vms: int, namespaces: int, limit: int) -> list[list[
     return [
         ["rotation -> all replicas rewritten", fmt_seconds(p.t_replicas), "", f"{namespaces:,} replicas"],
         ["time to plan (rotation write -> first restart accepted)", fmt_seconds(p.t_first),
-         "goal ≤ 1 s after settle", "restart proxy's record; settle 0 s here"],
+         "", f"restart proxy's record; settle 0 s here, i.e. the minimum {MIN_SETTLE_SECONDS:g} s"],
+        ["first restart after the settle period", fmt_seconds(p.t_after_settle), "goal ≤ 1 s",
+         "from the first rewritten replica's revision time (whole seconds) + settle"],
         ["rollout duration (rotation -> all VMIs current)", fmt_seconds(p.wall), "", ""],
         ["restart throughput", f"{fmt_num(ratio(restarts, p.restart_wall or 0))} restarts/s", "",
          f"{restarts:,} accepted restarts, {p.rejected} rejected"],
         ["max concurrently unavailable", f"{p.max_down}", f"limit {limit}", "simulator's record"],
         ["controller CPU per restart", f"{p.ctl_cpu / max(restarts, 1) * 1000:.2f} ms",
          "", f"{p.ctl_cpu:.1f}s CPU over the rollout (incl. {namespaces:,} replica rewrites)"],
+        ["  of which answering this benchmark's /metrics polls", f"{p.scrape_cpu / max(restarts, 1) * 1000:.2f} ms",
+         "", f"{p.scrape_cpu:.1f}s: controller CPU while a poll was in flight (an upper bound: the "
+             "rollout goes on meanwhile)"],
         ["API requests per restarted VMI", fmt_num(ratio(req_vmi, restarts)), "goal ≤ 3",
-         f"without the {namespaces:,} replica PUTs; controller-side, all: {fmt_counts(p.req)}"],
+         f"without the {namespaces:,} replica PUTs; controller-side, all: {fmt_counts(p.req)}; "
+         f"by code: {fmt_counts(p.codes)}"],
         ["Event writes per restarted VMI", fmt_num(ratio(p.req.get("POST", 0.0), restarts)), "",
          "POSTs (Event creates; repeats are PATCHes of a count)"],
         ["reconcile passes during the rollout", fmt_counts(p.passes), "",
@@ -445,7 +503,7 @@ def phase_rows(p: Phase, *, vms: int, namespaces: int, limit: int) -> list[list[
                                                                    f"{CONTROLLER_NS}, counted at the proxy"],
         ["one /metrics scrape after the rollout", f"{fmt_seconds(p.cost[0])}, {p.cost[2]:,} series, "
                                                   f"{p.cost[1] / 1024:.0f} KiB", "",
-         f"polled every {SPARSE_SCRAPE_SECONDS:g}s during the rollout (0.25s until replicas rewritten)"],
+         f"polled every {SPARSE_SCRAPE_SECONDS:g}s during the rollout"],
         ["controller RSS (VmHWM)", f"{p.mem.get('VmHWM', 0) / 1048576:.1f} MiB", "",
          f"max sampled VmRSS {p.peak_rss / 1048576:.1f} MiB"],
         ["CPU use during rollout (share of one core)", ", ".join(f"{k} {s:.0%}" for k, s in p.shares.items()), "",
@@ -469,7 +527,7 @@ def safe_rows(safe: Phase, one: Phase, *, vms: int, namespaces: int, limit: int)
                          os.getloadavg()[0])
     return [
         ["safe rotation: time to first restart (canary)", fmt_seconds(safe.t_first),
-         f"one-step: {fmt_seconds(one.t_first)}", ""],
+         f"one-step: {fmt_seconds(one.t_first)}", f"after the settle period: {fmt_seconds(safe.t_after_settle)}"],
         ["safe rotation: time to full rollout", fmt_seconds(safe.wall), f"one-step: {fmt_seconds(one.wall)}",
          f"{fmt_ratio(ratio(safe.wall, one.wall))}; waves (Event times, 1 s resolution): {safe.waves}"],
         ["safe rotation: restarts per VM", exactly_once(safe.per_vm, vms),

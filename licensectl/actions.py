@@ -11,9 +11,8 @@ import datetime as dt
 import sys
 from typing import Any
 
-from kubernetes_asyncio.client import ApiException, CoreV1Api, VersionApi
-
 from licensectl import config
+from licensectl.kube.api import ApiException, CoreV1Api, VersionApi
 from licensectl.kube.client import make_api_client, request_tracing
 from licensectl.kube.raw import RawApi, checked
 from licensectl.kube.server_clock import ServerClock

@@ -18,7 +18,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
-from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api
 
 from licensectl import __version__, config, logs
 from licensectl.caches import Caches
@@ -30,6 +29,7 @@ from licensectl.guest_report import GuestState
 from licensectl.guests import GuestStore
 from licensectl.kube import client as kclient
 from licensectl.kube import projections
+from licensectl.kube.api import AnyClient, ApiException, CoreV1Api
 from licensectl.kube.events import EventRecorder
 from licensectl.kube.kubevirt import KubevirtClient
 from licensectl.kube.lease import ApiLeaseBackend, LeaderElector, LeaseConfig
@@ -59,7 +59,7 @@ Clock = Callable[[], dt.datetime]
 
 
 class App:
-    def __init__(self, settings: config.Settings, *, api_client: ApiClient | None = None,
+    def __init__(self, settings: config.Settings, *, api_client: AnyClient | None = None,
                  clock: Clock | None = None, identity: str | None = None) -> None:
         self.settings = settings
         # Revision times and VMI start times must be judged on one clock: the apiserver's, learnt
@@ -89,7 +89,7 @@ class App:
 
     # -- wiring -------------------------------------------------------------------------------------
     @property
-    def api(self) -> ApiClient:
+    def api(self) -> AnyClient:
         assert self._api_client is not None
         return self._api_client
 
@@ -218,8 +218,10 @@ class App:
     async def _loop(self, name: str, trigger: asyncio.Event, step: Callable[[], Awaitable[float | None]]) -> None:
         resync = self.settings.resync_seconds
         failures = 0
+        loop = asyncio.get_running_loop()
         while not self._stopping:
             wait: float | None
+            started = loop.time()
             try:
                 wait = await step()
                 failures = 0
@@ -234,8 +236,12 @@ class App:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(trigger.wait(), timeout)
             trigger.clear()
-            # Coalesce bursts of watch events into one pass (docs/design.md#webhook-thread).
-            await asyncio.sleep(COALESCE_SECONDS.get(name, 0.05))
+            # Coalesce bursts of watch events into one pass (docs/design.md#webhook-thread): at most
+            # one pass per window, counted from the last pass's start, so a timed wakeup (a settle
+            # period ending) is not delayed by a whole window after it already waited; a fifth of
+            # the window always stays idle, so back-to-back long passes never hold the interpreter.
+            window = COALESCE_SECONDS.get(name, 0.05)
+            await asyncio.sleep(max(window / 5, window - (loop.time() - started)))
 
     async def _replicate(self) -> float | None:
         if not self.caches.core_synced():

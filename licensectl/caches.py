@@ -13,11 +13,10 @@ import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
-
 from licensectl import config, logs
 from licensectl.kube import contract, projections
-from licensectl.kube.watch import Informer, InformerHooks
+from licensectl.kube.api import AnyClient, CoreV1Api, CustomObjectsApi
+from licensectl.kube.watch import Informer, InformerHooks, shared_name_key
 from licensectl.model import (
     MANAGED_BY_LABEL,
     MANAGED_BY_VALUE,
@@ -39,7 +38,7 @@ OnChange = Callable[[str], None]
 
 
 class Caches:
-    def __init__(self, api_client: ApiClient, settings: config.Settings, *, on_change: OnChange,
+    def __init__(self, api_client: AnyClient, settings: config.Settings, *, on_change: OnChange,
                  hooks: InformerHooks | None = None, with_kubevirt: bool = True) -> None:
         self._core = CoreV1Api(api_client)
         self._custom = CustomObjectsApi(api_client)
@@ -58,10 +57,10 @@ class Caches:
             on_change=changed("gpuclasses"))
         self.claims: Informer[GpuClaim] = mk(
             "gpuclaims", contract.gpu_claim_lister(self._custom, settings), projections.gpu_claim_from,
-            on_change=changed("gpuclaims"))
+            key=shared_name_key, on_change=changed("gpuclaims"))
         self.replicas: Informer[ReplicaSecret] = mk(
             "replicas", self._core.list_secret_for_all_namespaces, projections.replica_secret_from,
-            label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}", on_change=changed("replicas"))
+            label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}", key=shared_name_key, on_change=changed("replicas"))
         # Revision stores (docs/design.md#safe-rotation): in licensectl's own namespace only.
         self.revision_stores: Informer[RevisionStore] = mk(
             "revisionstores", functools.partial(self._core.list_namespaced_secret, settings.namespace),

@@ -13,7 +13,7 @@ import datetime as dt
 import re
 import xml.etree.ElementTree as ET  # only for the ParseError type; parsing goes through defusedxml
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Final
 
@@ -472,7 +472,10 @@ def _yearless(mon: str, day: str, hh: str, mm: str, ss: str, reference: dt.datet
     if month is None or reference is None:
         return None
     ref = reference if reference.tzinfo is dt.UTC else reference.astimezone(dt.UTC)
-    latest = ref + _ONE_DAY
+    try:
+        latest = ref + _ONE_DAY
+    except OverflowError:  # a guest clock on the last day datetime can hold: an answer, not a crash
+        latest = dt.datetime.max.replace(tzinfo=dt.UTC)
     for year in (ref.year, ref.year - 1):
         try:
             t = dt.datetime(year, month, int(day), int(hh), int(mm), int(ss), tzinfo=dt.UTC)
@@ -486,25 +489,30 @@ def _yearless(mon: str, day: str, hh: str, mm: str, ss: str, reference: dt.datet
 _ONE_DAY: Final = dt.timedelta(days=1)
 
 
-def _split_line(line: str, reference: dt.datetime | None) -> tuple[dt.datetime | None, str] | None:
-    """(timestamp, message) of an nvidia-gridd line; None for other daemons' lines."""
+# A syslog time without a year as logged (month, day, hh, mm, ss): its year comes from the guest clock.
+_YearlessTime = tuple[str, str, str, str, str]
+
+
+def _split_line(line: str) -> tuple[dt.datetime | None, _YearlessTime | None, str] | None:
+    """(timestamp, yearless syslog time, message) of an nvidia-gridd line; None for other daemons'
+    lines. The yearless time is left unresolved so the result depends on the line alone."""
     if _GRIDD_IDENT not in line:  # only the Windows format names no daemon: skip three regexes
-        return _windows_line(line)
+        w = _windows_line(line)
+        return None if w is None else (w[0], None, w[1])
     m = _ISO.fullmatch(line)
     if m:
-        return (parse_time(m.group(1), assume_utc=True), m.group(3)) if m.group(2) == _GRIDD_IDENT else None
+        return (parse_time(m.group(1), assume_utc=True), None, m.group(3)) if m.group(2) == _GRIDD_IDENT else None
     m = _SYSLOG.fullmatch(line)
     if m:
         if m.group(6) != _GRIDD_IDENT:
             return None
-        mon, day, hh, mm, ss = m.group(1), m.group(2), m.group(3), m.group(4), m.group(5)
-        return _yearless(mon, day, hh, mm, ss, reference), m.group(7)
+        return None, (m.group(1), m.group(2), m.group(3), m.group(4), m.group(5)), m.group(7)
     w = _windows_line(line)
     if w is not None:
-        return w
+        return w[0], None, w[1]
     m = _BARE.fullmatch(line)
     if m:
-        return (None, m.group(2)) if m.group(1) == _GRIDD_IDENT else None
+        return (None, None, m.group(2)) if m.group(1) == _GRIDD_IDENT else None
     return None
 
 
@@ -568,29 +576,107 @@ def _classify(msg: str) -> tuple[GriddEventKind, str | None, str | None, dt.date
     return None
 
 
+# Every message `_classify` recognises starts with one of these ("Shutdown (" for `Shutdown (n)`).
+# The message is a substring of its line, so a line containing none of them holds no event and is
+# dropped before its timestamp is parsed: most lines of a journal tail are such lines.
+_EVENT_HINT: Final = re.compile(
+    r"License (?:acquired|renewed|returned|released) successfully"
+    r"|Failed to (?:acquire license|register client|decode signature from token"
+    r"|read configurations from client configuration token|open file)"
+    r"|Valid (?:GRID|vGPU) license not found|Unable to fetch the client configuration token|Shutdown \("
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ScannedLog:
+    """Recognised gridd events before the guest clock is known: events whose syslog timestamp has no
+    year carry `at=None` here and are listed in `yearless` (index, time as logged). A pure function
+    of the lines."""
+
+    events: tuple[GriddEvent, ...]
+    yearless: tuple[tuple[int, _YearlessTime], ...] = ()
+    # The last resolution and the [from, until) range of references it holds for: the next report of
+    # a quiet guest reuses it instead of placing every yearless time again.
+    _last: list[tuple[dt.datetime, dt.datetime, tuple[GriddEvent, ...]]] = field(
+        default_factory=list, init=False, repr=False, compare=False)
+
+    def resolve(self, reference: dt.datetime | None) -> tuple[GriddEvent, ...]:
+        """The events with yearless times placed in the year `reference` (the guest clock) implies."""
+        if not self.yearless:
+            return self.events
+        if reference is not None and reference.tzinfo is not dt.UTC:
+            reference = reference.astimezone(dt.UTC)  # once, not per line
+        if self._last and reference is not None:
+            since, until, done = self._last[0]
+            if since <= reference < until:
+                return done
+        out = list(self.events)
+        for i, (mon, day, hh, mm, ss) in self.yearless:
+            e = out[i]
+            out[i] = GriddEvent(kind=e.kind, at=_yearless(mon, day, hh, mm, ss, reference), message=e.message,
+                                server=e.server, product=e.product, expiry=e.expiry)
+        events = tuple(out)
+        window = self._window(reference)
+        if window is not None:
+            self._last[:] = [(window[0], window[1], events)]
+        return events
+
+    def _window(self, ref: dt.datetime | None) -> tuple[dt.datetime, dt.datetime] | None:
+        """The references around `ref` (UTC) that resolve every yearless time as `ref` does: the same
+        year, and the same side of each `t <= reference + 1 day` test in `_yearless`. None near the
+        ends of datetime's range, where that arithmetic could overflow."""
+        if ref is None or not 3 <= ref.year <= 9998:
+            return None
+        since = dt.datetime(ref.year, 1, 1, tzinfo=dt.UTC)
+        until = dt.datetime(ref.year + 1, 1, 1, tzinfo=dt.UTC)
+        for _, (mon, day, hh, mm, ss) in self.yearless:
+            month = _MONTHS.get(mon.lower())
+            if month is None:
+                continue
+            for year in (ref.year, ref.year - 1):
+                try:
+                    t = dt.datetime(year, month, int(day), int(hh), int(mm), int(ss), tzinfo=dt.UTC)
+                except ValueError:
+                    continue
+                flip = t - _ONE_DAY  # t <= reference + 1 day exactly when flip <= reference
+                if flip <= ref:
+                    since = max(since, flip)
+                else:
+                    until = min(until, flip)
+        return since, until
+
+
+def scan_gridd_log(lines: Iterable[str]) -> ScannedLog:
+    """Recognised nvidia-gridd events, in input order, other lines ignored; yearless times unresolved."""
+    out: list[GriddEvent] = []
+    yearless: list[tuple[int, _YearlessTime]] = []
+    for raw in lines:
+        line = raw.rstrip("\r\n").strip()
+        if _EVENT_HINT.search(line) is None:
+            continue
+        split = _split_line(line)
+        if split is None:
+            continue
+        at, when, msg = split
+        msg = msg.strip()
+        c = _classify(msg)
+        if c is None:
+            continue
+        kind, server, product, expiry = c
+        if when is not None:
+            yearless.append((len(out), when))
+        out.append(GriddEvent(kind=kind, at=at, message=clean_text(msg, MAX_MESSAGE_CHARS),
+                              server=server, product=product, expiry=expiry))
+    return ScannedLog(tuple(out), tuple(yearless))
+
+
 def parse_gridd_log(lines: Iterable[str], reference: dt.datetime | None = None) -> tuple[GriddEvent, ...]:
     """Recognised nvidia-gridd events, in input order; other lines are ignored.
 
     `reference` (the guest clock) supplies the year for syslog timestamps that lack one; such
     local times are taken as UTC, so they are approximate on guests not running in UTC.
     """
-    out = []
-    if reference is not None and reference.tzinfo is not dt.UTC:
-        reference = reference.astimezone(dt.UTC)  # once, not per line
-    for raw in lines:
-        line = raw.rstrip("\r\n").strip()
-        split = _split_line(line, reference)
-        if split is None:
-            continue
-        at, msg = split
-        msg = msg.strip()
-        c = _classify(msg)
-        if c is None:
-            continue
-        kind, server, product, expiry = c
-        out.append(GriddEvent(kind=kind, at=at, message=clean_text(msg, MAX_MESSAGE_CHARS),
-                              server=server, product=product, expiry=expiry))
-    return tuple(out)
+    return scan_gridd_log(lines).resolve(reference)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -612,31 +698,36 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 _PROBE_VERSION = re.compile(r"[0-9A-Za-z.+_-]{1,32}")
 _HEADER_KEY = re.compile(r"[a-z0-9-]{1,32}")
 MAX_CLOCK: Final = 253402300799  # 9999-12-31T23:59:59Z
+_VERSIONS: Final = {str(v): v for v in SUPPORTED_FORMAT_VERSIONS}
 
 
 def _bad(field: str) -> ReportError:
     return ReportError(BAD_FIELD, f"header field {field!r} is missing or malformed")
 
 
-_MARKER_LINE = re.compile(r"^--- ([^\n]*)", re.MULTILINE)
-
-
 def _sections(text: str, start: int) -> dict[str, str]:
     """Section name -> its text (lines joined by "\\n"), from the first marker line (at `start`) to
     the end marker.
 
-    Markers are found by one regex scan and each section is sliced out, not rebuilt: a per-line
+    Marker lines are found with str.find and each section is sliced out, not rebuilt: a per-line
     Python loop over a report's few hundred log lines was the largest cost of parsing it."""
     sections: dict[str, str] = {}
     current: str | None = None
     body_at = start
-    for m in _MARKER_LINE.finditer(text, start):
+    if text.startswith(SECTION_MARKER, start) and (start == 0 or text[start - 1] == "\n"):
+        at = start
+    else:
+        nl = text.find("\n" + SECTION_MARKER, start)
+        at = nl + 1 if nl >= 0 else -1
+    while at >= 0:
+        eol = text.find("\n", at)
+        if eol < 0:
+            eol = len(text)
         if current is not None:
-            chunk = text[body_at:m.start()]
-            sections[current] = chunk[:-1]
-        name = m.group(1).rstrip("\r")
+            sections[current] = text[body_at:at - 1]
+        name = text[at + len(SECTION_MARKER):eol].rstrip("\r")
         if name == SECTION_END:
-            if text[m.end():].strip():
+            if text[eol:].strip():
                 raise ReportError(BAD_FORMAT, "content after the end marker")
             return sections
         if name not in SECTIONS:
@@ -644,26 +735,48 @@ def _sections(text: str, start: int) -> dict[str, str]:
         if name in sections or name == current:
             raise ReportError(BAD_FORMAT, "duplicate section")
         current = name
-        body_at = m.end() + 1
+        body_at = eol + 1
+        nl = text.find("\n" + SECTION_MARKER, eol)
+        at = nl + 1 if nl >= 0 else -1
     raise ReportError(BAD_FORMAT, "missing end marker (truncated report?)")
 
 
-def parse_report(body: bytes, limits: ReportLimits = DEFAULT_LIMITS) -> GuestReport:
-    """Parse and validate one report body (docs/guest.md, "Wire format"). Strict: no guessing."""
-    if len(body) > limits.max_body_bytes:
-        raise ReportError(TOO_LARGE, f"body exceeds {limits.max_body_bytes} bytes")
-    if b"\x00" in body:
-        raise ReportError(BAD_ENCODING, "body contains NUL bytes")
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ReportError(BAD_ENCODING, "body is not UTF-8") from None
+# The header exactly as the probe writes it, matched in one step instead of line by line. Its values
+# are already in the form the field checks accept, so it matches only headers `_header_lines` accepts
+# too (line count and length permitting); anything else -- CRLF, another order, an upper-case UUID --
+# goes through that loop, which stays the one definition of a valid header.
+_PROBE_HEADER = re.compile(
+    r"licensectl-report: ([12])\n"
+    r"uuid: ([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\n"
+    r"hostname: ([A-Za-z0-9._-]{0,253})\n"
+    r"clock: ([0-9]{1,12})\n"
+    r"token-sha256: (none|[0-9a-f]{64})\n"
+    r"probe-version: ([0-9A-Za-z.+_-]{1,32})\n"
+    r"(?:nvidia-smi: (ok|missing|failed)\n)?"
+    r"(?=--- )"
+)
+_PROBE_HEADER_LINES: Final = 7
+_PROBE_HEADER_LONGEST: Final = len("hostname: ") + 253
 
-    if text.count("\n") + 1 > limits.max_text_lines + limits.max_log_lines + limits.max_header_lines + 8:
-        raise ReportError(TOO_LARGE, "body has too many lines")
+
+def _headers(text: str, limits: ReportLimits) -> tuple[dict[str, str], int]:
+    """Header fields up to the first section marker, and where that marker starts."""
+    if limits.max_header_lines >= _PROBE_HEADER_LINES and limits.max_field_chars + 34 >= _PROBE_HEADER_LONGEST:
+        m = _PROBE_HEADER.match(text)
+        if m is not None:
+            version, uuid, hostname, clock, sha, probe_version, smi = m.groups()
+            fast = {MAGIC_KEY: version, "uuid": uuid, "hostname": hostname, "clock": clock, "token-sha256": sha,
+                    "probe-version": probe_version}
+            if smi is not None:
+                fast[SMI_HEADER] = smi
+            return fast, m.end()
+    return _header_lines(text, limits)
+
+
+def _header_lines(text: str, limits: ReportLimits) -> tuple[dict[str, str], int]:
+    """`_headers` line by line: the definition of a valid header."""
     # Header lines only: the loop below gives up after max_header_lines, so the rest stays one string.
     lines = text.split("\n", limits.max_header_lines + 1)
-
     headers: dict[str, str] = {}
     i = 0
     while i < len(lines) and not lines[i].startswith(SECTION_MARKER):
@@ -683,13 +796,44 @@ def parse_report(body: bytes, limits: ReportLimits = DEFAULT_LIMITS) -> GuestRep
         if key in headers:
             raise ReportError(BAD_FORMAT, f"duplicate header field on line {i}")
         headers[key] = value
+    return headers, sum(len(line) + 1 for line in lines[:i])
+
+
+def _smi_section(section: str, text: str, limits: ReportLimits) -> tuple[GpuLicense, ...]:
+    xml = section == SECTION_SMI_XML
+    return parse_smi_xml(text.encode("utf-8"), limits) if xml else parse_smi_text(text, limits)
+
+
+def _log_section(text: str, limits: ReportLimits) -> ScannedLog:
+    log = [ln for ln in text.split("\n") if ln.strip()]
+    if len(log) > limits.max_log_lines:
+        raise ReportError(TOO_LARGE, f"more than {limits.max_log_lines} gridd log lines")
+    if any(len(ln) > limits.max_line_chars for ln in log):
+        raise ReportError(BAD_FIELD, "gridd log line too long")
+    return scan_gridd_log(log)
+
+
+def parse_report(body: bytes, limits: ReportLimits = DEFAULT_LIMITS) -> GuestReport:
+    """Parse and validate one report body (docs/guest.md, "Wire format"). Strict: no guessing."""
+    if len(body) > limits.max_body_bytes:
+        raise ReportError(TOO_LARGE, f"body exceeds {limits.max_body_bytes} bytes")
+    if b"\x00" in body:
+        raise ReportError(BAD_ENCODING, "body contains NUL bytes")
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ReportError(BAD_ENCODING, "body is not UTF-8") from None
+
+    if text.count("\n") + 1 > limits.max_text_lines + limits.max_log_lines + limits.max_header_lines + 8:
+        raise ReportError(TOO_LARGE, "body has too many lines")
+    headers, sections_at = _headers(text, limits)
     if MAGIC_KEY not in headers:
         raise ReportError(BAD_FORMAT, "not a licensectl report")
-    version = next((v for v in SUPPORTED_FORMAT_VERSIONS if headers[MAGIC_KEY] == str(v)), None)
+    version = _VERSIONS.get(headers[MAGIC_KEY])
     if version is None:
         raise ReportError(BAD_FORMAT, "unsupported report format version")
 
-    sections = _sections(text, sum(len(line) + 1 for line in lines[:i]))
+    sections = _sections(text, sections_at)
     if SECTION_SMI_XML in sections and SECTION_SMI_TEXT in sections:
         raise ReportError(BAD_FORMAT, "both XML and text nvidia-smi sections")
 
@@ -723,16 +867,11 @@ def parse_report(body: bytes, limits: ReportLimits = DEFAULT_LIMITS) -> GuestRep
     gpus: tuple[GpuLicense, ...] = ()
     if SECTION_SMI_XML in sections:
         smi_format = "xml"
-        gpus = parse_smi_xml(sections[SECTION_SMI_XML].encode("utf-8"), limits)
+        gpus = _smi_section(SECTION_SMI_XML, sections[SECTION_SMI_XML], limits)
     elif SECTION_SMI_TEXT in sections:
         smi_format = "text"
-        gpus = parse_smi_text(sections[SECTION_SMI_TEXT], limits)
-
-    log = [ln for ln in sections.get(SECTION_GRIDD_LOG, "").split("\n") if ln.strip()]
-    if len(log) > limits.max_log_lines:
-        raise ReportError(TOO_LARGE, f"more than {limits.max_log_lines} gridd log lines")
-    if any(len(ln) > limits.max_line_chars for ln in log):
-        raise ReportError(BAD_FIELD, "gridd log line too long")
+        gpus = _smi_section(SECTION_SMI_TEXT, sections[SECTION_SMI_TEXT], limits)
+    log = _log_section(sections.get(SECTION_GRIDD_LOG, ""), limits)
 
     return GuestReport(
         format_version=version,
@@ -743,7 +882,7 @@ def parse_report(body: bytes, limits: ReportLimits = DEFAULT_LIMITS) -> GuestRep
         probe_version=probe_version,
         smi_format=smi_format,
         gpus=gpus,
-        events=parse_gridd_log(log, reference=clock),
+        events=log.resolve(clock),
         smi_status=smi_status,
     )
 
@@ -812,34 +951,48 @@ def _guest_gpu_state(g: GpuLicense, now: dt.datetime) -> LicenseState:
 def evaluate(report: GuestReport, *, current_token_sha256: str | None, now: dt.datetime) -> GuestState:
     """Summarise a report at `now`: worst GPU state, earliest expiry, token freshness, clock skew,
     and gridd's reason when the guest holds no license."""
-    states = [(_guest_gpu_state(g, now), g) for g in report.gpus]
-    worst_gpu: GpuLicense | None
+    # One pass over the GPUs (this runs once per report): the worst state (the first GPU among equally
+    # bad ones), the earliest expiry, the first product and driver named, whether any is in grace.
+    worst_state = LicenseState.UNKNOWN
+    worst_gpu: GpuLicense | None = None
+    worst = -1
+    expiry: dt.datetime | None = None
+    first_product: str | None = None
+    driver: str | None = None
+    grace = False
+    for g in report.gpus:
+        state = _guest_gpu_state(g, now)
+        severity = SEVERITY[state]
+        if severity > worst:
+            worst, worst_state, worst_gpu = severity, state, g
+        if g.expiry is not None and (expiry is None or g.expiry < expiry):
+            expiry = g.expiry
+        if first_product is None and g.product:
+            first_product = g.product
+        if driver is None and g.driver_version:
+            driver = g.driver_version
+        if g.grace:
+            grace = True
     if report.smi_status == SMI_MISSING:
         worst_state, worst_gpu = LicenseState.DRIVER_MISSING, None
-    elif states:
-        worst_state, worst_gpu = max(states, key=lambda sg: SEVERITY[sg[0]])
-    else:
-        worst_state, worst_gpu = LicenseState.UNKNOWN, None
     reason = None
     if worst_state is LicenseState.EXPIRED:
         reason = REASON_LEASE_EXPIRED
     elif worst_state in (LicenseState.UNLICENSED, LicenseState.RESTRICTED, LicenseState.GRACE):
         reason = unlicensed_reason(report.events)
-    expiries = [g.expiry for g in report.gpus if g.expiry is not None]
     product = worst_gpu.product if worst_gpu is not None else None
     if product is None:
-        product = next((g.product for g in report.gpus if g.product), None)
-    driver = next((g.driver_version for g in report.gpus if g.driver_version), None)
+        product = first_product
     last = report.events[-1] if report.events else None
     return GuestState(
         uuid=report.uuid,
         hostname=report.hostname,
         state=worst_state,
         product=product,
-        expiry=min(expiries) if expiries else None,
+        expiry=expiry,
         driver_version=driver,
         gpu_count=len(report.gpus),
-        grace=any(g.grace for g in report.gpus),
+        grace=grace,
         token_sha256=report.token_sha256,
         token_current=(current_token_sha256 is not None
                        and report.token_sha256 == current_token_sha256.lower()),

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from types import MappingProxyType
+from typing import NoReturn
+
+from licensectl.timecodec import from_epoch_us
 
 # ---------------------------------------------------------------------------------------------
 # Names licensectl writes onto objects. One place, so docs, RBAC and code agree.
@@ -68,32 +70,38 @@ ANN_ROLLOUT_PAUSED = f"{DOMAIN}/rollout-paused"
 # Source Secret annotation: failures issued before this time no longer count against the budget.
 ANN_ROLLOUT_RESUMED_AT = f"{DOMAIN}/rollout-resumed-at"
 
-class _EmptyMap(Mapping[str, str]):
-    """Immutable *and hashable* empty mapping: Python 3.11 dataclasses reject an unhashable
-    default (mappingproxy only became hashable in 3.12) as "mutable"."""
+class FrozenMap(dict[str, str]):
+    """An immutable, hashable str -> str dict: the labels and annotations of cached objects.
 
-    def __getitem__(self, key: str) -> str:
-        raise KeyError(key)
+    A dict behind a mappingproxy would cost 40 bytes more per map (tens of thousands of cached
+    objects carry one or two), and mappingproxy is not hashable on Python 3.11, which a dataclass
+    default must be. Every mutator raises; lookups are a dict's.
+    """
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(())
+    __slots__ = ()
 
-    def __len__(self) -> int:
-        return 0
+    def _immutable(self, *_args: object, **_kwargs: object) -> NoReturn:
+        raise TypeError("FrozenMap is immutable")
 
-    def __hash__(self) -> int:
-        return 0
+    __setitem__ = __delitem__ = __ior__ = _immutable
+    clear = pop = popitem = setdefault = update = _immutable
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(frozenset(self.items()))
+
+    def __reduce__(self) -> tuple[type[FrozenMap], tuple[dict[str, str]]]:
+        return FrozenMap, (dict(self),)
 
     def __repr__(self) -> str:
-        return "{}"
+        return dict.__repr__(self)
 
 
-EMPTY: Mapping[str, str] = _EmptyMap()
+EMPTY: Mapping[str, str] = FrozenMap()
 
 
 def frozen_map(d: Mapping[str, str] | None) -> Mapping[str, str]:
     """A read-only copy, so projections cannot be mutated behind a cache's back."""
-    return MappingProxyType(dict(d or {}))
+    return FrozenMap(d) if d else EMPTY
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,11 +178,12 @@ def u64(n: int) -> bytes:
     return n.to_bytes(8, "big")
 
 
-def data_digest(data: Mapping[str, bytes]) -> str:
+def data_digest(data: Mapping[str, bytes]) -> bytes:
     """SHA-256 over sorted keys, each key and value length-prefixed (no ambiguous concatenation).
 
     Here, not in render, because both sides need it: render for the desired replica, the kube
-    projections for the observed one (which keeps the digest instead of token bytes).
+    projections for the observed one (which keeps the digest instead of token bytes). The raw 32
+    bytes, not hex: one per cached replica, and only ever compared.
     """
     h = hashlib.sha256(b"licensectl-data-v1\0")
     for key in sorted(data):
@@ -182,7 +191,7 @@ def data_digest(data: Mapping[str, bytes]) -> str:
         v = data[key]
         h.update(u64(len(k)) + k + u64(len(v)))
         h.update(v)
-    return h.hexdigest()
+    return h.digest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +205,7 @@ class ReplicaSecret:
     labels: Mapping[str, str] = EMPTY
     annotations: Mapping[str, str] = EMPTY
     # `data_digest(data)`: compare with the desired digest, keep no bytes.
-    data_digest: str = ""
+    data_digest: bytes = b""
 
     @property
     def owned(self) -> bool:
@@ -205,30 +214,45 @@ class ReplicaSecret:
 
 @dataclass(frozen=True, slots=True)
 class Vmi:
-    """A VirtualMachineInstance as the rollout sees it."""
+    """A VirtualMachineInstance as the rollout sees it.
+
+    The two times are kept as `timecodec.to_epoch_us` floats, half a datetime's size (the cache holds
+    every VMI of the cluster); `created` and `running_since` give them back as datetimes.
+    """
 
     namespace: str
     name: str
     uid: str
-    created: dt.datetime
+    created_us: float
     owner_vm: str | None  # name of the controlling VirtualMachine, None for standalone VMIs
     phase: str
     ready: bool
-    running_since: dt.datetime | None
+    running_since_us: float | None
     secret_volumes: tuple[str, ...]  # volumes[].secret.secretName
     firmware_uuid: str | None
     deleting: bool = False
     # GPUClaims the VMI uses, resolved by the contract adapter (docs/design.md#vmi-claims).
     gpu_claims: tuple[str, ...] = ()
 
+    @property
+    def created(self) -> dt.datetime:
+        return from_epoch_us(self.created_us)
+
+    @property
+    def running_since(self) -> dt.datetime | None:
+        return None if self.running_since_us is None else from_epoch_us(self.running_since_us)
+
 
 @dataclass(frozen=True, slots=True)
 class Vm:
-    """A VirtualMachine: run strategy plus the intent annotations licensectl keeps on it."""
+    """A VirtualMachine: run strategy plus the intent annotations licensectl keeps on it.
+
+    Only the licensectl.io/ annotations are kept (nothing else on a VM is read), and no uid: restarts
+    are guarded by the VMI's uid and the VM's resourceVersion.
+    """
 
     namespace: str
     name: str
-    uid: str
     run_strategy: str | None
     annotations: Mapping[str, str] = EMPTY
     resource_version: str = ""

@@ -142,7 +142,8 @@ class KubevirtApi(Protocol):
         ...
 
     async def restart(self, *, namespace: str, vm: str, vmi_uid: str, run_strategy: str | None) -> RestartResult:
-        """Restart the VM's current VMI (the call has no UID precondition: check `live_vmi_uid` first)."""
+        """Restart the VM's current VMI (the call has no UID precondition: where the plan asks,
+        `check_live`, read `live_vmi_uid` first)."""
         ...
 
 

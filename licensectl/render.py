@@ -123,7 +123,7 @@ class DesiredReplica:
     annotations: Mapping[str, str]
     revision: str
     revision_time: dt.datetime
-    data_digest: str
+    data_digest: bytes
 
     @property
     def ref(self) -> ObjectRef:

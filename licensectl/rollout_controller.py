@@ -15,11 +15,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from kubernetes_asyncio.client import ApiException
-
 from licensectl import config, logs
 from licensectl.core_settings import rollout_settings
 from licensectl.guests import GuestStore
+from licensectl.kube.api import ApiException
 from licensectl.kube.events import InvolvedObject
 from licensectl.kube.kubevirt import RestartResult
 from licensectl.metrics import GaugeSample, Metrics
@@ -27,6 +26,7 @@ from licensectl.model import ObjectRef, Vmi
 from licensectl.ports import EventSink, KubevirtApi, MonotonicClock, RolloutCaches, WallClock
 from licensectl.rollout import (
     Phase,
+    PlanMemo,
     RecordResult,
     ReplicaRevision,
     RestartVm,
@@ -72,6 +72,7 @@ class RolloutController:
         # (namespace, VMI) -> SHA-256 of the token its replica holds now: judges guest evidence at plan time.
         self._token_sha_for = token_sha_for
         self.plan: RolloutPlan | None = None
+        self._memo = PlanMemo()  # incremental planning: a pass re-evaluates only guests that changed
         self._expect: dict[tuple[str, str], tuple[str, float]] = {}  # vm -> (rv we wrote over, since)
         self._phases: dict[ObjectRef, Phase] = {}
         # Two different times, kept apart: the last restart progress (a gauge) and the revision a
@@ -107,7 +108,8 @@ class RolloutController:
         return plan_rollout(replicas=replicas, vmis=vmis,
                             vms=list(c.vms.snapshot().values()), guests=self.guests.gates(self._token_sha_for),
                             sources=sources,
-                            settings=self.rollout_settings, now=self.clock(), wanted=self._wanted(vmis))
+                            settings=self.rollout_settings, now=self.clock(), wanted=self._wanted(vmis),
+                            memo=self._memo)
 
     def _replica_revisions(self) -> list[ReplicaRevision]:
         """Parsed revisions of all replicas, re-parsed only for replicas whose resourceVersion changed
@@ -152,8 +154,9 @@ class RolloutController:
             self.metrics.reconcile_duration.labels("rollout").observe(time.monotonic() - start)
 
     async def _act(self, plan: RolloutPlan) -> None:
-        """Results, then restarts, each batch concurrently: the plan already respects every limit,
-        and each VM gets at most one action per pass."""
+        """Restarts and results concurrently, restarts first (they free nothing, but every moment a
+        restart waits behind bookkeeping delays the rollout): the plan already respects every limit,
+        and each VM gets at most one action per pass, so no two calls touch the same VM."""
         sem = asyncio.Semaphore(ACT_CONCURRENCY)
 
         async def bounded(coro: Any) -> None:
@@ -163,8 +166,8 @@ class RolloutController:
                 except Exception as e:  # one VM's trouble must not stop the others; next pass retries
                     log.warning("rollout action failed", error=type(e).__name__, status=getattr(e, "status", None))
 
-        await asyncio.gather(*(bounded(self._record(rec)) for rec in plan.results))
-        await asyncio.gather(*(bounded(self._restart(r)) for r in plan.restarts))
+        await asyncio.gather(*(bounded(self._restart(r)) for r in plan.restarts),
+                             *(bounded(self._record(rec)) for rec in plan.results))
         for (ns, vmi), st in plan.vmi_states.items():
             if st.state is VmiState.BLOCKED:
                 await self.events.emit(vmi_object(ns, vmi), "Warning", "RestartBlocked",
@@ -213,8 +216,10 @@ class RolloutController:
 
     async def _restart_target(self, r: RestartVm) -> RestartResult:
         """Restart unless the planned VMI was already replaced or is going away (read live: the
-        restart call stops whatever VMI runs now, and the watch cache may lag)."""
-        if r.vmi_uid:
+        restart call stops whatever VMI runs now, and the watch cache may lag). The read is skipped
+        only when the plan shows no call of ours that could have replaced it (`check_live`), which
+        the intent write just made, guarded by the planned resourceVersion, has proven current."""
+        if r.vmi_uid and (r.check_live or not r.vm_resource_version):
             try:
                 live = await self.kubevirt.live_vmi_uid(r.namespace, r.vm)
             except ApiException as e:

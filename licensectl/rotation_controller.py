@@ -13,14 +13,13 @@ import datetime as dt
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from kubernetes_asyncio.client import ApiException, CoreV1Api
-
 from licensectl import config, logs
 from licensectl.caches import Caches
 from licensectl.core_settings import rotation_settings
 from licensectl.guest_report import LicenseState
 from licensectl.guests import GuestStore
 from licensectl.kube import revision_store as rs
+from licensectl.kube.api import ApiException, CoreV1Api
 from licensectl.kube.events import InvolvedObject
 from licensectl.metrics import GaugeSample, Metrics
 from licensectl.model import (

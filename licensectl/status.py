@@ -27,7 +27,6 @@ from typing import Any
 from urllib.parse import quote
 
 import aiohttp
-from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api, CustomObjectsApi
 
 from licensectl import config, logs
 from licensectl.caches import Caches
@@ -35,6 +34,7 @@ from licensectl.core_settings import rollout_settings, tenant_settings
 from licensectl.credentials import keyring_from_secret_data
 from licensectl.delivery import DeliveryView, wanted_volumes
 from licensectl.kube import contract, projections
+from licensectl.kube.api import AnyClient, ApiException, CoreV1Api, CustomObjectsApi, as_kube
 from licensectl.kube.client import make_api_client, request_tracing
 from licensectl.kube.raw import RawApi, checked
 from licensectl.kube.server_clock import ServerClock
@@ -119,7 +119,7 @@ class ClusterView:
     now: dt.datetime
 
 
-async def read_cluster(api: ApiClient, settings: config.Settings, now: dt.datetime | None = None) -> ClusterView:
+async def read_cluster(api: AnyClient, settings: config.Settings, now: dt.datetime | None = None) -> ClusterView:
     core, custom = CoreV1Api(api), CustomObjectsApi(api)
     now = now or dt.datetime.now(dt.UTC)
     namespaces = await list_all(core.list_namespace, projections.namespace_from)
@@ -180,7 +180,7 @@ def _proxy_error(e: ApiException, target: ControllerTarget) -> str:
     return f"HTTP {e.status} {e.reason} from {target.describe()}"
 
 
-async def _get_once(api: ApiClient | None, target: ControllerTarget) -> dict[str, Any]:
+async def _get_once(api: AnyClient | None, target: ControllerTarget) -> dict[str, Any]:
     if target.url:
         try:
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=HTTP_TIMEOUT)) as http, \
@@ -194,9 +194,7 @@ async def _get_once(api: ApiClient | None, target: ControllerTarget) -> dict[str
         if api is None:
             raise ControllerUnreachable("no API client for the service proxy")
         try:
-            doc = await checked(api.call_api(target.proxy_path(), "GET", header_params={"Accept": "application/json"},
-                                             auth_settings=["BearerToken"], _preload_content=False,
-                                             _request_timeout=HTTP_TIMEOUT))
+            doc = await checked(as_kube(api).request("GET", target.proxy_path(), request_timeout=HTTP_TIMEOUT))
         except ApiException as e:
             raise ControllerUnreachable(_proxy_error(e, target)) from None
         except (aiohttp.ClientError, TimeoutError) as e:
@@ -206,7 +204,7 @@ async def _get_once(api: ApiClient | None, target: ControllerTarget) -> dict[str
     return doc
 
 
-async def fetch_controller_status(api: ApiClient | None, target: ControllerTarget, *,
+async def fetch_controller_status(api: AnyClient | None, target: ControllerTarget, *,
                                   attempts: int = LEADER_ATTEMPTS) -> dict[str, Any]:
     """The controller's own /v1/status, from the leader when one answers within `attempts` tries.
 
@@ -379,7 +377,7 @@ class WatchedCluster:
     hoster terminal; informers keep the view current from watch events instead.
     """
 
-    def __init__(self, api: ApiClient, settings: config.Settings, clock: Callable[[], dt.datetime]) -> None:
+    def __init__(self, api: AnyClient, settings: config.Settings, clock: Callable[[], dt.datetime]) -> None:
         self.settings = settings
         self.clock = clock
         self.caches = Caches(api, settings, on_change=lambda _kind: None)

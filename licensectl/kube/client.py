@@ -1,4 +1,4 @@
-"""Build the ApiClient a process shares, with request tracing on its aiohttp session.
+"""Build the Kubernetes client a process shares, with request tracing on its aiohttp session.
 
 Config precedence: an explicit kubeconfig (and context) from Settings, else the in-cluster service
 account, else the default kubeconfig (~/.kube/config or $KUBECONFIG).
@@ -12,17 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import os
+import ssl
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import SimpleNamespace
 
 import aiohttp
 import structlog
-from kubernetes_asyncio import config as kconfig
-from kubernetes_asyncio.client import ApiClient, Configuration
 from yarl import URL
 
 from licensectl import config
+from licensectl.kube import kubeconfig
+from licensectl.kube.api import KubeClient
 from licensectl.kube.server_clock import ServerClock
 
 log = structlog.get_logger(__name__)
@@ -80,48 +81,58 @@ def request_tracing(*, on_request: RequestObserver | None = None, clock: ServerC
     return trace
 
 
-def _open_session(api: ApiClient, trace_configs: Sequence[aiohttp.TraceConfig]) -> None:
-    """Give the REST client a session with `trust_env=False` and our trace configs.
-
-    kubernetes-asyncio (v36) opens its session inside `ApiClient.__init__` with `trust_env=True` and
-    takes no session options: neither `Configuration` nor `ApiClient` accepts any, and `ApiClient`
-    constructs its `RESTClientObject` itself, so no subclass can be passed in. trust_env=True makes
-    aiohttp read ~/.netrc and the proxy environment in a thread on *every* request (measured: ~13% of
-    controller CPU), while the apiserver address and any proxy come from the kubeconfig. The REST
-    client's `pool_manager` is a public, typed attribute (rest.pyi): this one function replaces it,
-    before any request, by a session on the same connector (pool limit, TLS context); the original
-    session is detached from the connector, so it owns nothing that needs closing.
-    """
-    rest = api.rest_client
-    old = rest.pool_manager
-    connector = old.connector
-    old.detach()
-    rest.pool_manager = aiohttp.ClientSession(connector=connector, trust_env=False, read_bufsize=READ_BUFSIZE,
-                                              trace_configs=list(trace_configs) or None)
+def _session(ssl_ctx: ssl.SSLContext | bool, trace_configs: Sequence[aiohttp.TraceConfig]) -> aiohttp.ClientSession:
+    """The process's one session. `trust_env=False`: with it aiohttp reads ~/.netrc and the proxy
+    environment in a thread on *every* request (measured: ~13% of controller CPU), while the
+    apiserver address and any proxy come from the kubeconfig."""
+    connector = aiohttp.TCPConnector(limit=POOL_MAXSIZE, ssl=ssl_ctx)
+    return aiohttp.ClientSession(connector=connector, trust_env=False, read_bufsize=READ_BUFSIZE,
+                                 trace_configs=list(trace_configs) or None)
 
 
 def _in_cluster_available() -> bool:
     return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and bool(os.environ.get("KUBERNETES_SERVICE_PORT"))
 
 
-async def make_api_client(settings: config.Settings, *,
-                          trace_configs: Sequence[aiohttp.TraceConfig] = ()) -> ApiClient:
-    """An ApiClient whose requests run through `trace_configs`; the caller closes it (`await client.close()`)."""
+def client_for(endpoint: kubeconfig.Endpoint, trace_configs: Sequence[aiohttp.TraceConfig] = ()) -> KubeClient:
+    tokens = kubeconfig.TokenSource(token=endpoint.token, token_file=endpoint.token_file)
+    return KubeClient(host=endpoint.host, session=_session(endpoint.ssl_context, trace_configs),
+                      auth=tokens.headers, server_hostname=endpoint.server_hostname, proxy=endpoint.proxy)
+
+
+async def _library_client(settings: config.Settings, trace_configs: Sequence[aiohttp.TraceConfig]) -> KubeClient:
+    """kubernetes-asyncio's kubeconfig loader, for what `kubeconfig` does not cover (exec and
+    auth-provider users, merged $KUBECONFIG files). Imported here only: it loads the whole library."""
+    from kubernetes_asyncio import config as kconfig
+    from kubernetes_asyncio.client import Configuration
+
     cfg = Configuration()
+    await kconfig.load_kube_config(config_file=settings.kubeconfig or None, context=settings.context or None,
+                                   client_configuration=cfg, persist_config=False)
+    ctx = kubeconfig.ssl_context(ca_file=cfg.ssl_ca_cert, cert=(cfg.cert_file, None), key=(cfg.key_file, None),
+                                 insecure=not cfg.verify_ssl)
+
+    async def auth() -> Mapping[str, str]:
+        setting = (await cfg.auth_settings()).get("BearerToken")
+        return {setting["key"]: setting["value"]} if setting and setting.get("value") else {}
+
+    return KubeClient(host=str(cfg.host), session=_session(ctx, trace_configs), auth=auth,
+                      server_hostname=cfg.tls_server_name, proxy=cfg.proxy)
+
+
+async def make_api_client(settings: config.Settings, *,
+                          trace_configs: Sequence[aiohttp.TraceConfig] = ()) -> KubeClient:
+    """A client whose requests run through `trace_configs`; the caller closes it (`await client.close()`)."""
     if settings.kubeconfig:
-        await kconfig.load_kube_config(config_file=settings.kubeconfig, context=settings.context or None,
-                                       client_configuration=cfg, persist_config=False)
         source = "kubeconfig"
+        endpoint = kubeconfig.endpoint_from_kubeconfig(settings.kubeconfig, settings.context or None)
     elif _in_cluster_available() and not settings.context:
-        # The loader installs a hook that re-reads the projected (rotating) service account token.
-        kconfig.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
         source = "in-cluster"
+        endpoint = kubeconfig.in_cluster_endpoint()
     else:
-        await kconfig.load_kube_config(context=settings.context or None, client_configuration=cfg,
-                                       persist_config=False)
         source = "default-kubeconfig"
-    cfg.connection_pool_maxsize = POOL_MAXSIZE
-    api = ApiClient(configuration=cfg)
-    _open_session(api, trace_configs)
-    log.info("client.configured", source=source, host=cfg.host, context=settings.context or None)
+        endpoint = kubeconfig.endpoint_from_kubeconfig(None, settings.context or None)
+    api = client_for(endpoint, trace_configs) if endpoint else await _library_client(settings, trace_configs)
+    log.info("client.configured", source=source, host=api.host, context=settings.context or None,
+             loader="licensectl" if endpoint else "kubernetes-asyncio")
     return api

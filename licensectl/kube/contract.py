@@ -10,9 +10,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from kubernetes_asyncio.client import CustomObjectsApi
-
 from licensectl import config
+from licensectl.kube.api import CustomObjectsApi
 from licensectl.kube.watch import ListFunc
 
 # KubeVirt core API (kubevirt/kubevirt staging/src/kubevirt.io/api/core/v1).

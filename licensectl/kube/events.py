@@ -17,9 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kubernetes_asyncio.client import ApiException, CoreV1Api
-
 from licensectl import logs
+from licensectl.kube.api import ApiException, CoreV1Api
 from licensectl.kube.raw import RawApi
 from licensectl.timecodec import format_time
 

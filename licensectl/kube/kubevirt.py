@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
-
-from kubernetes_asyncio.client import ApiClient, ApiException, CustomObjectsApi
+from urllib.parse import quote
 
 from licensectl import logs
+from licensectl.kube.api import AnyClient, ApiException, CustomObjectsApi, as_kube
 from licensectl.kube.raw import RawApi, checked
 
 log = logs.get(__name__)
@@ -35,8 +35,8 @@ class RestartResult(StrEnum):
 
 
 class KubevirtClient:
-    def __init__(self, api_client: ApiClient, *, dry_run: bool = False, fallback_delete: bool = False) -> None:
-        self._api_client = api_client
+    def __init__(self, api_client: AnyClient, *, dry_run: bool = False, fallback_delete: bool = False) -> None:
+        self._kube = as_kube(api_client)
         self._custom: Any = RawApi(CustomObjectsApi(api_client))  # raw bodies, _content_type: untyped in stubs
         self._dry_run = dry_run
         self._fallback_delete = fallback_delete
@@ -60,14 +60,12 @@ class KubevirtClient:
 
     async def restart(self, *, namespace: str, vm: str, vmi_uid: str, run_strategy: str | None) -> RestartResult:
         """Restart through virt-api; `vmi_uid` guards only the delete fallback (the subresource has no
-        UID precondition, so the caller checks `live_vmi_uid` first)."""
+        UID precondition, so the caller reads `live_vmi_uid` first where the plan asks: `check_live`)."""
         if self._dry_run:
             return RestartResult.ISSUED
         try:
-            await checked(self._api_client.call_api(
-                RESTART_PATH, "PUT", path_params={"namespace": namespace, "name": vm},
-                header_params={"Content-Type": "application/json", "Accept": "application/json"},
-                body={}, auth_settings=["BearerToken"], _preload_content=False))
+            await checked(self._kube.request("PUT", RESTART_PATH.format(namespace=quote(namespace, safe=""),
+                                                                        name=quote(vm, safe="")), body={}))
             return RestartResult.ISSUED
         except ApiException as e:
             if e.status == 404 and await self._vm_exists(namespace, vm):

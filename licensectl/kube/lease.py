@@ -18,9 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kubernetes_asyncio.client import ApiClient, ApiException, CoordinationV1Api
-
 from licensectl import logs
+from licensectl.kube.api import AnyClient, ApiException, CoordinationV1Api
 from licensectl.kube.raw import RawApi
 from licensectl.ports import LeaseBackend, MonotonicClock, WallClock
 from licensectl.timecodec import format_micro_time
@@ -41,7 +40,7 @@ class LeaseConfig:
 class ApiLeaseBackend:
     """The Lease API through kubernetes-asyncio: 404 reads as absent, 409 as a lost race."""
 
-    def __init__(self, api_client: ApiClient) -> None:
+    def __init__(self, api_client: AnyClient) -> None:
         self._api: Any = RawApi(CoordinationV1Api(api_client))
 
     async def read(self, namespace: str, name: str) -> dict[str, Any] | None:

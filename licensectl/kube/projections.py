@@ -12,12 +12,14 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime as dt
+import functools
+import sys
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, TypedDict
 
 from licensectl import model
-from licensectl.timecodec import parse_time
+from licensectl.timecodec import parse_time, to_epoch_us
 
 KUBEVIRT_GROUP = "kubevirt.io"
 
@@ -53,6 +55,73 @@ def _str_map(v: object) -> Mapping[str, str]:
     return model.frozen_map({k: val for k, val in v.items() if isinstance(k, str) and isinstance(val, str)})
 
 
+# ---------------------------------------------------------------------------------------------
+# Sharing: a value many cached objects repeat is held once, so the caches stay small
+# ---------------------------------------------------------------------------------------------
+def _shared(s: str) -> str:
+    """One copy of a string many objects repeat (a namespace, class or phase name, an annotation key).
+
+    Interned strings are freed with their last user; an exact str only (intern refuses subclasses).
+    Never for strings unique to one object (uids, names): the intern table entry would cost more.
+    """
+    return sys.intern(s) if type(s) is str else s
+
+
+def _shared_name(v: object) -> str | None:
+    s = _str(v)
+    return None if s is None else _shared(s)
+
+
+@functools.lru_cache(maxsize=1024)
+def _shared_tuple(names: tuple[str, ...]) -> tuple[str, ...]:
+    """Equal tuples of names (a VMI's license volumes, its claims) as one object across the cache."""
+    return tuple(_shared(n) for n in names)
+
+
+@functools.lru_cache(maxsize=1024)
+def _shared_items(items: tuple[tuple[str, str], ...]) -> Mapping[str, str]:
+    return model.frozen_map(dict(items)) if items else model.EMPTY
+
+
+# VM annotation values many VMs repeat (one revision, replica name or result per wave); the restart
+# times and VMI uids differ per VM and stay unshared.
+_SHARED_VM_VALUES = frozenset({model.ANN_RESTART_REVISION, model.ANN_RESTART_RESULT, model.ANN_RESTART_REPLICA,
+                               model.ANN_RESTART_POLICY})
+_OWN_PREFIX = model.DOMAIN + "/"
+
+
+def _own_annotations(v: object) -> Mapping[str, str]:
+    """A VM's licensectl.io/ annotations only: nothing else on a VM is read, and others' annotations
+    (a kubectl last-applied-configuration above all) can be larger than the rest of the projection."""
+    if not isinstance(v, Mapping):
+        return model.EMPTY
+    own: dict[str, str] = {}
+    values: dict[str, str] = {}  # restart-issued-at and -attempted-at are mostly equal: one string
+    for k, val in v.items():
+        if isinstance(k, str) and k.startswith(_OWN_PREFIX) and isinstance(val, str):
+            own[_shared(k)] = _shared(val) if k in _SHARED_VM_VALUES else values.setdefault(val, val)
+    return model.frozen_map(own) if own else model.EMPTY
+
+
+def _labels(v: object, name: str) -> Mapping[str, str]:
+    """A Namespace's labels with their values shared: "" or "true", or the namespace's own name
+    (kubernetes.io/metadata.name), which is then the name itself. (The JSON decoder already shares
+    the keys within a page; a tenant's own label key is unique, so interning it would only cost.)"""
+    if not isinstance(v, Mapping):
+        return model.EMPTY
+    out = {k: name if val == name else _shared(val) for k, val in v.items()
+           if isinstance(k, str) and isinstance(val, str)}
+    return model.frozen_map(out) if out else model.EMPTY
+
+
+def _shared_map(v: object) -> Mapping[str, str]:
+    """`_str_map` for maps many objects carry verbatim (licensectl's own replica labels and annotations):
+    equal maps come out as one object. Bounded, so a churn of distinct maps only costs the cache's size."""
+    if not isinstance(v, Mapping):
+        return model.EMPTY
+    return _shared_items(tuple((k, val) for k, val in v.items() if isinstance(k, str) and isinstance(val, str)))
+
+
 def _meta(obj: object) -> Mapping[str, Any]:
     return _dict(_path(obj, "metadata"))
 
@@ -64,18 +133,20 @@ class _Meta(TypedDict):
     name: str
     uid: str
     resource_version: str
-    annotations: Mapping[str, str]
 
 
 def _common(obj: object) -> _Meta | None:
     """Shared metadata of a namespaced object; None when it has no name or namespace (unidentifiable)."""
     meta = _meta(obj)
-    name, ns = _str(meta.get("name")), _str(meta.get("namespace"))
+    name, ns = _str(meta.get("name")), _shared_name(meta.get("namespace"))
     if name is None or ns is None:
         return None
     return _Meta(namespace=ns, name=name, uid=_str(meta.get("uid")) or "",
-                 resource_version=_str(meta.get("resourceVersion")) or "",
-                 annotations=_str_map(meta.get("annotations")))
+                 resource_version=_str(meta.get("resourceVersion")) or "")
+
+
+def _annotations(obj: object) -> Mapping[str, str]:
+    return _str_map(_path(obj, "metadata", "annotations"))
 
 
 def _controller_owner(meta: Mapping[str, Any], kind: str, group: str | None) -> Mapping[str, Any] | None:
@@ -113,18 +184,19 @@ def _decode_data(v: object) -> dict[str, bytes]:
 # ---------------------------------------------------------------------------------------------
 def namespace_from(obj: object) -> model.Namespace | None:
     meta = _meta(obj)
-    name = _str(meta.get("name"))
+    name = _shared_name(meta.get("name"))  # every namespaced object in it repeats the name
     if name is None:
         return None
     # Cozystack's parent link: the controller ownerReference of kind Namespace (core group, "v1").
     owner = _controller_owner(meta, "Namespace", None)
     terminating = bool(meta.get("deletionTimestamp")) or _path(obj, "status", "phase") == "Terminating"
+    # The parent's name and uid recur in every child: shared.
     return model.Namespace(
         name=name,
         uid=_str(meta.get("uid")) or "",
-        labels=_str_map(meta.get("labels")),
-        owner_name=_str(owner.get("name")) if owner else None,
-        owner_uid=_str(owner.get("uid")) if owner else None,
+        labels=_labels(meta.get("labels"), name),
+        owner_name=_shared_name(owner.get("name")) if owner else None,
+        owner_uid=_shared_name(owner.get("uid")) if owner else None,
         terminating=terminating,
     )
 
@@ -158,13 +230,16 @@ def gpu_claim_from(obj: object) -> model.GpuClaim | None:
     m = _common(obj)
     if m is None:
         return None
-    return model.GpuClaim(namespace=m["namespace"], name=m["name"], class_name=_str(_path(obj, "spec", "className")))
+    # Claim names recur across namespaces (the informer's key shares them too: watch.shared_name_key).
+    return model.GpuClaim(namespace=m["namespace"], name=_shared(m["name"]),
+                          class_name=_shared_name(_path(obj, "spec", "className")))
 
 
 def source_secret_from(obj: object) -> model.SourceSecret | None:
     """Holds token bytes: callers must never log `data`."""
     m = _common(obj)
-    return None if m is None else model.SourceSecret(**m, data=MappingProxyType(_decode_data(_path(obj, "data"))))
+    return None if m is None else model.SourceSecret(**m, annotations=_annotations(obj),
+                                                     data=MappingProxyType(_decode_data(_path(obj, "data"))))
 
 
 def replica_secret_from(obj: object) -> model.ReplicaSecret | None:
@@ -172,7 +247,12 @@ def replica_secret_from(obj: object) -> model.ReplicaSecret | None:
     m = _common(obj)
     if m is None:
         return None
-    return model.ReplicaSecret(**m, labels=_str_map(_path(obj, "metadata", "labels")),
+    # Named after its class in every namespace: the name is shared (and so by watch.shared_name_key).
+    # Labels and annotations are kept whole (a replace keeps others' keys) but shared: every replica of
+    # one revision carries the same.
+    m["name"] = _shared(m["name"])
+    return model.ReplicaSecret(**m, labels=_shared_map(_path(obj, "metadata", "labels")),
+                               annotations=_shared_map(_path(obj, "metadata", "annotations")),
                                data_digest=model.data_digest(_decode_data(_path(obj, "data"))))
 
 
@@ -237,19 +317,22 @@ def vmi_from(obj: object) -> model.Vmi | None:
         for v in _list(spec.get("volumes"))
         if (sn := _str(_path(v, "secret", "secretName"))) is not None
     )
+    name = m["name"]
+    owner_vm = _str(owner.get("name")) if owner else None
+    running = _running_since(status)
     return model.Vmi(
         namespace=m["namespace"],
-        name=m["name"],
+        name=name,
         uid=m["uid"],
-        created=created,
-        owner_vm=_str(owner.get("name")) if owner else None,
-        phase=_str(status.get("phase")) or "",
+        created_us=to_epoch_us(created),
+        owner_vm=name if owner_vm == name else owner_vm,  # a VM's VMI carries its name: one string
+        phase=_shared(_str(status.get("phase")) or ""),
         ready=ready,
-        running_since=_running_since(status),
-        secret_volumes=volumes,
+        running_since_us=None if running is None else to_epoch_us(running),
+        secret_volumes=_shared_tuple(volumes),
         firmware_uuid=_str(_path(spec, "domain", "firmware", "uuid")),
         deleting=bool(meta.get("deletionTimestamp")),
-        gpu_claims=vmi_gpu_claims(obj),
+        gpu_claims=_shared_tuple(vmi_gpu_claims(obj)),
     )
 
 
@@ -271,7 +354,12 @@ def run_strategy_of(spec: Mapping[str, Any]) -> str | None:
 
 def vm_from(obj: object) -> model.Vm | None:
     m = _common(obj)
-    return None if m is None else model.Vm(**m, run_strategy=run_strategy_of(_dict(_path(obj, "spec"))))
+    if m is None:
+        return None
+    strategy = run_strategy_of(_dict(_path(obj, "spec")))
+    return model.Vm(namespace=m["namespace"], name=m["name"], resource_version=m["resource_version"],
+                    run_strategy=None if strategy is None else _shared(strategy),
+                    annotations=_own_annotations(_path(obj, "metadata", "annotations")))
 
 
 def tls_secret_from(obj: object) -> model.TLSSecret | None:
@@ -289,4 +377,5 @@ def tls_secret_from(obj: object) -> model.TLSSecret | None:
 def revision_store_from(obj: object) -> model.RevisionStore | None:
     """Holds token bytes: callers must never log `data`."""
     m = _common(obj)
-    return None if m is None else model.RevisionStore(**m, data=MappingProxyType(_decode_data(_path(obj, "data"))))
+    return None if m is None else model.RevisionStore(**m, annotations=_annotations(obj),
+                                                      data=MappingProxyType(_decode_data(_path(obj, "data"))))

@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from kubernetes_asyncio.client import ApiException, CoreV1Api
-
 from licensectl import logs, render
+from licensectl.kube.api import ApiException, CoreV1Api
 from licensectl.kube.raw import RawApi
 from licensectl.model import (
     ANN_SOURCE_NAME,

@@ -27,9 +27,8 @@ import tempfile
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kubernetes_asyncio.client import AdmissionregistrationV1Api, ApiClient, ApiException, CoreV1Api
-
 from licensectl import certs, config, logs
+from licensectl.kube.api import AdmissionregistrationV1Api, AnyClient, ApiException, CoreV1Api
 from licensectl.kube.events import InvolvedObject
 from licensectl.kube.projections import tls_secret_from
 from licensectl.kube.raw import RawApi
@@ -130,7 +129,7 @@ def load_pair(context: ssl.SSLContext, cert: bytes, key: bytes) -> None:
 class ServingTLS:
     """The serving certificate of this process: `context` for listeners, `ca_bundle` for clients."""
 
-    def __init__(self, api: ApiClient, settings: config.Settings, *, is_leader: Callable[[], bool],
+    def __init__(self, api: AnyClient, settings: config.Settings, *, is_leader: Callable[[], bool],
                  clock: Callable[[], dt.datetime], metrics: Metrics | None = None,
                  events: EventSink | None = None, on_ca_change: Callable[[], None] | None = None,
                  recheck_seconds: float = RECHECK_SECONDS,

@@ -12,10 +12,9 @@ import datetime as dt
 from collections.abc import Callable
 from typing import Any
 
-from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api
-
 from licensectl import logs
 from licensectl.credentials import KeyRing, keyring_from_secret_data, keyring_to_secret_data, new_signing_key
+from licensectl.kube.api import AnyClient, ApiException, CoreV1Api
 from licensectl.kube.raw import RawApi
 from licensectl.model import MANAGED_BY_LABEL, MANAGED_BY_VALUE
 
@@ -25,7 +24,7 @@ SECRET_NAME = "licensectl-report-signing-key"
 
 
 class SigningKeyStore:
-    def __init__(self, api_client: ApiClient, namespace: str, *, grace: dt.timedelta,
+    def __init__(self, api_client: AnyClient, namespace: str, *, grace: dt.timedelta,
                  clock: Callable[[], dt.datetime] | None = None, dry_run: bool = False) -> None:
         self._api: Any = RawApi(CoreV1Api(api_client))
         self.namespace = namespace

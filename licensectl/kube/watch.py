@@ -25,6 +25,7 @@ import asyncio
 import datetime as dt
 import json
 import random
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -137,12 +138,29 @@ def watch_timeout_seconds(minimum: float, rnd: float) -> int:
 
 
 def object_key(obj: Mapping[str, Any]) -> Key:
-    """(namespace, name); namespace "" for cluster-scoped objects."""
+    """(namespace, name); namespace "" for cluster-scoped objects.
+
+    Namespaces are interned, as the projections intern theirs: thousands of cached objects share a
+    few namespaces, and each key would otherwise keep its own copy. So is a cluster-scoped object's
+    name, which is what a Namespace's name is.
+    """
     meta = obj.get("metadata")
     if not isinstance(meta, Mapping):
         return ("", "")
     ns, name = meta.get("namespace"), meta.get("name")
+    if type(ns) is str:
+        ns = sys.intern(ns)
+    elif ns is None and type(name) is str:
+        name = sys.intern(name)
     return (ns if isinstance(ns, str) else "", name if isinstance(name, str) else "")
+
+
+def shared_name_key(obj: Mapping[str, Any]) -> Key:
+    """`object_key` with the name interned as well, for kinds whose names recur in every namespace:
+    licensectl's replicas are named after their class, GPU claims mostly alike. Their projections
+    intern the name too, so key and projection hold one copy; unique names would only cost."""
+    ns, name = object_key(obj)
+    return (ns, sys.intern(name) if type(name) is str else name)
 
 
 def resource_version_of(obj: Mapping[str, Any]) -> str | None:

@@ -14,9 +14,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from kubernetes_asyncio.client import ApiException, CoreV1Api
-
 from licensectl import logs
+from licensectl.kube.api import ApiException, CoreV1Api
 from licensectl.kube.raw import RawApi
 from licensectl.model import ANN_CLASS, MANAGED_BY_LABEL, MANAGED_BY_VALUE
 

@@ -18,13 +18,13 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from kubernetes_asyncio.client import ApiException
-
 from licensectl.kube import projections
+from licensectl.kube.api import ApiException
 from licensectl.kube.events import InvolvedObject
 from licensectl.kube.kubevirt import RestartResult
 from licensectl.kube.writer import ObservedMeta, SecretBody, WriteResult, is_owned, merged_body
 from licensectl.model import GpuClaim, GpuClass, Namespace, ObjectRef, ReplicaSecret, SourceSecret, Vm, Vmi
+from licensectl.timecodec import to_epoch_us
 
 if TYPE_CHECKING:
     from licensectl.ports import (
@@ -258,7 +258,7 @@ class MemoryKubevirt:
     def add(self, namespace: str, name: str, *, secret_volumes: tuple[str, ...], started: dt.datetime,
             run_strategy: str = "Always", annotations: Mapping[str, str] | None = None) -> None:
         """A running VM and its Ready VMI that mounts `secret_volumes`."""
-        self.vms[(namespace, name)] = Vm(namespace=namespace, name=name, uid=self._versions.uid("vm"),
+        self.vms[(namespace, name)] = Vm(namespace=namespace, name=name,
                                          run_strategy=run_strategy, annotations=dict(annotations or {}),
                                          resource_version=self._versions.rv())
         self.vmis[(namespace, name)] = self._vmi(namespace, name, secret_volumes, started, ready=True)
@@ -266,8 +266,9 @@ class MemoryKubevirt:
 
     def _vmi(self, namespace: str, name: str, volumes: tuple[str, ...], started: dt.datetime, *,
              ready: bool) -> Vmi:
-        return Vmi(namespace=namespace, name=name, uid=self._versions.uid("vmi"), created=started, owner_vm=name,
-                   phase="Running", ready=ready, running_since=started, secret_volumes=volumes, firmware_uuid=None)
+        return Vmi(namespace=namespace, name=name, uid=self._versions.uid("vmi"), created_us=to_epoch_us(started),
+                   owner_vm=name, phase="Running", ready=ready, running_since_us=to_epoch_us(started),
+                   secret_volumes=volumes, firmware_uuid=None)
 
     def publish(self) -> None:
         """Let the caches catch up with the truth (the watch delivers)."""

@@ -15,6 +15,7 @@ from licensectl import config
 from licensectl.app import App
 from licensectl.devcluster import webhook as webhook_registration
 from licensectl.devcluster.guest_sim import GuestProfile, SimulatedGuest
+from licensectl.devcluster.kubeapi import api_client_from_kubeconfig
 from licensectl.testkit.poll import eventually as eventually
 from licensectl.testkit.world import World, build_world
 from licensectl.testkit.world import unique as unique
@@ -39,14 +40,16 @@ async def running_app(settings: config.Settings, *, register_webhook: bool = Tru
     app = App(settings, **kw)
     await app.start()
     registered = register_webhook and app.webhook_port > 0
+    admin = await api_client_from_kubeconfig(Path(settings.kubeconfig)) if registered else None
     try:
-        if registered:
-            await webhook_registration.register(app.api, name=settings.webhook_configuration,
+        if admin is not None:
+            await webhook_registration.register(admin, name=settings.webhook_configuration,
                                                 port=app.webhook_port, ca_bundle=app.tls.ca_bundle)
         yield app
     finally:
-        if registered:
-            await webhook_registration.unregister(app.api, settings.webhook_configuration)
+        if admin is not None:
+            await webhook_registration.unregister(admin, settings.webhook_configuration)
+            await admin.close()
         await app.stop()
 
 

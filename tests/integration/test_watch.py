@@ -13,12 +13,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
-from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api, CustomObjectsApi
+import pytest
+from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 
 from licensectl import config, model
 from licensectl.devcluster.controlplane import ControlPlane
 from licensectl.kube import client as kclient
 from licensectl.kube import contract, projections
+from licensectl.kube.api import ApiException as KubeApiError
+from licensectl.kube.api import CoreV1Api as KubeCoreV1Api
+from licensectl.kube.raw import RawApi
 from licensectl.kube.watch import REASON_GONE, REASON_TIMEOUT, Informer, InformerHooks, Key
 
 
@@ -346,16 +350,17 @@ async def test_make_api_client_counts_requests(kubeconfig_path: Any, namespace: 
     tracing = kclient.request_tracing(on_request=lambda verb, code: seen.append((verb, code)))
     api = await kclient.make_api_client(config.Settings(kubeconfig=str(kubeconfig_path)), trace_configs=[tracing])
     try:
-        assert api.configuration.connection_pool_maxsize == kclient.POOL_MAXSIZE
-        core = CoreV1Api(api)
+        assert api.session.connector is not None and api.session.connector.limit == kclient.POOL_MAXSIZE
+        core = KubeCoreV1Api(api)
         inf = Informer("observed", functools.partial(core.list_namespaced_secret, namespace),
                        projections.source_secret_from)
         async with running(inf):
             assert await inf.wait_synced(15)
             await until(lambda: ("WATCH", 200) in seen, what="watch request observed")
-        await core.create_namespaced_secret(namespace, secret_body("x"))
-        with contextlib.suppress(ApiException):
-            await core.create_namespaced_secret(namespace, secret_body("x"))  # 409 AlreadyExists
+        await RawApi(core).create_namespaced_secret(namespace, secret_body("x"))
+        with pytest.raises(KubeApiError) as conflict:
+            await RawApi(core).create_namespaced_secret(namespace, secret_body("x"))  # 409 AlreadyExists
+        assert conflict.value.status == 409
     finally:
         await api.close()
     assert ("GET", 200) in seen and ("POST", 201) in seen and ("POST", 409) in seen

@@ -10,8 +10,10 @@ from benchmarks.common import CONTROLLER_NS
 from benchmarks.rollout import (
     ONE_STEP,
     SAFE,
+    after_settle,
     controller_args,
     exactly_once,
+    first_new_revision_time,
     is_store_write,
     peak_unavailable,
     restart_revisions,
@@ -115,3 +117,19 @@ def test_wave_timeline_from_events() -> None:
     assert wave_offsets(events, t0) == "started +0s, step 1 +12s, step 2 +30s, promoted +61s"
     assert wave_offsets([], t0) == "none"
     assert wave_label("RotationStepStarted", "odd message") == "step"
+
+
+def test_first_restart_is_measured_from_the_end_of_the_first_settle_period() -> None:
+    t0 = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
+    before = {("a", "r"): "old", ("b", "r"): "old", ("c", "r"): "old"}
+    after = {("a", "r"): ("new", t0 + dt.timedelta(seconds=2)), ("b", "r"): ("new", t0 + dt.timedelta(seconds=1)),
+             ("c", "r"): ("old", t0 - dt.timedelta(seconds=90)),  # not rewritten (yet): not the rollout's
+             ("d", "r"): ("new", None)}  # unreadable time: ignored
+    first = first_new_revision_time(before, after)
+    assert first == t0 + dt.timedelta(seconds=1)
+    assert first_new_revision_time(before, {("c", "r"): ("old", t0)}) is None
+    # Rotation written at 12:00:00.5, first replica stamped 12:00:01, settle 2 s: eligible at +2.5 s.
+    rot = t0 + dt.timedelta(seconds=0.5)
+    assert after_settle(t_first=3.25, t_rot_wall=rot, first_revision=first, settle=2.0) == 0.75
+    assert after_settle(t_first=None, t_rot_wall=rot, first_revision=first, settle=2.0) is None
+    assert after_settle(t_first=3.0, t_rot_wall=rot, first_revision=None, settle=2.0) is None

@@ -198,10 +198,11 @@ def test_wanted_volumes_only_for_running_vmis_with_wanted_replicas() -> None:
 
     from licensectl.delivery import wanted_volumes
     from licensectl.model import Vmi
+    from licensectl.timecodec import to_epoch_us
 
     def v(name: str, *, claims: tuple[str, ...] = ("gpu",), phase: str = "Running", deleting: bool = False) -> Vmi:
-        return Vmi("t1", name, name, dt.datetime(2026, 1, 1, tzinfo=dt.UTC), name, phase, True, None, (), None,
-                   deleting=deleting, gpu_claims=claims)
+        return Vmi("t1", name, name, to_epoch_us(dt.datetime(2026, 1, 1, tzinfo=dt.UTC)), name, phase, True, None, (),
+                   None, deleting=deleting, gpu_claims=claims)
 
     got = wanted_volumes([v("a"), v("b", phase="Scheduling"), v("c", deleting=True), v("d", claims=()),
                           v("e", claims=("pass",)), v("f", claims=("gpu", "compute"))], view())

@@ -6,8 +6,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from kubernetes_asyncio.client import ApiException
-
+from licensectl.kube.api import ApiException
 from licensectl.kube.events import EventRecorder, InvolvedObject, event_name
 
 OBJ = InvolvedObject("v1", "Secret", "licensectl-system", "nls-token")

@@ -19,7 +19,7 @@ PACKAGE = Path(licensectl.__file__).parent
 # Core module -> the licensectl modules it may import (everything lower in the stack).
 ALLOWED: dict[str, frozenset[str]] = {
     "timecodec": frozenset(),
-    "model": frozenset(),
+    "model": frozenset({"timecodec"}),  # VMI times are kept as epoch floats (timecodec.to_epoch_us)
     "tokeninfo": frozenset(),
     "credentials": frozenset({"timecodec"}),
     "entitlement": frozenset({"model"}),

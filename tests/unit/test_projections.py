@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import json
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from licensectl import model
 from licensectl.kube import projections as p
+from licensectl.kube.watch import object_key, shared_name_key
 
 UTC = dt.UTC
 
@@ -245,3 +249,108 @@ def test_garbage_named_object_projects_with_empty_fields() -> None:
     assert v.owner_vm is None and not v.ready and v.phase == ""
     c = p.gpu_class_from(obj)
     assert c is not None and c.mode is None and c.secret_ref is None and c.feature_type is None
+
+
+# --- sharing: what many cached objects repeat is held once, and never changes a value ------------
+def decoded(obj: Any) -> Any:
+    """A fresh decode, as each LIST page and watch event is: it shares no string with another."""
+    return json.loads(json.dumps(obj))
+
+
+def renamed(obj: dict[str, Any], **meta: Any) -> Any:
+    return decoded({**obj, "metadata": {**obj["metadata"], **meta}})
+
+
+def test_a_namespace_string_is_one_object_across_keys_and_caches() -> None:
+    a, b = renamed(VMI, name="vm1"), renamed(VMI, name="vm2")
+    va, vb = p.vmi_from(a), p.vmi_from(b)
+    ns = p.namespace_from(decoded({"metadata": {"name": "tenant-foo"}}))
+    assert va is not None and vb is not None and ns is not None
+    assert va.namespace == "tenant-foo"
+    assert va.namespace is vb.namespace is ns.name
+    assert object_key(a)[0] is va.namespace and object_key(b)[0] is va.namespace
+    assert object_key(decoded({"metadata": {"name": "tenant-foo"}}))[1] is ns.name  # cluster-scoped: the name
+
+
+def test_replica_and_claim_names_and_maps_are_shared_with_their_keys() -> None:
+    objs = [renamed(SECRET, namespace=f"t{i}") for i in range(2)]
+    r0, r1 = (p.replica_secret_from(o) for o in objs)
+    assert r0 is not None and r1 is not None
+    assert r0.name is r1.name and shared_name_key(objs[0])[1] is r0.name and shared_name_key(objs[1])[1] is r0.name
+    assert r0.labels is r1.labels and r0.annotations is r1.annotations  # equal maps: one object
+    edited = p.replica_secret_from(renamed(SECRET, annotations={model.ANN_CLASS: "other"}))
+    assert edited is not None and dict(edited.annotations) == {model.ANN_CLASS: "other"}
+    claims = [decoded({"metadata": {"name": "gpu", "namespace": f"t{i}"}, "spec": {"className": "vws"}})
+              for i in range(2)]
+    c0, c1 = (p.gpu_claim_from(o) for o in claims)
+    assert c0 is not None and c1 is not None
+    assert c0.name is c1.name is shared_name_key(claims[1])[1] and c0.class_name is c1.class_name
+
+
+def test_unique_names_stay_unshared_in_object_keys() -> None:
+    """VM and VMI names are mostly unique: interning them would cost the intern table an entry each."""
+    key = object_key(renamed(VMI, name="vm-" + "x" * 20))
+    assert key[1] == "vm-" + "x" * 20 and key[1] is not object_key(renamed(VMI, name="vm-" + "x" * 20))[1]
+
+
+def test_vmi_owner_is_its_name_and_volumes_are_shared() -> None:
+    a, b = p.vmi_from(renamed(VMI, name="vm1")), p.vmi_from(renamed(VMI, namespace="other"))
+    assert a is not None and b is not None
+    assert a.owner_vm is a.name
+    assert a.secret_volumes is b.secret_volumes and a.phase is b.phase
+
+
+def test_vm_keeps_only_licensectl_annotations() -> None:
+    ann = {"kubectl.kubernetes.io/last-applied-configuration": "{" + "x" * 2000 + "}",
+           "kubevirt.io/latest-observed-api-version": "v1", model.ANN_RESTART_REVISION: "r1",
+           model.ANN_RESTART_VMI_UID: "u1", model.ANN_RESTART_POLICY: "manual",
+           "licensectl.io": "no prefix", "licensectl.io.example.com/x": "another domain", "x/licensectl.io/y": "no"}
+    vm = p.vm_from(decoded({"metadata": {"name": "v", "namespace": "n", "annotations": ann}}))
+    assert vm is not None
+    assert dict(vm.annotations) == {model.ANN_RESTART_REVISION: "r1", model.ANN_RESTART_VMI_UID: "u1",
+                                    model.ANN_RESTART_POLICY: "manual"}
+    plain = p.vm_from(decoded({"metadata": {"name": "v", "namespace": "n", "annotations": {"a": "b"}}}))
+    assert plain is not None and plain.annotations is model.EMPTY
+
+
+def test_vm_restart_times_that_are_equal_are_one_string() -> None:
+    at = "2026-01-02T03:04:05.000006Z"
+    vm = p.vm_from(decoded({"metadata": {"name": "v", "namespace": "n", "annotations": {
+        model.ANN_RESTART_ISSUED_AT: at, model.ANN_RESTART_ATTEMPTED_AT: at}}}))
+    assert vm is not None and vm.annotations[model.ANN_RESTART_ISSUED_AT] == at
+    assert vm.annotations[model.ANN_RESTART_ISSUED_AT] is vm.annotations[model.ANN_RESTART_ATTEMPTED_AT]
+
+
+def test_namespace_label_values_are_shared() -> None:
+    labels = {"kubernetes.io/metadata.name": "tenant-x", "gpu.cozystack.io/vgpu": "true",
+              "tenant.cozystack.io/tenant-x": ""}
+    a = p.namespace_from(decoded({"metadata": {"name": "tenant-x", "labels": labels}}))
+    b = p.namespace_from(decoded({"metadata": {"name": "tenant-y", "labels": {"gpu.cozystack.io/vgpu": "true"}}}))
+    assert a is not None and b is not None
+    assert a.labels == labels and a.labels["kubernetes.io/metadata.name"] is a.name
+    assert a.labels["gpu.cozystack.io/vgpu"] is b.labels["gpu.cozystack.io/vgpu"]
+
+
+_words = st.text(max_size=12)
+_maps = st.dictionaries(st.one_of(_words, st.sampled_from([model.ANN_RESTART_REVISION, model.ANN_RESTART_RESULT,
+                                                              "kubernetes.io/metadata.name"])), _words, max_size=6)
+
+
+@given(_maps, st.text(min_size=1, max_size=12), st.text(min_size=1, max_size=12))
+def test_sharing_never_changes_a_value(m: dict[str, str], name: str, ns: str) -> None:
+    obj = decoded({"metadata": {"name": name, "namespace": ns, "labels": m, "annotations": m,
+                                "creationTimestamp": "2024-05-01T10:00:00Z",
+                                "ownerReferences": [{"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+                                                     "name": name, "controller": True}]},
+                   "spec": {"className": name, "volumes": [{"secret": {"secretName": v}} for v in m.values() if v]},
+                   "status": {"phase": name}})
+    n, r, vm, vmi = p.namespace_from(obj), p.replica_secret_from(obj), p.vm_from(obj), p.vmi_from(obj)
+    claim = p.gpu_claim_from(obj)
+    assert n is not None and r is not None and vm is not None and vmi is not None and claim is not None
+    assert (n.name, dict(n.labels)) == (name, m)
+    assert (r.namespace, r.name, dict(r.labels), dict(r.annotations)) == (ns, name, m, m)
+    assert dict(vm.annotations) == {k: v for k, v in m.items() if k.startswith(model.DOMAIN + "/")}
+    assert (vmi.namespace, vmi.name, vmi.owner_vm, vmi.phase) == (ns, name, name, name)
+    assert vmi.secret_volumes == tuple(v for v in m.values() if v)
+    assert (claim.namespace, claim.name, claim.class_name) == (ns, name, name)
+    assert object_key(obj) == shared_name_key(obj) == (ns, name)

@@ -113,7 +113,7 @@ async def test_a_tenant_editing_its_replica_gets_it_reverted() -> None:
     await w.loop.reconcile()
     edited = w.writer.secrets[("tenant-a", REPLICA)]
     edited["data"][KEY_TOKEN] = base64.b64encode(b"tampered").decode()
-    w.caches.replicas.put(dataclasses.replace(w.caches.replicas.cache[("tenant-a", REPLICA)], data_digest="x"))
+    w.caches.replicas.put(dataclasses.replace(w.caches.replicas.cache[("tenant-a", REPLICA)], data_digest=b"x"))
     w.writes()
     await w.loop.reconcile()
     assert w.writes() == [("update", "tenant-a", REPLICA)]

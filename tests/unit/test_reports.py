@@ -20,6 +20,8 @@ from licensectl.guest_report import (
     GuestState,
     LicenseState,
     ReportLimits,
+    evaluate,
+    parse_report,
     render_report,
 )
 from licensectl.reports import RESULTS, EndpointLimits, TokenBucket, make_reports_app
@@ -126,6 +128,14 @@ async def test_header_rejections(make_client: Any, hdrs: dict[str, str], status:
     assert derive_credential(K1, NS) not in text and "A" * 43 not in text
 
 
+@pytest.mark.parametrize("ctype", ["text/plain; charset=utf-8", "text/plain", "text/plain;charset=UTF-8",
+                                   'text/plain; charset="utf-8"'])
+async def test_plain_text_utf8_in_any_spelling_is_accepted(make_client: Any, ctype: str) -> None:
+    h = Harness()
+    c = await make_client(h)
+    assert (await post(c, body(), {**headers(), "Content-Type": ctype}))[0] == 202
+
+
 async def test_unauthorized_says_bearer(make_client: Any) -> None:
     c = await make_client(Harness())
     resp = await c.post("/v1/reports", data=body(), headers=headers(cred="A" * 43))
@@ -216,6 +226,21 @@ async def test_replay_and_older_clock_rejected(make_client: Any) -> None:
     assert (await post(c, body(h.now), headers()))[0] == 202
     assert h.results == ["accepted", "replay", "replay", "accepted"]
     assert len(h.reports) == 2
+
+
+async def test_repeated_sections_give_what_a_fresh_parse_gives(make_client: Any) -> None:
+    """A report repeating the previous one's sections: each report's state is exactly that of
+    parsing and evaluating it alone (the guest clock places yearless log times)."""
+    h = Harness()
+    c = await make_client(h)
+    # Most of a year apart: the yearless syslog time of the log lands in the next year, same section text.
+    clocks = [T0, T0 + dt.timedelta(seconds=60), T0 + dt.timedelta(days=340)]
+    for clock in clocks:
+        h.now = clock
+        assert (await post(c, body(clock), headers()))[0] == 202
+    assert [st for _, _, st in h.reports] == [
+        evaluate(parse_report(body(t)), current_token_sha256=TOKEN_SHA, now=t) for t in clocks]
+    assert h.reports[0][2].last_event_at != h.reports[2][2].last_event_at
 
 
 async def test_replay_state_is_per_vmi(make_client: Any) -> None:

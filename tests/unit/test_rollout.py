@@ -8,6 +8,7 @@ import itertools
 import random
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given
@@ -20,6 +21,7 @@ from licensectl.rollout import (
     GuestGate,
     PauseReason,
     Phase,
+    PlanMemo,
     RecordResult,
     ReplicaRevision,
     RestartIntent,
@@ -28,9 +30,10 @@ from licensectl.rollout import (
     RolloutSettings,
     SourceControl,
     VmiState,
+    needs_live_check,
     plan_rollout,
 )
-from licensectl.timecodec import annotation_time
+from licensectl.timecodec import annotation_time, to_epoch_us
 
 T0 = dt.datetime(2024, 5, 1, 12, 0, 0, tzinfo=dt.UTC)
 SRC = ObjectRef("licensectl-system", "nvidia-license")
@@ -56,15 +59,15 @@ _uids = itertools.count()
 def vmi(ns: str = "t-a", name: str = "vm1", *, uid: str | None = None, started: float = -1000,
         ready: bool = True, deleting: bool = False, owner: str | None = "", secrets: Sequence[str] = (LIC,),
         running_since: float | None = None) -> Vmi:
-    return Vmi(namespace=ns, name=name, uid=uid or f"uid-{next(_uids)}", created=at(started),
+    return Vmi(namespace=ns, name=name, uid=uid or f"uid-{next(_uids)}", created_us=to_epoch_us(at(started)),
                owner_vm=name if owner == "" else owner, phase="Running" if ready else "Scheduling",
-               ready=ready, running_since=None if running_since is None else at(running_since),
+               ready=ready, running_since_us=None if running_since is None else to_epoch_us(at(running_since)),
                secret_volumes=tuple(secrets), firmware_uuid=None, deleting=deleting)
 
 
 def vm(ns: str = "t-a", name: str = "vm1", *, run_strategy: str | None = "Always",
        ann: Mapping[str, str] | None = None) -> Vm:
-    return Vm(ns, name, f"vm-uid-{ns}-{name}", run_strategy, frozen_map(ann), resource_version="7")
+    return Vm(ns, name, run_strategy, frozen_map(ann), resource_version="7")
 
 
 def intent(rev: str, issued: float, uid: str, *, attempted: float | None = None, replica: str = LIC,
@@ -161,7 +164,8 @@ def test_vmi_mounting_two_replicas_is_governed_by_the_newest() -> None:
     p = plan([r_a, r_b], [v], [vm()], now=100)
     s = p.vmi_states[("t-a", "vm1")]
     assert (s.state, s.revision, s.source, s.replica) == (VmiState.STALE, "rb", SRC2, "b")
-    assert p.restarts == (RestartVm("t-a", "vm1", v.uid, "rb", "b", at(100), at(100), vm_resource_version="7"),)
+    assert p.restarts == (RestartVm("t-a", "vm1", v.uid, "rb", "b", at(100), at(100), vm_resource_version="7",
+                                    check_live=False),)
     assert p.sources[SRC].phase is Phase.IDLE and p.sources[SRC2].phase is Phase.PROGRESSING
 
 
@@ -234,7 +238,68 @@ def test_manual_policy_is_pending_never_restarted_and_overdue_after_deadline() -
 def test_restart_action_carries_intent_fields() -> None:
     v = vmi(uid="u1")
     (a,) = plan([rep()], [v], [vm()], now=100).restarts
-    assert a == RestartVm("t-a", "vm1", "u1", "r1", LIC, at(100), at(100), reissue=False, vm_resource_version="7")
+    assert a == RestartVm("t-a", "vm1", "u1", "r1", LIC, at(100), at(100), reissue=False, vm_resource_version="7",
+                          check_live=False)
+
+
+@pytest.mark.parametrize(("intent_", "expected"), [
+    (None, False),  # never restarted by us
+    (RestartIntent("r0", at(-900), at(-900), "old", LIC, "done"), False),  # settled, another revision and VMI
+    (RestartIntent("r0", at(-900), at(-900), "old", LIC, "failed"), False),
+    (RestartIntent("r0", at(-900), at(-900), "old", LIC, None), True),  # an earlier call may still land
+    (RestartIntent("r0", at(-900), at(-900), "u1", LIC, "failed"), True),  # it named this very VMI
+    (RestartIntent("r0", at(-900), at(-900), None, LIC, "done"), True),  # it named no VMI
+    (RestartIntent("r1", at(-900), at(-900), "old", LIC, "done"), True),  # a restart of ours for this revision
+    (RestartIntent("r1", at(-900), at(-900), "u1", LIC, "failed"), True),
+])
+def test_live_check_only_where_a_restart_of_ours_could_have_replaced_the_target(
+        intent_: RestartIntent | None, expected: bool) -> None:
+    assert needs_live_check(intent_, "r1", "u1") is expected
+
+
+def test_restarts_carry_the_live_check_decision() -> None:
+    # First restart of a fleet, and the next revision after a recorded one: no live read needed.
+    (a,) = plan([rep()], [vmi(uid="u1")], [vm()], now=100).restarts
+    assert not a.check_live
+    done_before = vm(ann=intent("r0", -2000, "u0", result="done"))
+    (b,) = plan([rep()], [vmi(uid="u1", started=-1500)], [done_before], now=100).restarts
+    assert not b.check_live
+    # A forgiven failure for the same revision and VMI: a late call may have replaced it meanwhile.
+    failed = vm(ann=intent("r1", 100, "u1", result="failed"))
+    resumed = {SRC: SourceControl(resumed_at=at(200))}
+    (c,) = plan([rep()], [vmi(uid="u1")], [failed], now=300, sources=resumed).restarts
+    assert c.check_live and not c.reissue
+    # A restart for an older revision still unsettled when the next revision arrives.
+    pending = vm(ann=intent("r0", -2000, "u0"))
+    (d,) = plan([rep()], [vmi(uid="u1", started=-1500)], [pending], now=100).restarts
+    assert d.check_live
+
+
+def test_memo_reevaluates_only_changed_guests_and_those_whose_times_came() -> None:
+    memo = PlanMemo()
+    vs = [vmi(name=f"vm{i}", uid=f"u{i}") for i in range(4)]
+    ms = [vm(name=f"vm{i}") for i in range(4)]
+    ms[3] = vm(name="vm3", ann=intent("r1", 50, "u3"))  # in flight: re-issue at 110, fails at 650
+
+    def both(now: float, vmis: Sequence[Vmi] = vs) -> RolloutPlan:
+        p = plan_rollout(replicas=[rep()], vmis=vmis, vms=ms, guests={}, sources={}, settings=ST, now=at(now),
+                         memo=memo)
+        assert p == plan([rep()], vmis, ms, now)
+        return p
+
+    both(10)  # settling until 60
+    assert memo.hits == 0
+    both(20)
+    assert memo.hits == 4
+    both(61)  # settled: the three stale ones are re-evaluated, the in-flight one holds until 650
+    assert memo.hits == 5
+    replaced = [*vs[:1], dataclasses.replace(vs[1], ready=False), *vs[2:]]
+    p = both(70, replaced)
+    assert memo.hits == 8  # only the changed VMI was evaluated again
+    assert state(p, name="vm3") is VmiState.RESTARTING
+    assert state(both(651, replaced), name="vm3") is VmiState.FAILED
+    both(640)  # the clock stepped back: nothing reused
+    assert memo.hits == 11
 
 
 def test_intent_written_but_restart_lost_is_reissued_for_same_uid_after_delay() -> None:
@@ -245,7 +310,7 @@ def test_intent_written_but_restart_lost_is_reissued_for_same_uid_after_delay() 
     assert soon.next_wakeup == at(160)
     later = plan([rep()], vs, ms, now=160)
     assert later.restarts == (RestartVm("t-a", "vm1", "u1", "r1", LIC, at(100), at(160), reissue=True,
-                                        vm_resource_version="7"),)
+                                        vm_resource_version="7", check_live=True),)
     # After the re-issue the shell recorded the attempt: the next one waits again.
     again = plan([rep()], vs, [vm(ann=intent("r1", 100, "u1", attempted=160))], now=200)
     assert again.restarts == () and again.next_wakeup == at(220)
@@ -536,6 +601,7 @@ class Cluster:
 
     def __init__(self, rng: random.Random, doom_rate: float) -> None:
         self.rng, self.doom_rate = rng, doom_rate
+        self._seen: dict[tuple[object, ...], Any] = {}
         self.now = T0
         self.vmis: dict[tuple[str, str], SimVmi] = {}
         self.vms: dict[tuple[str, str], SimVm] = {}
@@ -610,11 +676,15 @@ class Cluster:
                 m.rv += 1
 
     def observe(self) -> tuple[list[Vmi], list[Vm]]:
-        vmis = [Vmi(ns, name, v.uid, v.started, v.owner, "Running",
-                    v.ready_at is not None and v.ready_at <= self.now, v.started, (LIC,), None, v.deleting)
+        vmis = [Vmi(ns, name, v.uid, to_epoch_us(v.started), v.owner, "Running",
+                    v.ready_at is not None and v.ready_at <= self.now, to_epoch_us(v.started), (LIC,), None, v.deleting)
                 for (ns, name), v in self.vmis.items()]
-        vms = [Vm(ns, name, f"vm-{ns}-{name}", m.run_strategy, frozen_map(m.annotations), str(m.rv))
+        vms = [Vm(ns, name, m.run_strategy, frozen_map(m.annotations), str(m.rv))
                for (ns, name), m in self.vms.items()]
+        # Like a watch cache: an unchanged object is the same object from one pass to the next (what
+        # lets the planner's memo reuse an evaluation at all).
+        vmis = [self._seen.setdefault(("vmi", v.namespace, v.name, v), v) for v in vmis]
+        vms = [self._seen.setdefault(("vm", m.namespace, m.name, m.resource_version), m) for m in vms]
         return vmis, vms
 
     def ground_truth_unavailable(self, timeout: dt.timedelta) -> Counter[str]:
@@ -685,6 +755,7 @@ def run_simulation(f: Fleet, max_steps: int = 1500) -> tuple[Cluster, RolloutPla
     timeout = dt.timedelta(seconds=f.st.restart_timeout_seconds)
     deadline = dt.timedelta(seconds=f.st.manual_deadline_seconds)
     plan_: RolloutPlan | None = None
+    memo = PlanMemo()  # a controller's memo, kept over the whole run: it must never change a plan
     for step in range(max_steps):
         if step:
             c.tick()
@@ -708,7 +779,12 @@ def run_simulation(f: Fleet, max_steps: int = 1500) -> tuple[Cluster, RolloutPla
         assert plan_ == plan_rollout(replicas=replicas, vmis=list(reversed(vmis)), vms=list(reversed(vms)),
                                      guests={}, sources={SRC: control}, settings=f.st, now=c.now), \
             "plan depends on input order"
+        assert plan_rollout(replicas=replicas, vmis=vmis, vms=vms, guests={}, sources={SRC: control},
+                            settings=f.st, now=c.now, memo=memo) == plan_, "the memo changed the plan"
 
+        # At most one action per VM and pass: the shell runs them all concurrently.
+        touched = [(a.namespace, a.vm) for a in plan_.actions]
+        assert len(touched) == len(set(touched)), touched
         # Paused means no restart call at all.
         if status.pause_reason is not None:
             assert plan_.restarts == ()

@@ -5,8 +5,13 @@ runs against the real apiserver in tests/integration/test_rollout.py."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
+import random
+from collections import Counter
+
+import pytest
 
 from licensectl.config import Settings
 from licensectl.guests import GuestStore
@@ -94,8 +99,9 @@ async def test_intent_is_written_before_the_restart_and_vmis_roll_one_at_a_time(
     w = World([("tenant-a", "vm1"), ("tenant-b", "vm2"), ("tenant-c", "vm3")])
     first_uid = w.kubevirt.vmis[("tenant-a", "vm1")].uid
     await w.loop.reconcile()
-    assert w.kubevirt.ops == [("annotate", "tenant-a", "vm1"), ("live-get", "tenant-a", "vm1"),
-                              ("restart", "tenant-a", "vm1")]
+    # No live read: the VM shows no restart of ours that could have replaced the target (the intent
+    # write, guarded by the planned resourceVersion, proved that view current).
+    assert w.kubevirt.ops == [("annotate", "tenant-a", "vm1"), ("restart", "tenant-a", "vm1")]
     vm = w.kubevirt.vms[("tenant-a", "vm1")]
     assert vm.annotations[ANN_RESTART_REVISION] == REV and vm.annotations[ANN_RESTART_VMI_UID] == first_uid
     for _ in range(6):
@@ -113,15 +119,136 @@ async def test_intent_is_written_before_the_restart_and_vmis_roll_one_at_a_time(
     assert len(w.kubevirt.restarted()) == 3  # complete: nothing more to do
 
 
-async def test_no_restart_when_the_live_vmi_is_not_the_planned_one() -> None:
-    w = World([("tenant-a", "vm1")])
-    w.kubevirt.lag = True  # the VMI watch lags: the cache still shows the old VMI
+class VmiWatchLags(MemoryKubevirt):
+    """The VM watch delivers at once, the VMI watch only on `publish()` (cut, or far behind)."""
+
+    def _changed(self) -> None:
+        self._vm_cache.put(*self.vms.values())
+
+    def effective(self) -> list[tuple[str, str, str]]:
+        """(namespace, vm, revision of the VM's intent) for every call that replaced a running VMI."""
+        return list(self.replaced)
+
+    async def restart(self, *, namespace: str, vm: str, vmi_uid: str, run_strategy: str | None) -> RestartResult:
+        key = (namespace, vm)
+        before = self.vmis.get(key)
+        res = await super().restart(namespace=namespace, vm=vm, vmi_uid=vmi_uid, run_strategy=run_strategy)
+        after = self.vmis.get(key)
+        if before is not None and after is not None and after.uid != before.uid:
+            self.replaced.append((namespace, vm, self.vms[key].annotations[ANN_RESTART_REVISION]))
+        return res
+
+    replaced: list[tuple[str, str, str]]
+
+
+def vmi_watch_lags(w: World) -> VmiWatchLags:
+    """Swap in a KubeVirt whose VMI watch lags, over the same objects (and uid/rv counters)."""
+    k = VmiWatchLags(w.caches, w.clock)
+    k.vms, k.vmis, k._versions, k.replaced = w.kubevirt.vms, w.kubevirt.vmis, w.kubevirt._versions, []
+    w.kubevirt = k
+    w.loop = w.new_process()
+    return k
+
+
+async def test_a_reissue_reads_the_target_live_and_never_restarts_its_replacement() -> None:
+    w = World([("tenant-a", "vm1")], restart_reissue_seconds=60.0)
+    k = vmi_watch_lags(w)
     key = ("tenant-a", "vm1")
-    w.kubevirt.vmis[key] = dataclasses.replace(w.kubevirt.vmis[key], uid="vmi-replaced-meanwhile")
+    first = k.vmis[key].uid
+    await w.loop.reconcile()  # intent, restart: the VMI is replaced, but the VMI cache still shows it
+    assert k.restarted() == [key] and k.vmis[key].uid != first
+    assert w.caches.vmis is not None and w.caches.vmis.cache[key].uid == first
+    for _ in range(3):
+        await w.loop.reconcile()
+    assert w.states() == {"vm1": VmiState.RESTARTING}
+    # Past the re-issue delay the lagging cache still shows the target untouched: the call may have
+    # been lost, so it is re-issued -- but only after the live read, which sees the replacement.
+    w.clock.advance(61.0)
+    k.ops.clear()
     await w.loop.reconcile()
-    assert ("live-get", "tenant-a", "vm1") in w.kubevirt.ops
-    assert w.kubevirt.restarted() == []
+    assert k.ops == [("annotate", "tenant-a", "vm1"), ("live-get", "tenant-a", "vm1")]
+    assert k.restarted() == [] and k.effective() == [("tenant-a", "vm1", REV)]
     assert w.restarts(RestartResult.STALE_TARGET.value) == 1.0
+    k.publish()
+    for _ in range(3):
+        await w.loop.reconcile()
+    assert w.states() == {"vm1": VmiState.DONE}
+
+
+async def test_a_first_restart_from_a_lagging_view_restarts_what_runs_exactly_once() -> None:
+    # Someone else replaced the VMI in the lag of the VMI watch (not a restart of ours: the VM carries
+    # no intent). The restart call meets the replacement: one restart, recorded and tracked as ours.
+    w = World([("tenant-a", "vm1")])
+    k = vmi_watch_lags(w)
+    key = ("tenant-a", "vm1")
+    k.vmis[key] = dataclasses.replace(k.vmis[key], uid="vmi-replaced-meanwhile")
+    await w.loop.reconcile()
+    assert ("live-get", "tenant-a", "vm1") not in k.ops
+    assert k.effective() == [("tenant-a", "vm1", REV)]
+    for _ in range(4):
+        w.clock.advance(30.0)
+        await w.loop.reconcile()
+    k.publish()
+    for _ in range(3):
+        await w.loop.reconcile()
+    assert k.effective() == [("tenant-a", "vm1", REV)]
+    assert w.states() == {"vm1": VmiState.DONE}
+
+
+async def test_a_forgiven_failure_seen_through_a_lagging_watch_is_not_restarted_twice() -> None:
+    # The restart took effect, but the VMI watch never showed it: the restart times out as failed and
+    # pauses the rollout; the hoster resumes, and the VM is planned afresh for the same revision.
+    w = World([("tenant-a", "vm1")], max_failures=1, restart_timeout_seconds=30.0,
+              restart_reissue_seconds=1000.0)
+    k = vmi_watch_lags(w)
+    await w.loop.reconcile()
+    assert k.effective() == [("tenant-a", "vm1", REV)]
+    w.clock.advance(31.0)
+    await w.loop.reconcile()
+    assert w.states() == {"vm1": VmiState.FAILED} and w.phase() is Phase.PAUSED
+    w.set_source(**{ANN_ROLLOUT_RESUMED_AT: format_micro_time(w.clock.now())})
+    w.clock.advance(1000.0)  # past the hold on the same target
+    k.ops.clear()
+    for _ in range(3):
+        await w.loop.reconcile()
+    assert ("live-get", "tenant-a", "vm1") in k.ops
+    assert k.effective() == [("tenant-a", "vm1", REV)]  # the live read saw the replacement
+    k.publish()
+    for _ in range(3):
+        await w.loop.reconcile()
+    assert w.states() == {"vm1": VmiState.DONE}
+
+
+@pytest.mark.parametrize("seed", range(12))
+async def test_lagging_vmi_watch_lost_calls_and_crashes_never_restart_a_vmi_twice_per_revision(seed: int) -> None:
+    rng = random.Random(seed)
+    vms = [(f"tenant-{c}", f"vm{i}") for c in "abc" for i in range(2)]
+    w = World(vms, max_unavailable="3", restart_reissue_seconds=5.0, restart_timeout_seconds=3600.0)
+    k = vmi_watch_lags(w)
+    revisions = [REV]
+    for step in range(120):
+        if step == 40:  # a second rotation while the first may still be under way
+            revisions.append("b" * 64)
+            for ns in sorted({ns for ns, _ in vms}):
+                w.caches.replicas.put(replica(ns, revisions[-1], w.clock.now()))
+            w.clock.advance(3.0)
+        if rng.random() < 0.25:
+            k.publish()  # the VMI watch catches up, now and then
+        k.calls_lost = rng.random() < 0.15
+        if rng.random() < 0.1:
+            w.loop = w.new_process()  # a crash: only the cluster remembers
+        with contextlib.suppress(ConnectionResetError):
+            await w.loop.reconcile()
+        w.clock.advance(rng.choice([0.5, 2.0, 6.0]))
+    k.calls_lost = False
+    for _ in range(40):  # the watch heals: the rollout completes
+        k.publish()
+        await w.loop.reconcile()
+        w.clock.advance(6.0)
+    per_revision = Counter(k.effective())
+    assert per_revision and max(per_revision.values()) == 1, per_revision
+    assert all((ns, vm, revisions[-1]) in per_revision for ns, vm in vms)
+    assert set(w.states().values()) == {VmiState.DONE}
 
 
 async def test_limits_hold_while_restarted_vmis_are_not_ready() -> None:

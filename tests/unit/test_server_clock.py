@@ -14,11 +14,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp import web
-from kubernetes_asyncio.client import ApiException, CoreV1Api
 from yarl import URL
 
 from licensectl.config import Settings
 from licensectl.kube import client as kclient
+from licensectl.kube.api import ApiException, CoreV1Api
+from licensectl.kube.raw import RawApi
 from licensectl.kube.server_clock import ServerClock
 from licensectl.testkit.local_http import serve
 
@@ -109,14 +110,14 @@ async def test_client_counts_every_request_and_feeds_the_clock(tmp_path: Path) -
         api = await kclient.make_api_client(Settings(kubeconfig=str(kubeconfig_for(server, tmp_path / "kc"))),
                                             trace_configs=[tracing])
         try:
-            session = api.rest_client.pool_manager
+            session = api.session
             assert session.trust_env is False  # no ~/.netrc or proxy-environment lookups per request
-            core = CoreV1Api(api)
+            core = RawApi(CoreV1Api(api))
             await core.list_namespace()
             with pytest.raises(ApiException) as err:
                 await core.read_namespaced_secret("s", "ns")
             assert err.value.status == 404
-            resp = await core.list_namespace(watch=True, _preload_content=False)
+            resp = await CoreV1Api(api).list_namespace(watch=True)
             resp.release()
         finally:
             await api.close()
@@ -125,7 +126,7 @@ async def test_client_counts_every_request_and_feeds_the_clock(tmp_path: Path) -
                                            trace_configs=[tracing])
     try:
         with pytest.raises(aiohttp.ClientError):
-            await CoreV1Api(closed).list_namespace()
+            await RawApi(CoreV1Api(closed)).list_namespace()
     finally:
         await closed.close()
     assert seen == [("GET", 200), ("GET", 404), ("WATCH", 200), ("GET", 0)]
@@ -141,10 +142,10 @@ async def test_a_failing_observer_never_fails_the_request(tmp_path: Path) -> Non
         api = await kclient.make_api_client(Settings(kubeconfig=str(kubeconfig_for(server, tmp_path / "kc"))),
                                             trace_configs=[kclient.request_tracing(on_request=broken)])
         try:
-            listed = await CoreV1Api(api).list_namespace()
+            listed = await RawApi(CoreV1Api(api)).list_namespace()
         finally:
             await api.close()
-    assert listed.items == []
+    assert listed["items"] == []
 
 
 def test_watch_is_told_from_the_query() -> None:

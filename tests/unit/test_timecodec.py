@@ -9,7 +9,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from licensectl.timecodec import annotation_time, format_micro_time, format_time, parse_time, to_utc
+from licensectl.timecodec import (
+    annotation_time,
+    format_micro_time,
+    format_time,
+    from_epoch_us,
+    parse_time,
+    to_epoch_us,
+    to_utc,
+)
 
 UTC = dt.UTC
 CEST = dt.timezone(dt.timedelta(hours=2))
@@ -168,3 +176,32 @@ def test_formatting_a_parsed_value_reproduces_it(t: dt.datetime) -> None:
 def test_parse_is_total(raw: str) -> None:
     got = parse_time(raw, assume_utc=True)
     assert got is None or got.tzinfo is UTC
+
+
+# --- epoch microseconds (how the caches keep VMI times) ------------------------------------------
+@given(st.datetimes(min_value=dt.datetime(1686, 1, 1), max_value=dt.datetime(2254, 12, 31, 23, 59, 59, 999_999),
+                    timezones=offsets))
+def test_epoch_microseconds_round_trip_exactly_in_the_documented_range(t: dt.datetime) -> None:
+    got = from_epoch_us(to_epoch_us(t))
+    assert got == t and got.tzinfo is UTC
+
+
+def test_epoch_microseconds_count_from_the_unix_epoch_and_take_naive_as_utc() -> None:
+    assert to_epoch_us(dt.datetime(1970, 1, 1, 0, 0, 1, tzinfo=UTC)) == 1_000_000.0
+    assert to_epoch_us(dt.datetime(1969, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC)) == -1.0
+    assert to_epoch_us(T.replace(tzinfo=None)) == to_epoch_us(T) == to_epoch_us(T.astimezone(CEST))
+    assert isinstance(to_epoch_us(T), float)
+
+
+@given(aware)
+def test_epoch_microseconds_order_like_the_times_and_stay_in_range(t: dt.datetime) -> None:
+    """Beyond the exact range a time moves by less than a millisecond, never out of datetime's range."""
+    got = from_epoch_us(to_epoch_us(t))
+    assert abs(got - t) < dt.timedelta(milliseconds=1)
+    later = t + dt.timedelta(seconds=1)
+    assert to_epoch_us(later) > to_epoch_us(t)
+
+
+def test_epoch_microseconds_at_the_ends_of_datetimes_range() -> None:
+    for end in (dt.datetime.min.replace(tzinfo=UTC), dt.datetime.max.replace(tzinfo=UTC)):
+        assert abs(from_epoch_us(to_epoch_us(end)) - end) < dt.timedelta(microseconds=64)
