@@ -233,15 +233,16 @@ class App:
             if self._stopping:
                 return
             timeout = resync if wait is None else max(0.05, min(wait, resync))
+            triggered = False
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(trigger.wait(), timeout)
+                triggered = True
             trigger.clear()
-            # Coalesce bursts of watch events into one pass (docs/design.md#webhook-thread): at most
-            # one pass per window, counted from the last pass's start, so a timed wakeup (a settle
-            # period ending) is not delayed by a whole window after it already waited; a fifth of
-            # the window always stays idle, so back-to-back long passes never hold the interpreter.
+            # Coalesce bursts of watch events into one pass (docs/design.md#webhook-thread): after an
+            # event the whole window stays idle, however long the pass took. A timed wakeup (a settle
+            # period ending, a re-issue due) has nothing to coalesce: it only keeps passes a window apart.
             window = COALESCE_SECONDS.get(name, 0.05)
-            await asyncio.sleep(max(window / 5, window - (loop.time() - started)))
+            await asyncio.sleep(window if triggered else max(0.0, window - (loop.time() - started)))
 
     async def _replicate(self) -> float | None:
         if not self.caches.core_synced():
