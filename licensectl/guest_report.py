@@ -13,7 +13,7 @@ import datetime as dt
 import re
 import xml.etree.ElementTree as ET  # only for the ParseError type; parsing goes through defusedxml
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
 
@@ -595,10 +595,6 @@ class ScannedLog:
 
     events: tuple[GriddEvent, ...]
     yearless: tuple[tuple[int, _YearlessTime], ...] = ()
-    # The last resolution and the [from, until) range of references it holds for: the next report of
-    # a quiet guest reuses it instead of placing every yearless time again.
-    _last: list[tuple[dt.datetime, dt.datetime, tuple[GriddEvent, ...]]] = field(
-        default_factory=list, init=False, repr=False, compare=False)
 
     def resolve(self, reference: dt.datetime | None) -> tuple[GriddEvent, ...]:
         """The events with yearless times placed in the year `reference` (the guest clock) implies."""
@@ -606,44 +602,12 @@ class ScannedLog:
             return self.events
         if reference is not None and reference.tzinfo is not dt.UTC:
             reference = reference.astimezone(dt.UTC)  # once, not per line
-        if self._last and reference is not None:
-            since, until, done = self._last[0]
-            if since <= reference < until:
-                return done
         out = list(self.events)
         for i, (mon, day, hh, mm, ss) in self.yearless:
             e = out[i]
             out[i] = GriddEvent(kind=e.kind, at=_yearless(mon, day, hh, mm, ss, reference), message=e.message,
                                 server=e.server, product=e.product, expiry=e.expiry)
-        events = tuple(out)
-        window = self._window(reference)
-        if window is not None:
-            self._last[:] = [(window[0], window[1], events)]
-        return events
-
-    def _window(self, ref: dt.datetime | None) -> tuple[dt.datetime, dt.datetime] | None:
-        """The references around `ref` (UTC) that resolve every yearless time as `ref` does: the same
-        year, and the same side of each `t <= reference + 1 day` test in `_yearless`. None near the
-        ends of datetime's range, where that arithmetic could overflow."""
-        if ref is None or not 3 <= ref.year <= 9998:
-            return None
-        since = dt.datetime(ref.year, 1, 1, tzinfo=dt.UTC)
-        until = dt.datetime(ref.year + 1, 1, 1, tzinfo=dt.UTC)
-        for _, (mon, day, hh, mm, ss) in self.yearless:
-            month = _MONTHS.get(mon.lower())
-            if month is None:
-                continue
-            for year in (ref.year, ref.year - 1):
-                try:
-                    t = dt.datetime(year, month, int(day), int(hh), int(mm), int(ss), tzinfo=dt.UTC)
-                except ValueError:
-                    continue
-                flip = t - _ONE_DAY  # t <= reference + 1 day exactly when flip <= reference
-                if flip <= ref:
-                    since = max(since, flip)
-                else:
-                    until = min(until, flip)
-        return since, until
+        return tuple(out)
 
 
 def scan_gridd_log(lines: Iterable[str]) -> ScannedLog:

@@ -47,7 +47,7 @@ from enum import StrEnum
 from types import MappingProxyType
 
 from licensectl import model
-from licensectl.timecodec import annotation_time, format_micro_time
+from licensectl.timecodec import annotation_time, annotation_value_time, format_micro_time
 
 RESULT_DONE = "done"
 RESULT_FAILED = "failed"
@@ -191,12 +191,10 @@ class RestartIntent:
 @functools.lru_cache(maxsize=1 << 16)
 def _parse_intent(revision: str, issued_raw: str | None, attempted_raw: str | None, vmi_uid: str | None,
                   replica: str | None, result: str | None) -> RestartIntent | None:
-    raw = {k: v for k, v in ((model.ANN_RESTART_ISSUED_AT, issued_raw), (model.ANN_RESTART_ATTEMPTED_AT,
-                                                                          attempted_raw)) if v is not None}
-    issued = annotation_time(raw, model.ANN_RESTART_ISSUED_AT)
+    issued = annotation_value_time(issued_raw)
     if issued is None:
         return None
-    attempted = annotation_time(raw, model.ANN_RESTART_ATTEMPTED_AT) or issued
+    attempted = annotation_value_time(attempted_raw) or issued
     return RestartIntent(
         revision=revision,
         issued_at=issued,
@@ -499,6 +497,10 @@ class PlanMemo:
             self._entries.clear()  # new knobs, or a clock stepped back: nothing is known to hold
         self._settings, self._now = settings, now
 
+    def _keep(self, entries: dict[tuple[str, str], _Memo]) -> None:
+        """This pass's evaluations replace the last pass's: guests gone since are forgotten."""
+        self._entries = entries
+
     def _evaluate(self, slot: _Slot, st: RolloutSettings, guests: Mapping[tuple[str, str], GuestGate],
                   control: SourceControl, now: dt.datetime, keep: dict[tuple[str, str], _Memo]) -> _Memo:
         key = (slot.namespace, slot.name)
@@ -722,7 +724,7 @@ def plan_rollout(
         memo._begin(st, now)
         evals = [memo._evaluate(s, st, guests, sources.get(s.replica.source, no_control), now, memos).ev
                  for s in slots]
-        memo._entries = memos
+        memo._keep(memos)
 
     by_source: dict[model.ObjectRef, list[_Eval]] = defaultdict(list)
     for e in evals:

@@ -119,5 +119,9 @@ def annotation_time(annotations: Mapping[str, str], key: str) -> dt.datetime | N
     Annotations can be edited by hand (``kubectl annotate``), so surrounding whitespace is ignored;
     a zone is still required, since a zone-less time could be read hours off.
     """
-    raw = annotations.get(key)
+    return annotation_value_time(annotations.get(key))
+
+
+def annotation_value_time(raw: object) -> dt.datetime | None:
+    """`annotation_time` of a value already read (a missing annotation is None)."""
     return parse_time(raw.strip()) if isinstance(raw, str) else None

@@ -137,6 +137,17 @@ class KubeClient:
             await self.session.close()
 
 
+def library_auth(cfg: Any) -> AuthHeaders:
+    """Auth headers from a kubernetes-asyncio Configuration: its bearer token, refreshed by the
+    library's own hooks (exec plugins, rotating token files)."""
+
+    async def auth() -> Mapping[str, str]:
+        setting = (await cfg.auth_settings()).get("BearerToken")
+        return {setting["key"]: setting["value"]} if setting and setting.get("value") else {}
+
+    return auth
+
+
 def as_kube(api: Any) -> KubeClient:
     """A KubeClient, or one borrowing a kubernetes-asyncio ApiClient's session, host and credentials.
 
@@ -147,12 +158,7 @@ def as_kube(api: Any) -> KubeClient:
     rest = getattr(api, "rest_client", None)
     if cfg is None or rest is None:
         raise TypeError(f"not a Kubernetes client: {type(api).__name__}")
-
-    async def auth() -> Mapping[str, str]:
-        setting = (await cfg.auth_settings()).get("BearerToken")
-        return {setting["key"]: setting["value"]} if setting and setting.get("value") else {}
-
-    return KubeClient(host=cfg.host, session=rest.pool_manager, auth=auth,
+    return KubeClient(host=cfg.host, session=rest.pool_manager, auth=library_auth(cfg),
                       server_hostname=getattr(cfg, "tls_server_name", None), proxy=getattr(cfg, "proxy", None),
                       owns_session=False)
 

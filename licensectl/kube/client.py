@@ -14,7 +14,7 @@ import asyncio
 import os
 import ssl
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 
 import aiohttp
@@ -23,7 +23,7 @@ from yarl import URL
 
 from licensectl import config
 from licensectl.kube import kubeconfig
-from licensectl.kube.api import KubeClient
+from licensectl.kube.api import KubeClient, library_auth
 from licensectl.kube.server_clock import ServerClock
 
 log = structlog.get_logger(__name__)
@@ -111,12 +111,7 @@ async def _library_client(settings: config.Settings, trace_configs: Sequence[aio
                                    client_configuration=cfg, persist_config=False)
     ctx = kubeconfig.ssl_context(ca_file=cfg.ssl_ca_cert, cert=(cfg.cert_file, None), key=(cfg.key_file, None),
                                  insecure=not cfg.verify_ssl)
-
-    async def auth() -> Mapping[str, str]:
-        setting = (await cfg.auth_settings()).get("BearerToken")
-        return {setting["key"]: setting["value"]} if setting and setting.get("value") else {}
-
-    return KubeClient(host=str(cfg.host), session=_session(ctx, trace_configs), auth=auth,
+    return KubeClient(host=str(cfg.host), session=_session(ctx, trace_configs), auth=library_auth(cfg),
                       server_hostname=cfg.tls_server_name, proxy=cfg.proxy)
 
 

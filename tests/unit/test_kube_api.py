@@ -333,14 +333,9 @@ async def test_client_certificates_authenticate_over_tls(tmp_path: Path) -> None
     server_ctx.load_cert_chain(str(tmp_path / "server.crt"), str(tmp_path / "server.key"))
     server_ctx.verify_mode = ssl.CERT_REQUIRED
     rec = Recorder()
-    runner = web.AppRunner(rec.app())
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_ctx)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
+    async with serve(rec.app(), ssl_context=server_ctx) as url:
         path = write_kubeconfig(tmp_path / "kc", {
-            "server": f"https://127.0.0.1:{port}",
+            "server": url,
             "certificate-authority-data": base64.b64encode(ca.cert_pem).decode()}, {
             "client-certificate-data": base64.b64encode(client.cert_pem).decode(),
             "client-key-data": base64.b64encode(client.key_pem).decode()})
@@ -350,6 +345,4 @@ async def test_client_certificates_authenticate_over_tls(tmp_path: Path) -> None
         finally:
             await api.close()
         assert api.session.closed
-    finally:
-        await runner.cleanup()
     assert rec.seen[0]["peercert"] and "Authorization" not in rec.seen[0]["headers"]
