@@ -25,6 +25,9 @@ from licensectl.timecodec import format_time
 log = logs.get(__name__)
 
 MAX_MESSAGE = 1024
+# A write that failed for a reason other than the namespace being gone is tried again by the first
+# emit this long after, not one min_interval later: the Event was never written, so nothing is a repeat.
+RETRY_SECONDS = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,10 +94,21 @@ class EventRecorder:
                 await self._bump_or_create(ns, name, obj, type_, reason, message, ts)
         except ApiException as e:
             # 403/404: the namespace is terminating or gone; nobody will read that Event anyway.
-            level = log.debug if e.status in (403, 404) else log.warning
-            level("event write failed", reason=reason, name=obj.name, status=e.status)
-        except Exception as e:  # network trouble: the next pass re-emits
+            if e.status in (403, 404):
+                log.debug("event write failed", reason=reason, name=obj.name, status=e.status)
+                return
+            log.warning("event write failed", reason=reason, name=obj.name, status=e.status)
+            self._retry_soon(name, now)
+        except Exception as e:  # network trouble: a pass RETRY_SECONDS later emits it again
             log.warning("event write failed", reason=reason, name=obj.name, error=type(e).__name__)
+            self._retry_soon(name, now)
+
+    def _retry_soon(self, name: str, now: dt.datetime) -> None:
+        """Let the next emit of an Event whose write failed through after RETRY_SECONDS, not min_interval,
+        and count it as the write that did not happen (a failed first create is retried as a create)."""
+        self._counts[name] = max(0, self._counts.get(name, 1) - 1)
+        wait = min(RETRY_SECONDS, self._min_interval)
+        self._last[name] = now - dt.timedelta(seconds=self._min_interval - wait)
 
     async def _bump_or_create(self, ns: str, name: str, obj: InvolvedObject, type_: str, reason: str,
                               message: str, ts: str) -> None:

@@ -109,3 +109,34 @@ async def test_cluster_scoped_objects_get_their_events_in_default() -> None:
     await recorder(api, clock).emit(cls, "Warning", "LicenseSourceInvalid", "m")
     ((ns, _),) = api.events
     assert ns == "default"
+
+
+async def test_a_failed_write_is_tried_again_soon_not_after_the_interval() -> None:
+    api, clock = FakeEventsApi(), Clock()
+    r = recorder(api, clock)
+    name = event_name(OBJ, "LicenseSourceInvalid", "m")
+    api.fail = 500
+    await r.emit(OBJ, "Warning", "LicenseSourceInvalid", "m")
+    api.fail = None
+    clock.t += dt.timedelta(seconds=5)
+    await r.emit(OBJ, "Warning", "LicenseSourceInvalid", "m")  # still within the retry delay
+    assert api.events == {}
+    clock.t += dt.timedelta(seconds=6)
+    api.calls.clear()
+    await r.emit(OBJ, "Warning", "LicenseSourceInvalid", "m")
+    assert api.calls == [("create", name)]  # retried as the create it was, not a patch that 404s
+    assert api.events[("licensectl-system", name)]["count"] == 1
+    clock.t += dt.timedelta(seconds=60)
+    await r.emit(OBJ, "Warning", "LicenseSourceInvalid", "m")  # written: repeats wait the full interval
+    assert api.events[("licensectl-system", name)]["count"] == 1
+
+
+async def test_a_write_into_a_terminating_namespace_is_not_retried() -> None:
+    api, clock = FakeEventsApi(), Clock()
+    r = recorder(api, clock)
+    api.fail = 403
+    await r.emit(OBJ, "Warning", "ReplicaDeleted", "m")
+    api.fail = None
+    clock.t += dt.timedelta(seconds=60)
+    await r.emit(OBJ, "Warning", "ReplicaDeleted", "m")
+    assert api.events == {} and len(api.calls) == 1
