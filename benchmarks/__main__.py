@@ -1,7 +1,10 @@
-"""`python -m benchmarks [replication|rollout|all] [--scale small|full|xl]`, `python -m benchmarks reports ...`.
+"""`python -m benchmarks [replication|rollout|all] [--scale small|full|xl] [--controller-from REV]`,
+`python -m benchmarks reports ...`.
 
 Each benchmark gets a fresh local control plane (etcd + kube-apiserver + kube-controller-manager),
 so one cannot skew the other; everything is torn down at the end, also on errors and Ctrl-C.
+`--controller-from REV` runs the controller processes from another git revision's package (same
+fleet, floors and benchmark code): the "before" half of a before/after table.
 `all` also runs the guest-report load (no control plane; `xl` runs it at `full`), so one command
 prints every figure with its same-run baseline. Tables go to stdout, progress to stderr.
 """
@@ -11,16 +14,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
 from typing import Any
 
 from benchmarks import admission, memory, replication, reports, rollout
-from benchmarks.common import format_table, machine_rows, progress
+from benchmarks.common import THIS_TREE, ControllerBuild, format_table, machine_rows, progress
 from licensectl import logs
 from licensectl.devcluster.controlplane import ETCD_VERSION, ControlPlane
+from licensectl.testkit.process import extract_package
 
-Runner = Callable[[ControlPlane, str], Coroutine[Any, Any, str]]
+Runner = Callable[[ControlPlane, str, ControllerBuild], Coroutine[Any, Any, str]]
 BENCHMARKS: dict[str, Runner] = {"replication": replication.run, "rollout": rollout.run, "admission": admission.run}
 
 
@@ -30,14 +36,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--scale", default="small", choices=("small", "full", "xl"),
                    help="xl (20,000 tenants / 50,000 VMIs) is opt-in: ~10 min for replication, hours for the "
                         "rollout on 2 cores")
+    p.add_argument("--controller-from", metavar="REV", default=None,
+                   help="run the controller from this git revision's licensectl package (a before/after "
+                        "comparison: same fleet, floors and benchmark code); the guest-report load of `all` "
+                        "always measures this tree")
     return p
 
 
-def run_one(name: str, scale: str) -> tuple[str, str]:
+def run_one(name: str, scale: str, build: ControllerBuild = THIS_TREE) -> tuple[str, str]:
     """Run one benchmark on its own control plane; returns (apiserver version, table)."""
     started = time.monotonic()
     with ControlPlane(log=progress) as cp:
-        table = asyncio.run(BENCHMARKS[name](cp, scale))
+        table = asyncio.run(BENCHMARKS[name](cp, scale, build))
         version = cp.version
     progress(f"{name}[{scale}] finished in {time.monotonic() - started:.0f}s (control plane stopped)")
     return version, table
@@ -53,10 +63,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs.configure("console", "warning", stream=sys.stderr)  # library logs must not mix with the tables
     names = list(BENCHMARKS) if args.which == "all" else [args.which]
     version = "unknown"
-    for name in names:
-        version, table = run_one(name, args.scale)
-        print(table + "\n", flush=True)
-    print(format_table("Machine", ["item", "value"], machine_rows(version, ETCD_VERSION)), flush=True)
+    with tempfile.TemporaryDirectory(prefix="licensectl-bench-build-") as scratch:
+        build = THIS_TREE
+        if args.controller_from:
+            tree = extract_package(args.controller_from, Path(scratch))
+            build = ControllerBuild(label=f"git revision {args.controller_from}", tree=tree)
+            progress(f"controller processes run {build.label} from {tree}")
+        for name in names:
+            version, table = run_one(name, args.scale, build)
+            print(table + "\n", flush=True)
+        print(format_table("Machine", ["item", "value"], machine_rows(version, ETCD_VERSION, build)), flush=True)
     if args.which == "all":
         report_scale = "full" if args.scale == "xl" else args.scale
         tables, ok = asyncio.run(reports.run(report_scale, reports.SCALES[report_scale]))

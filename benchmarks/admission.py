@@ -23,7 +23,7 @@ from typing import Any
 
 from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 
-from benchmarks.common import fmt_num, format_table, make_client, progress
+from benchmarks.common import THIS_TREE, ControllerBuild, fmt_num, format_table, make_client, progress
 from licensectl import certs
 from licensectl.devcluster import webhook as registration
 from licensectl.devcluster.controlplane import ControlPlane, free_port
@@ -120,7 +120,7 @@ async def controller_buckets(ctl: ControllerProcess) -> list[tuple[float, float]
     return buckets_of(await ctl.must_scrape(), "licensectl_webhook_duration_seconds")
 
 
-async def run(cp: ControlPlane, scale: str) -> str:
+async def run(cp: ControlPlane, scale: str, build: ControllerBuild = THIS_TREE) -> str:
     sc = SCALES[scale]
     count = int(sc["seconds"] * RATE)
     api = await make_client(cp.kubeconfig_path, pool=64)
@@ -131,7 +131,8 @@ async def run(cp: ControlPlane, scale: str) -> str:
         w = await build_world(api, world_type=World, token_days=90)
         tenant = (await w.tenant(claim=True))["metadata"]["name"]
         ctl = ControllerProcess(cp.kubeconfig_path, w.controller_ns, log_dir=Path(logs.name), name="admission",
-                                settings={"log_level": "warning", "root_tenant": w.root_name}, webhook_api=api)
+                                settings={"log_level": "warning", "root_tenant": w.root_name}, webhook_api=api,
+                                tree=build.tree)
         await ctl.start()
         await ctl.wait_ready()
         await ctl.webhook_registered()

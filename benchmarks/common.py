@@ -33,6 +33,19 @@ CONTROLLER_WRITE_CONCURRENCY = 32  # ReplicationController(concurrency=32) in li
 MIB = 1024 * 1024
 
 
+@dataclass(frozen=True, slots=True)
+class ControllerBuild:
+    """Which licensectl the benchmark's controller processes run: this tree (`tree` None), or the
+    package of another git revision (`--controller-from REV`), so a before/after comparison runs on
+    the same fleet, floors and benchmark code, with only the controller's code differing."""
+
+    label: str = "this tree"
+    tree: Path | None = None
+
+
+THIS_TREE = ControllerBuild()
+
+
 # ---------------------------------------------------------------------------------------------
 # /proc
 # ---------------------------------------------------------------------------------------------
@@ -204,7 +217,7 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def machine_rows(apiserver_version: str, etcd_version: str) -> list[list[str]]:
+def machine_rows(apiserver_version: str, etcd_version: str, build: ControllerBuild = THIS_TREE) -> list[list[str]]:
     from licensectl import __version__
 
     mem = proc_meminfo_total()
@@ -216,6 +229,7 @@ def machine_rows(apiserver_version: str, etcd_version: str) -> list[list[str]]:
         ["kube-apiserver", apiserver_version],
         ["etcd", etcd_version],
         ["licensectl", __version__],
+        ["controller build", build.label],
         ["kernel", platform.release()],
         ["load average (1/5/15 min) at the end", " / ".join(f"{x:.2f}" for x in os.getloadavg())],
     ]
@@ -320,13 +334,14 @@ async def rotate_source(api: ApiClient, token: bytes) -> None:
 class BenchController(ControllerProcess):
     """The controller at log level warning with its RSS sampled, CPU time and scrape cost measured.
 
-    Its log goes to a scratch directory that `cleanup_log()` removes.
+    Its log goes to a scratch directory that `close()` removes.
     """
 
-    def __init__(self, kubeconfig: str | os.PathLike[str], *, args: Sequence[str] = ()) -> None:
+    def __init__(self, kubeconfig: str | os.PathLike[str], *, args: Sequence[str] = (),
+                 build: ControllerBuild = THIS_TREE) -> None:
         self._logs = tempfile.TemporaryDirectory(prefix="licensectl-bench-controller-")
         super().__init__(os.fspath(kubeconfig), CONTROLLER_NS, log_dir=Path(self._logs.name), name="controller",
-                         settings={"log_level": "warning"}, args=args, reports_port=0)
+                         settings={"log_level": "warning"}, args=args, reports_port=0, tree=build.tree)
         self.peak_rss = 0  # max VmRSS seen by the sampler
         self._sampler: asyncio.Task[None] | None = None
 

@@ -1,8 +1,10 @@
 """Replication at scale: cold start, rotation vs a raw-write floor, steady-state cost, peak RSS.
 
 Fleet: N Cozystack tenant namespaces (depth up to 4) under a vGPU-enabled root, one GPUClaim of a
-vgpu class in each, and M unrelated Secrets spread over them (which licensectl must never list or
-hold in memory). The controller runs as its own process so its RSS and CPU are its own.
+vgpu class in each, M unrelated Secrets spread over them (which licensectl must never list or
+hold in memory), and V running VMs with their VMIs mounting the replica (which it must cache: the
+rollout and the backstop read them). The controller runs as its own process so its RSS and CPU are
+its own.
 
 The rotation time is reported as a ratio to a floor measured in the same run: after the
 controller converged on the new revision it is stopped, and a bare kubernetes-asyncio client
@@ -14,19 +16,24 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import datetime as dt
 import ssl
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-from kubernetes_asyncio.client import ApiClient, CoreV1Api
+from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 
 from benchmarks.common import (
+    CLASS,
     CONTROLLER_WRITE_CONCURRENCY,
     ROOT,
     SEED_CONCURRENCY,
+    THIS_TREE,
     BenchController,
+    ControllerBuild,
     apiserver_outage,
     cpu_seconds,
     fmt_counts,
@@ -46,14 +53,24 @@ from benchmarks.common import (
 from licensectl.devcluster import fleet
 from licensectl.devcluster.controlplane import ControlPlane
 from licensectl.devcluster.kubeapi import install_crds
+from licensectl.devcluster.vm_semantics import firmware_uuid
 from licensectl.kube import api as kube_api
+from licensectl.kube.api import MERGE_PATCH
 from licensectl.kube.raw import RawApi
 from licensectl.model import ANN_CLASS, MANAGED_BY_LABEL, MANAGED_BY_VALUE
+from licensectl.render import replica_name
 from licensectl.testkit.metrics_text import Scrape, delta, delta_by_label, parse_metrics
 from licensectl.testkit.poll import eventually
+from licensectl.timecodec import format_time
 
 GOAL_RSS_MIB = 100
 GOAL_FLOOR_RATIO = 1.15
+KUBEVIRT, KUBEVIRT_VERSION = "kubevirt.io", "v1"
+# One-step rotation (every namespace at once), measured against the raw floors; the settle period
+# outlasts the run, so the VMIs made stale by the rotation are planned but never restarted (the
+# rollout benchmark measures restarts). The safe rotation's waves would gate replica writes on VMI
+# restarts and make the rotation row measure those.
+CONTROLLER_ARGS = ("--canary", "0", "--rollout-steps", "100%", "--settle-seconds", "86400")
 
 
 @dataclass(frozen=True)
@@ -64,17 +81,18 @@ class ReplicationScale:
     resync_seconds: float
     steady_periods: int
     timeout: float
+    vmis: int = 0  # running VMs, each with its VMI, spread over the tenants
     outage_seconds: float = 35.0  # > the informers' 30 s unhealthy grace: the old backoff was at its ceiling
 
 
 SCALES = {
     "small": ReplicationScale(namespaces=500, max_depth=4, unrelated_secrets=5_000, resync_seconds=20.0,
-                              steady_periods=2, timeout=600.0),
+                              steady_periods=2, timeout=600.0, vmis=2_000),
     "full": ReplicationScale(namespaces=5_000, max_depth=4, unrelated_secrets=50_000, resync_seconds=20.0,
-                             steady_periods=2, timeout=3600.0),
-    # Opt-in, not in CI: 20,000 tenants (hours of seeding on 2 cores); what breaks first is reported.
+                             steady_periods=2, timeout=3600.0, vmis=20_000),
+    # Opt-in, not in CI: 20,000 tenants and 50,000 VMIs; what breaks first is reported.
     "xl": ReplicationScale(namespaces=20_000, max_depth=4, unrelated_secrets=50_000, resync_seconds=20.0,
-                           steady_periods=2, timeout=4 * 3600.0),
+                           steady_periods=2, timeout=4 * 3600.0, vmis=50_000),
 }
 
 
@@ -97,7 +115,44 @@ async def seed(api: ApiClient, scale: ReplicationScale, token: bytes) -> dict[st
 
     times["unrelated secrets"] = await run_bounded(
         "seed unrelated secrets", [secret(i) for i in range(scale.unrelated_secrets)], SEED_CONCURRENCY)
+    if scale.vmis:
+        times["VMs + VMIs"] = await run_bounded(
+            "seed running VMs and their VMIs", [running_vm(api, names[i % len(names)], f"vm-{i}")
+                                               for i in range(scale.vmis)], SEED_CONCURRENCY)
     return times
+
+
+def running_vm(api: ApiClient, ns: str, name: str) -> Callable[[], Awaitable[None]]:
+    """A VM and its running, Ready VMI as virt-controller and virt-handler leave them (the shapes of
+    licensectl/devcluster/virt_controller.py), mounting the replica; written directly, as nothing
+    boots or restarts them here (no simulator: the controller's settle period outlasts the run)."""
+    co: Any = CustomObjectsApi(api)
+
+    async def job() -> None:
+        body = fleet.vm_body(ns, name, license_secret=replica_name(CLASS), firmware_uuid=firmware_uuid(name))
+        vm = await co.create_namespaced_custom_object(KUBEVIRT, KUBEVIRT_VERSION, ns, "virtualmachines", body)
+        await co.patch_namespaced_custom_object_status(
+            KUBEVIRT, KUBEVIRT_VERSION, ns, "virtualmachines", name,
+            {"status": {"created": True, "ready": True, "printableStatus": "Running"}}, _content_type=MERGE_PATCH)
+        spec = body["spec"]["template"]["spec"]
+        vmi = {"apiVersion": f"{KUBEVIRT}/{KUBEVIRT_VERSION}", "kind": "VirtualMachineInstance",
+               "metadata": {"name": name, "namespace": ns, "labels": {"kubevirt.io/vm": name},
+                            "annotations": {"kubevirt.io/vm-generation": "1"},
+                            "ownerReferences": [{"apiVersion": f"{KUBEVIRT}/{KUBEVIRT_VERSION}",
+                                                 "kind": "VirtualMachine", "name": name, "uid": vm["metadata"]["uid"],
+                                                 "controller": True, "blockOwnerDeletion": True}]},
+               "spec": spec}
+        await co.create_namespaced_custom_object(KUBEVIRT, KUBEVIRT_VERSION, ns, "virtualmachineinstances", vmi)
+        t = format_time(dt.datetime.now(dt.UTC))
+        stamps = [{"phase": p, "phaseTransitionTimestamp": t} for p in ("Pending", "Scheduling", "Scheduled",
+                                                                        "Running")]
+        await co.patch_namespaced_custom_object_status(
+            KUBEVIRT, KUBEVIRT_VERSION, ns, "virtualmachineinstances", name,
+            {"status": {"phase": "Running", "nodeName": "devcluster-node", "phaseTransitionTimestamps": stamps,
+                        "conditions": [{"type": "Ready", "status": "True", "reason": "", "lastProbeTime": None,
+                                        "lastTransitionTime": t}]}}, _content_type=MERGE_PATCH)
+
+    return job
 
 
 # ---------------------------------------------------------------------------------------------
@@ -199,7 +254,7 @@ def _revision(s: Scrape) -> str:
     return ""
 
 
-async def run(cp: ControlPlane, scale_name: str) -> str:
+async def run(cp: ControlPlane, scale_name: str, build: ControllerBuild = THIS_TREE) -> str:
     scale = SCALES[scale_name]
     n = scale.namespaces
     now = int(time.time())
@@ -212,7 +267,7 @@ async def run(cp: ControlPlane, scale_name: str) -> str:
     try:
         await install_crds(api)
         progress(f"replication[{scale_name}]: seeding {n:,} tenants, {n:,} claims, "
-                 f"{scale.unrelated_secrets:,} unrelated Secrets")
+                 f"{scale.unrelated_secrets:,} unrelated Secrets, {scale.vmis:,} VMs + VMIs")
         seed_times = await seed(api, scale, token1)
         depth_counts: dict[int, int] = {}
         for t in tenant_tree(n, scale.max_depth, ROOT):
@@ -221,7 +276,8 @@ async def run(cp: ControlPlane, scale_name: str) -> str:
         cp_pids = {k: v for k, v in cp.pids.items() if k in ("kube-apiserver", "etcd")}
 
         # -- cold start ---------------------------------------------------------------------
-        ctl = BenchController(cp.kubeconfig_path, args=["--resync-seconds", str(scale.resync_seconds)])
+        ctl = BenchController(cp.kubeconfig_path, args=["--resync-seconds", str(scale.resync_seconds),
+                                                        *CONTROLLER_ARGS], build=build)
         cpu0 = cpu_seconds(cp_pids)
         progress("cold start: launching the controller")
         await ctl.start()
@@ -336,7 +392,8 @@ async def run(cp: ControlPlane, scale_name: str) -> str:
         depth_str = ", ".join(f"d{d}: {c:,}" for d, c in sorted(depth_counts.items()))
         rows = [
             ["fleet", f"{n:,} tenant ns ({depth_str}), {n:,} claims, {scale.unrelated_secrets:,} unrelated "
-                      f"Secrets", "", "1 vgpu class, 1 source"],
+                      f"Secrets, {scale.vmis:,} running VMs + VMIs", "", "1 vgpu class, 1 source"],
+            ["controller", build.label, "", " ".join(CONTROLLER_ARGS) + " (one-step; nothing restarted)"],
             ["seeding (benchmark client, 64 in flight)",
              ", ".join(f"{k} {v:.0f}s" for k, v in seed_times.items()), "", "not part of the result"],
             ["cold start: caches synced (ready)", fmt_seconds(marks.get("ready", t_cold) - t_start), "",

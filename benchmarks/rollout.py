@@ -40,7 +40,9 @@ from benchmarks.common import (
     CONTROLLER_NS,
     SEED_CONCURRENCY,
     SOURCE_NS,
+    THIS_TREE,
     BenchController,
+    ControllerBuild,
     cpu_seconds,
     fmt_counts,
     fmt_num,
@@ -547,7 +549,7 @@ def safe_rows(safe: Phase, one: Phase, *, vms: int, namespaces: int, limit: int)
     ]
 
 
-async def run(cp: ControlPlane, scale_name: str) -> str:
+async def run(cp: ControlPlane, scale_name: str, build: ControllerBuild = THIS_TREE) -> str:
     scale = SCALES[scale_name]
     v, nss = scale.vmis, scale.namespaces
     now = int(time.time())
@@ -565,7 +567,7 @@ async def run(cp: ControlPlane, scale_name: str) -> str:
         await sim.start()
         proxy = CountingProxy(sim, upstream=cp.server, ca_path=str(cp.ca_path), token=cp.admin_token)
         await proxy.start()
-        ctl = first = BenchController(proxy.kubeconfig_path, args=controller_args(ONE_STEP))
+        ctl = first = BenchController(proxy.kubeconfig_path, args=controller_args(ONE_STEP), build=build)
         await first.start()
         progress("waiting for the replicas")
 
@@ -599,7 +601,7 @@ async def run(cp: ControlPlane, scale_name: str) -> str:
         await first.close()
 
         # -- 2. a safe rotation with the shipped defaults, same fleet and limits ---------------
-        ctl = second = BenchController(proxy.kubeconfig_path, args=controller_args(SAFE))
+        ctl = second = BenchController(proxy.kubeconfig_path, args=controller_args(SAFE), build=build)
         await second.start()
         progress("safe rotation: waiting for the second controller to be steady on the fleet")
         await wait_steady(second, namespaces=nss, vms=v, within=scale.timeout)

@@ -50,7 +50,7 @@ class ControllerProcess:
                  settings: Mapping[str, Any] | None = None, args: Sequence[str] = (), wrapper: Sequence[str] = (),
                  extra_env: Mapping[str, str] | None = None, metrics_port: int | None = None,
                  reports_port: int | None = None, keep_bodies: bool = False, tls_and_webhook: bool = True,
-                 webhook_api: ApiClient | None = None, webhook_ca: bool = True) -> None:
+                 webhook_api: ApiClient | None = None, webhook_ca: bool = True, tree: Path | None = None) -> None:
         self.kubeconfig = str(kubeconfig)
         self.namespace = namespace
         self.name = name
@@ -74,7 +74,10 @@ class ControllerProcess:
         self.http_bodies: list[tuple[str, str]] = []
         self.incarnations = 0
         self.kills = 0
-        self.process = ManagedProcess(self.cmd, log_path=self.log_path, env=child_env(extra_env), name=name)
+        # `tree`: run another version's package (testkit.process.extract_package) with this interpreter.
+        env = {**(extra_env or {}), **({"PYTHONPATH": str(tree)} if tree is not None else {})}
+        self.process = ManagedProcess(self.cmd, log_path=self.log_path, env=child_env(env), name=name,
+                                      **({"cwd": tree} if tree is not None else {}))
         self._session: aiohttp.ClientSession | None = None
 
     def __repr__(self) -> str:

@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import io
 import json
 import os
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -45,6 +47,24 @@ def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra or {})
     return env
+
+
+def extract_package(rev: str, dest: Path) -> Path:
+    """The `licensectl` package of git revision `rev`, extracted into `dest` (a full clone is needed).
+
+    Another version runs from it with this interpreter and virtualenv: PYTHONPATH=dest and dest as the
+    working directory (`python -m` puts the cwd first on sys.path), as `ControllerProcess(tree=...)`
+    does. Used by the upgrade test and by the benchmarks' before/after comparison."""
+    res = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", "--format=tar", rev, "licensectl"],
+                         capture_output=True, check=False, timeout=120)
+    if res.returncode != 0:
+        raise RuntimeError(f"`git archive {rev}` failed (is this a full clone with that commit?): "
+                           + res.stderr.decode(errors="replace")[-500:])
+    with tarfile.open(fileobj=io.BytesIO(res.stdout)) as tar:
+        tar.extractall(dest, filter="data")
+    if not (dest / "licensectl" / "__main__.py").is_file():
+        raise RuntimeError(f"revision {rev} has no runnable licensectl package")
+    return dest.resolve()
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec

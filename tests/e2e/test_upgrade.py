@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import io
 import re
 import shlex
 import subprocess
 import sys
-import tarfile
 import time
 from pathlib import Path
 
@@ -31,7 +29,7 @@ from licensectl.kube.signing_key import SECRET_NAME as SIGNING_KEY_SECRET
 from licensectl.model import ANN_RESTART_REVISION, ObjectRef
 from licensectl.testkit.controller import ControllerProcess
 from licensectl.testkit.poll import eventually
-from licensectl.testkit.process import REPO_ROOT, child_env
+from licensectl.testkit.process import REPO_ROOT, child_env, extract_package
 
 from .support import REPORT_INTERVAL, Rig, assert_each_restarted_once, controllers, leader_pods, lease_holder
 
@@ -57,16 +55,7 @@ def package_digest(root: Path) -> str:
 @pytest.fixture(scope="module")
 def old_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The old version's `licensectl` package, extracted from git (a full clone is needed)."""
-    res = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", "--format=tar", OLD_VERSION_SHA, "licensectl"],
-                         capture_output=True, check=False, timeout=120)
-    assert res.returncode == 0, (
-        f"`git archive {OLD_VERSION_SHA}` failed (is this a full clone with that commit?): "
-        + res.stderr.decode(errors="replace")[-500:])
-    dest = tmp_path_factory.mktemp("licensectl-old")
-    with tarfile.open(fileobj=io.BytesIO(res.stdout)) as tar:
-        tar.extractall(dest, filter="data")
-    assert (dest / "licensectl" / "__main__.py").is_file()
-    return dest.resolve()
+    return extract_package(OLD_VERSION_SHA, tmp_path_factory.mktemp("licensectl-old"))
 
 
 def old_env(tree: Path) -> dict[str, str]:
@@ -96,14 +85,12 @@ async def start_old(rig: Rig, started: list[ControllerProcess], pod: str, tree: 
     kubeconfig.write_text(rig.proxies[pod].kubeconfig(rig.cp.admin_token))
     kubeconfig.chmod(0o600)
     c = ControllerProcess(
-        kubeconfig, rig.fleet.controller_ns, log_dir=rig.tmp, name=f"{pod}-old", extra_env={"PYTHONPATH": str(tree)},
+        kubeconfig, rig.fleet.controller_ns, log_dir=rig.tmp, name=f"{pod}-old", tree=tree,
         settings={"log_level": "info", "settle_seconds": 0, "pod_name": pod, "leader_elect": True,
                   "root_tenant": rig.fleet.root_name, "report_url": rig.service.url, "max_unavailable": "1",
                   "max_per_namespace": 1, "restart_timeout_seconds": 60,
                   "report_interval_seconds": REPORT_INTERVAL, **LEASE},
         tls_and_webhook=False)  # the old version knows neither flag
-    # With `python -m`, the working directory comes first on sys.path: run from the old tree.
-    c.process.cwd = tree
     await c.start()
     started.append(c)
     rig.service.endpoints[pod] = c

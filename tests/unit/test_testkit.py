@@ -13,9 +13,17 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
+from licensectl.testkit.controller import ControllerProcess
 from licensectl.testkit.metrics_text import Scrape, delta, delta_by_label, parse_metrics
 from licensectl.testkit.poll import EventuallyTimeout, eventually
-from licensectl.testkit.process import ManagedProcess, child_env, group_members, leaked_processes
+from licensectl.testkit.process import (
+    REPO_ROOT,
+    ManagedProcess,
+    child_env,
+    extract_package,
+    group_members,
+    leaked_processes,
+)
 from licensectl.testkit.proxy import HOP_BY_HOP, LOOPBACK, ReverseProxy
 
 
@@ -255,3 +263,23 @@ def test_by_label_and_deltas() -> None:
     assert delta_by_label(after, before, "licensectl_api_requests_total", label="verb") == {"POST": 4.0, "PUT": 2.0}
     assert delta_by_label(after, Scrape({}), "licensectl_replicas", label="state") == {
         "in_sync": 4999.0, "missing": 1.0}
+
+
+# -- another version's package ------------------------------------------------------------------
+def test_extract_package_gives_a_runnable_tree_of_that_revision(tmp_path: Path) -> None:
+    tree = extract_package("HEAD", tmp_path)
+    assert (tree / "licensectl" / "__main__.py").is_file()
+    assert not (tree / "tests").exists()  # the package only, not the checkout
+
+
+def test_extract_package_names_a_revision_it_cannot_find(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="git archive no-such-revision"):
+        extract_package("no-such-revision", tmp_path)
+
+
+def test_a_controller_from_another_tree_imports_only_that_tree(tmp_path: Path) -> None:
+    """PYTHONPATH and the working directory both point at the tree (`python -m` puts the cwd first)."""
+    c = ControllerProcess("kubeconfig", "ns", log_dir=tmp_path, tree=tmp_path / "old", tls_and_webhook=False)
+    assert c.process.env["PYTHONPATH"] == str(tmp_path / "old") and c.process.cwd == tmp_path / "old"
+    here = ControllerProcess("kubeconfig", "ns", log_dir=tmp_path, tls_and_webhook=False)
+    assert here.process.env.get("PYTHONPATH") != str(tmp_path / "old") and here.process.cwd == REPO_ROOT
