@@ -40,7 +40,6 @@ from licensectl.kube.watch import InformerHooks
 from licensectl.kube.writer import SecretWriter
 from licensectl.metrics import GaugeSample, Metrics
 from licensectl.model import ANN_REVISION, DOMAIN, ObjectRef, Vmi
-from licensectl.pacing import Pacing, idle_before_next_pass
 from licensectl.render import RenderedLicense
 from licensectl.replication import SourceRevisions
 from licensectl.reports import EndpointLimits, make_reports_app
@@ -52,11 +51,10 @@ from licensectl.webhook import Admission, WebhookServer, make_webhook_app
 log = logs.get(__name__)
 
 LEADER_LABEL = f"{DOMAIN}/leader"
-# How each loop paces its passes (licensectl/pacing.py). The rollout plans over every VMI, and VMI
-# churn (tens of creations a second) or a rotation's replica writes would otherwise re-plan the fleet
-# every 50 ms, holding the interpreter while replica writes and admission answers wait; restarts are
-# paced in seconds, so half a second (or twice the last plan's CPU time) costs nothing.
-PACING = {"replication": Pacing(window=0.05), "rollout": Pacing(window=0.5, idle_per_busy=2.0)}
+# Minimum time between two passes of a loop. The rollout plans over every VMI, and VMI churn (tens of
+# creations a second) would otherwise re-plan the fleet every 50 ms, holding the interpreter while
+# admission answers wait; restarts are paced in seconds, so half a second costs nothing.
+COALESCE_SECONDS = {"replication": 0.05, "rollout": 0.5}
 Clock = Callable[[], dt.datetime]
 
 
@@ -221,11 +219,9 @@ class App:
         resync = self.settings.resync_seconds
         failures = 0
         loop = asyncio.get_running_loop()
-        pacing = PACING.get(name, Pacing(window=0.05))
         while not self._stopping:
             wait: float | None
             started = loop.time()
-            cpu = time.thread_time()  # the event loop's thread: what this pass (mostly) kept busy
             try:
                 wait = await step()
                 failures = 0
@@ -236,19 +232,17 @@ class App:
                             retry_in=wait)
             if self._stopping:
                 return
-            ended = loop.time()
-            pass_cpu = time.thread_time() - cpu
             timeout = resync if wait is None else max(0.05, min(wait, resync))
             triggered = False
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(trigger.wait(), timeout)
                 triggered = True
             trigger.clear()
-            # Coalesce bursts of watch events into one pass and bound an expensive loop's share of the
-            # interpreter (licensectl/pacing.py, docs/design.md#webhook-thread).
-            now = loop.time()
-            await asyncio.sleep(idle_before_next_pass(pacing, triggered=triggered, since_start=now - started,
-                                                      since_end=now - ended, pass_cpu=pass_cpu))
+            # Coalesce bursts of watch events into one pass (docs/design.md#webhook-thread): after an
+            # event the whole window stays idle, however long the pass took. A timed wakeup (a settle
+            # period ending, a re-issue due) has nothing to coalesce: it only keeps passes a window apart.
+            window = COALESCE_SECONDS.get(name, 0.05)
+            await asyncio.sleep(window if triggered else max(0.0, window - (loop.time() - started)))
 
     async def _replicate(self) -> float | None:
         if not self.caches.core_synced():

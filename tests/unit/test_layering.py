@@ -30,7 +30,6 @@ ALLOWED: dict[str, frozenset[str]] = {
     "rotation": frozenset({"model", "timecodec"}),
     "delivery": frozenset({"model", "render"}),
     "certs": frozenset(),
-    "pacing": frozenset(),
     "guest_report": frozenset({"timecodec"}),
 }
 # Non-stdlib distributions a core module may use, and why.
