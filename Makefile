@@ -6,10 +6,13 @@ BIN := $(VENV)/bin
 
 .PHONY: setup system-deps controlplane go-tools lock test lint demo bench reliability reliability-long config-reference clean
 
+# The dev and test tooling (licensectl_dev/) is not part of the licensectl package: this venv, and
+# only this one, sees it through a .pth file naming the checkout.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test,lint]'
+	$(BIN)/python -c 'import pathlib, sysconfig; pathlib.Path(sysconfig.get_path("purelib"), "licensectl-dev.pth").write_text(str(pathlib.Path.cwd()) + "\n")'
 	touch $@
 
 system-deps:
@@ -17,11 +20,11 @@ system-deps:
 
 # Builds kube-apiserver, kube-controller-manager, kubectl and etcd from Go modules once (cached).
 controlplane: $(VENV)/.installed
-	$(BIN)/python -m licensectl.devcluster build
+	$(BIN)/python -m licensectl_dev.devcluster build
 
 # Builds helm, the helm-unittest plugin and vmalert-tool from pinned Go modules once (cached).
 go-tools: $(VENV)/.installed
-	$(BIN)/python -m licensectl.devcluster build-tools
+	$(BIN)/python -m licensectl_dev.devcluster build-tools
 
 setup: $(VENV)/.installed system-deps controlplane go-tools
 
@@ -30,7 +33,7 @@ test: setup
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .
-	$(BIN)/mypy --strict licensectl
+	$(BIN)/mypy --strict licensectl licensectl_dev
 
 demo: setup
 	$(BIN)/licensectl demo --duration 120 --prometheus

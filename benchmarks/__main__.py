@@ -23,8 +23,8 @@ from typing import Any
 from benchmarks import admission, memory, replication, reports, rollout
 from benchmarks.common import THIS_TREE, ControllerBuild, format_table, machine_rows, progress
 from licensectl import logs
-from licensectl.devcluster.controlplane import ETCD_VERSION, ControlPlane
-from licensectl.testkit.process import extract_package
+from licensectl_dev.devcluster.controlplane import ETCD_VERSION, ControlPlane
+from licensectl_dev.testkit.process import extract_package
 
 Runner = Callable[[ControlPlane, str, ControllerBuild], Coroutine[Any, Any, str]]
 BENCHMARKS: dict[str, Runner] = {"replication": replication.run, "rollout": rollout.run, "admission": admission.run}

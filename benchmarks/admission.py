@@ -24,15 +24,15 @@ from typing import Any
 from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 
 from benchmarks.common import THIS_TREE, ControllerBuild, fmt_num, format_table, make_client, progress
-from licensectl import certs
-from licensectl.devcluster import webhook as registration
-from licensectl.devcluster.controlplane import ControlPlane, free_port
-from licensectl.devcluster.kubeapi import install_crds
-from licensectl.testkit.controller import ControllerProcess
-from licensectl.testkit.metrics_text import Scrape
-from licensectl.testkit.poll import eventually
-from licensectl.testkit.process import ManagedProcess
-from licensectl.testkit.world import World, build_world
+from licensectl.core import certs
+from licensectl_dev.devcluster import webhook as registration
+from licensectl_dev.devcluster.controlplane import ControlPlane, free_port
+from licensectl_dev.devcluster.kubeapi import install_crds
+from licensectl_dev.testkit.controller import ControllerProcess
+from licensectl_dev.testkit.metrics_text import Scrape
+from licensectl_dev.testkit.poll import eventually
+from licensectl_dev.testkit.process import ManagedProcess
+from licensectl_dev.testkit.world import World, build_world
 
 RATE = 50.0  # VMI creations per second (the goal is stated at this rate)
 SCALES: dict[str, dict[str, int]] = {

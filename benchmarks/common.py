@@ -23,13 +23,13 @@ import aiohttp
 from kubernetes_asyncio import config as kconfig
 from kubernetes_asyncio.client import ApiClient, Configuration
 
-from licensectl.devcluster import fleet
-from licensectl.testkit.controller import ControllerProcess
-from licensectl.testkit.metrics_text import Scrape
-from licensectl.testkit.world import SOURCE_NAME, World, build_world
+from licensectl_dev.devcluster import fleet
+from licensectl_dev.testkit.controller import ControllerProcess
+from licensectl_dev.testkit.metrics_text import Scrape
+from licensectl_dev.testkit.world import SOURCE_NAME, World, build_world
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-CONTROLLER_WRITE_CONCURRENCY = 32  # ReplicationController(concurrency=32) in licensectl/controller.py
+CONTROLLER_WRITE_CONCURRENCY = 32  # ReplicationController(concurrency=32) in licensectl/controllers/replication_loop.py
 MIB = 1024 * 1024
 
 

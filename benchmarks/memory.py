@@ -5,7 +5,7 @@
 Builds the objects a LIST returns (metadata with managedFields, labels, ownerReferences; VMs and
 VMIs shaped like KubeVirt's), decodes them from JSON one 500-object page at a time like the
 informers do, projects them with the real projections (licensectl/kube/projections.py) and keeps
-them in dicts keyed by the informers' own key functions (licensectl/caches.py). Reported: bytes
+them in dicts keyed by the informers' own key functions (licensectl/kube/caches.py). Reported: bytes
 held per cached object by resource, the transient peak of one page (raw JSON + decoded dicts), and
 the top allocation sites. Unrelated Secrets never reach the controller (its Secret LISTs are
 label- or name-selected), so they cost it nothing here by construction; the replication
@@ -25,10 +25,10 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from benchmarks.common import fmt_mib, format_table
-from licensectl.devcluster import fleet
+from licensectl.core.render import replica_name
 from licensectl.kube import projections
 from licensectl.kube.watch import Key, object_key, shared_name_key
-from licensectl.render import replica_name
+from licensectl_dev.devcluster import fleet
 
 PAGE = 500  # the informers' page size
 
@@ -113,7 +113,7 @@ def measure(make: Callable[[int], dict[str, Any]], project: Callable[[Any], Any]
             cache: dict[tuple[str, str], Any], key: Callable[[Any], Key] = object_key) -> tuple[int, int]:
     """(bytes the cache holds afterwards, transient peak of one page above what was held before it).
 
-    `key` is the informer's key function for the resource (licensectl/caches.py)."""
+    `key` is the informer's key function for the resource (licensectl/kube/caches.py)."""
     gc.collect()
     before, _ = tracemalloc.get_traced_memory()
     page_peak = 0
@@ -137,7 +137,7 @@ def measure(make: Callable[[int], dict[str, Any]], project: Callable[[Any], Any]
 _IMPORT_STAGES = (
     ("bare interpreter", ""),
     ("+ aiohttp, structlog, prometheus_client", "import aiohttp, structlog, prometheus_client"),
-    ("+ every licensectl module the controller loads", "import licensectl.cli, licensectl.app"),
+    ("+ every licensectl module the controller loads", "import licensectl.cli.main, licensectl.app"),
     # Not loaded by the controller (docs/design.md#a-thin-kubernetes-client-not-the-generated-one):
     # shown for scale, on top of the controller's own floor.
     ("(+ kubernetes_asyncio.client, which the controller no longer imports)", "import kubernetes_asyncio.client"),

@@ -13,7 +13,7 @@ import sys
 
 from aiohttp import web
 
-from licensectl.webhook import PATH
+from licensectl.serve.webhook import PATH
 
 
 async def admit(request: web.Request) -> web.Response:

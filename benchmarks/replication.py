@@ -50,18 +50,18 @@ from benchmarks.common import (
     seed_fleet,
     tenant_tree,
 )
-from licensectl.devcluster import fleet
-from licensectl.devcluster.controlplane import ControlPlane
-from licensectl.devcluster.kubeapi import install_crds
-from licensectl.devcluster.vm_semantics import firmware_uuid
+from licensectl.core.model import ANN_CLASS, MANAGED_BY_LABEL, MANAGED_BY_VALUE
+from licensectl.core.render import replica_name
+from licensectl.core.timecodec import format_time
 from licensectl.kube import api as kube_api
 from licensectl.kube.api import MERGE_PATCH
 from licensectl.kube.raw import RawApi
-from licensectl.model import ANN_CLASS, MANAGED_BY_LABEL, MANAGED_BY_VALUE
-from licensectl.render import replica_name
-from licensectl.testkit.metrics_text import Scrape, delta, delta_by_label, parse_metrics
-from licensectl.testkit.poll import eventually
-from licensectl.timecodec import format_time
+from licensectl_dev.devcluster import fleet
+from licensectl_dev.devcluster.controlplane import ControlPlane
+from licensectl_dev.devcluster.kubeapi import install_crds
+from licensectl_dev.devcluster.vm_semantics import firmware_uuid
+from licensectl_dev.testkit.metrics_text import Scrape, delta, delta_by_label, parse_metrics
+from licensectl_dev.testkit.poll import eventually
 
 GOAL_RSS_MIB = 100
 GOAL_FLOOR_RATIO = 1.15
@@ -124,7 +124,7 @@ async def seed(api: ApiClient, scale: ReplicationScale, token: bytes) -> dict[st
 
 def running_vm(api: ApiClient, ns: str, name: str) -> Callable[[], Awaitable[None]]:
     """A VM and its running, Ready VMI as virt-controller and virt-handler leave them (the shapes of
-    licensectl/devcluster/virt_controller.py), mounting the replica; written directly, as nothing
+    licensectl_dev/devcluster/virt_controller.py), mounting the replica; written directly, as nothing
     boots or restarts them here (no simulator: the controller's settle period outlasts the run)."""
     co: Any = CustomObjectsApi(api)
 

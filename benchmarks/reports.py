@@ -61,8 +61,8 @@ from benchmarks.common import (
     ratio,
 )
 from licensectl import __version__
-from licensectl.credentials import KeyRing, derive_credential
-from licensectl.guest_report import (
+from licensectl.core.credentials import KeyRing, derive_credential
+from licensectl.core.guest_report import (
     DEFAULT_LIMITS,
     SECTION_GRIDD_LOG,
     SECTION_SMI_TEXT,
@@ -70,11 +70,11 @@ from licensectl.guest_report import (
     parse_report,
     render_report,
 )
-from licensectl.testkit.metrics_text import Scrape, parse_metrics
+from licensectl_dev.testkit.metrics_text import Scrape, parse_metrics
 
 FIXTURES: Final = REPO_ROOT / "tests" / "fixtures" / "nvidia"
-REPORTS_PATH: Final = "/v1/reports"  # licensectl.reports.REPORTS_PATH
-NAMESPACE_HEADER: Final = "X-Licensectl-Namespace"  # licensectl.reports.NAMESPACE_HEADER
+REPORTS_PATH: Final = "/v1/reports"  # licensectl.serve.reports.REPORTS_PATH
+NAMESPACE_HEADER: Final = "X-Licensectl-Namespace"  # licensectl.serve.reports.NAMESPACE_HEADER
 CONTENT_TYPE: Final = "text/plain; charset=utf-8"
 GOAL_PER_SECOND: Final = 5_000
 BUSY_CORE: Final = 0.9  # below this share of its core the server was not the bottleneck, the machine was
@@ -491,10 +491,10 @@ def templates(fixtures: Path = FIXTURES) -> list[list[bytes]]:
 async def serve(mode: str, namespaces: int, per_namespace: int, cpu: int | None) -> None:
     """Serve until stdin closes; the signing key is the first stdin line (hex), never an argument."""
     from licensectl import config, logs
-    from licensectl.guests import GuestStore
+    from licensectl.controllers.guests import GuestStore
     from licensectl.metrics import Metrics
-    from licensectl.reports import EndpointLimits, make_reports_app
-    from licensectl.server import make_internal_app, start_site
+    from licensectl.serve.http import make_internal_app, start_site
+    from licensectl.serve.reports import EndpointLimits, make_reports_app
 
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
@@ -736,7 +736,7 @@ async def _burst(url: str, lanes: Sequence[Sequence[tuple[Identity, int]]], cred
 async def run_limiter(scale: ReportsScale, key: bytes, ids: Sequence[Identity], credentials: Mapping[str, str],
                       parts: Sequence[Sequence[bytes]], server_cpu: int | None) -> list[LimiterRow]:
     """Default EndpointLimits: one namespace bursting past its bucket, then the whole fleet past the global one."""
-    from licensectl.reports import EndpointLimits
+    from licensectl.serve.reports import EndpointLimits
 
     lim = EndpointLimits()
     base = int(time.time()) - 60
@@ -870,7 +870,7 @@ def accepted_matches(r: RunResult) -> bool:
 
 
 def limiter_table(rows: Sequence[LimiterRow]) -> str:
-    from licensectl.reports import EndpointLimits
+    from licensectl.serve.reports import EndpointLimits
 
     lim = EndpointLimits()
     return format_table(

@@ -59,14 +59,7 @@ from benchmarks.common import (
     spread,
 )
 from licensectl.config import Settings
-from licensectl.devcluster import fleet
-from licensectl.devcluster.controlplane import ControlPlane
-from licensectl.devcluster.kubeapi import install_crds
-from licensectl.devcluster.ledger import Interval, RestartRecord
-from licensectl.devcluster.virt_api import RestartProxy
-from licensectl.devcluster.virt_controller import KubevirtSimulator
-from licensectl.devcluster.vm_semantics import firmware_uuid
-from licensectl.model import (
+from licensectl.core.model import (
     ANN_RESTART_RESULT,
     ANN_RESTART_REVISION,
     ANN_REVISION,
@@ -74,13 +67,20 @@ from licensectl.model import (
     MANAGED_BY_LABEL,
     MANAGED_BY_VALUE,
 )
-from licensectl.render import replica_name
-from licensectl.rollout import MIN_SETTLE_SECONDS, RESULT_DONE, RolloutSettings
-from licensectl.testkit.controller import settings_args
-from licensectl.testkit.metrics_text import Scrape, delta_by_label
-from licensectl.testkit.poll import eventually
-from licensectl.testkit.world import SOURCE_NAME
-from licensectl.timecodec import annotation_time
+from licensectl.core.render import replica_name
+from licensectl.core.rollout import MIN_SETTLE_SECONDS, RESULT_DONE, RolloutSettings
+from licensectl.core.timecodec import annotation_time
+from licensectl_dev.devcluster import fleet
+from licensectl_dev.devcluster.controlplane import ControlPlane
+from licensectl_dev.devcluster.kubeapi import install_crds
+from licensectl_dev.devcluster.ledger import Interval, RestartRecord
+from licensectl_dev.devcluster.virt_api import RestartProxy
+from licensectl_dev.devcluster.virt_controller import KubevirtSimulator
+from licensectl_dev.devcluster.vm_semantics import firmware_uuid
+from licensectl_dev.testkit.controller import settings_args
+from licensectl_dev.testkit.metrics_text import Scrape, delta_by_label
+from licensectl_dev.testkit.poll import eventually
+from licensectl_dev.testkit.world import SOURCE_NAME
 
 MAX_UNAVAILABLE = "10%"
 READY_DELAY = 0.05

@@ -2,6 +2,6 @@
 
 import sys
 
-from licensectl.cli import main
+from licensectl.cli.main import main
 
 sys.exit(main())

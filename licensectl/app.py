@@ -20,16 +20,21 @@ from typing import Any
 from aiohttp import web
 
 from licensectl import __version__, config, logs
-from licensectl.caches import Caches
-from licensectl.controller import CONFLICT_RECHECK_SECONDS, ReplicationController
-from licensectl.core_settings import tenant_settings
-from licensectl.delivery import Delivery, DeliveryView, plan_delivery, wanted_replicas, wanted_volumes
-from licensectl.entitlement import customer_tenant
-from licensectl.guest_report import GuestState
-from licensectl.guests import GuestStore
+from licensectl.controllers.guests import GuestStore
+from licensectl.controllers.replication_loop import CONFLICT_RECHECK_SECONDS, ReplicationController
+from licensectl.controllers.rollout_loop import RolloutController, vmi_object
+from licensectl.controllers.rotation_loop import RotationController
+from licensectl.controllers.settings import tenant_settings
+from licensectl.core.delivery import Delivery, DeliveryView, plan_delivery, wanted_replicas, wanted_volumes
+from licensectl.core.entitlement import customer_tenant
+from licensectl.core.guest_report import GuestState
+from licensectl.core.model import ANN_REVISION, DOMAIN, ObjectRef, Vmi
+from licensectl.core.render import RenderedLicense
+from licensectl.core.replication import SourceRevisions
 from licensectl.kube import client as kclient
 from licensectl.kube import projections
 from licensectl.kube.api import AnyClient, ApiException, CoreV1Api
+from licensectl.kube.caches import Caches
 from licensectl.kube.events import EventRecorder
 from licensectl.kube.kubevirt import KubevirtClient
 from licensectl.kube.lease import ApiLeaseBackend, LeaderElector, LeaseConfig
@@ -39,14 +44,9 @@ from licensectl.kube.signing_key import SigningKeyStore
 from licensectl.kube.watch import InformerHooks
 from licensectl.kube.writer import SecretWriter
 from licensectl.metrics import GaugeSample, Metrics
-from licensectl.model import ANN_REVISION, DOMAIN, ObjectRef, Vmi
-from licensectl.render import RenderedLicense
-from licensectl.replication import SourceRevisions
-from licensectl.reports import EndpointLimits, make_reports_app
-from licensectl.rollout_controller import RolloutController, vmi_object
-from licensectl.rotation_controller import RotationController
-from licensectl.server import make_internal_app, start_site
-from licensectl.webhook import Admission, WebhookServer, make_webhook_app
+from licensectl.serve.http import make_internal_app, start_site
+from licensectl.serve.reports import EndpointLimits, make_reports_app
+from licensectl.serve.webhook import Admission, WebhookServer, make_webhook_app
 
 log = logs.get(__name__)
 

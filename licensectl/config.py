@@ -49,14 +49,14 @@ def _max_unavailable(v: str) -> str:
 
 
 def _canary(v: str) -> str:
-    from licensectl.rotation import CanarySpec
+    from licensectl.core.rotation import CanarySpec
 
     CanarySpec.parse(v)
     return v.strip()
 
 
 def _rollout_steps(v: str) -> str:
-    from licensectl.rotation import parse_steps
+    from licensectl.core.rotation import parse_steps
 
     parse_steps(v)
     return v.strip()

@@ -18,12 +18,12 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.api_client import ApiClient
 from kubernetes_asyncio.client.rest import ApiException
 
-from licensectl.devcluster.controlplane import ControlPlane
-from licensectl.devcluster.kubeapi import api_client_from_kubeconfig, install_crds
-from licensectl.devcluster.ledger import SimulatorRecord
-from licensectl.devcluster.virt_api import RestartProxy
-from licensectl.devcluster.virt_controller import KubevirtSimulator
-from licensectl.testkit.process import end_leaked_processes
+from licensectl_dev.devcluster.controlplane import ControlPlane
+from licensectl_dev.devcluster.kubeapi import api_client_from_kubeconfig, install_crds
+from licensectl_dev.devcluster.ledger import SimulatorRecord
+from licensectl_dev.devcluster.virt_api import RestartProxy
+from licensectl_dev.devcluster.virt_controller import KubevirtSimulator
+from licensectl_dev.testkit.process import end_leaked_processes
 
 # Session fixtures that hand a test an external toolchain binary; each run costs seconds, not milliseconds.
 TOOL_FIXTURES = frozenset({"promtool", "vmalert_tool", "helm", "validator"})
@@ -50,7 +50,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Fail the run if a test was skipped, or if a process the suite started (licensectl.testkit.process)
+    """Fail the run if a test was skipped, or if a process the suite started (licensectl_dev.testkit.process)
     outlived it.
 
     Runs after every fixture's teardown; the survivors are killed so they do not linger either.

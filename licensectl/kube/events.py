@@ -14,13 +14,13 @@ import asyncio
 import datetime as dt
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from licensectl import logs
+from licensectl.core.ports import InvolvedObject
+from licensectl.core.timecodec import format_time
 from licensectl.kube.api import ApiException, CoreV1Api
 from licensectl.kube.raw import RawApi
-from licensectl.timecodec import format_time
 
 log = logs.get(__name__)
 
@@ -28,23 +28,6 @@ MAX_MESSAGE = 1024
 # A write that failed for a reason other than the namespace being gone is tried again by the first
 # emit this long after, not one min_interval later: the Event was never written, so nothing is a repeat.
 RETRY_SECONDS = 10.0
-
-
-@dataclass(frozen=True, slots=True)
-class InvolvedObject:
-    api_version: str
-    kind: str
-    namespace: str  # "" for cluster-scoped objects
-    name: str
-    uid: str = ""
-
-    def as_dict(self) -> dict[str, str]:
-        d = {"apiVersion": self.api_version, "kind": self.kind, "name": self.name}
-        if self.namespace:
-            d["namespace"] = self.namespace
-        if self.uid:
-            d["uid"] = self.uid
-        return d
 
 
 def event_name(obj: InvolvedObject, reason: str, message: str) -> str:

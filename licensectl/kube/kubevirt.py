@@ -9,11 +9,11 @@ dies between the two calls finds the intent on restart and never restarts a VMI 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from enum import StrEnum
 from typing import Any
 from urllib.parse import quote
 
 from licensectl import logs
+from licensectl.core.ports import RestartResult
 from licensectl.kube.api import AnyClient, ApiException, CustomObjectsApi, as_kube
 from licensectl.kube.raw import RawApi, checked
 
@@ -22,16 +22,6 @@ log = logs.get(__name__)
 KUBEVIRT_GROUP = "kubevirt.io"
 KUBEVIRT_VERSION = "v1"
 RESTART_PATH = "/apis/subresources.kubevirt.io/v1/namespaces/{namespace}/virtualmachines/{name}/restart"
-
-
-class RestartResult(StrEnum):
-    ISSUED = "issued"
-    FALLBACK_DELETE = "fallback_delete"
-    NOT_FOUND = "not_found"  # VM gone
-    UNSUPPORTED = "unsupported"  # no restart subresource and no fallback allowed
-    CONFLICT = "conflict"  # KubeVirt refused (e.g. restart already pending): retried later
-    STALE_TARGET = "stale_target"  # the planned VMI is already gone or replaced: nothing to restart
-    ERROR = "error"
 
 
 class KubevirtClient:

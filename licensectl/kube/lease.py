@@ -5,7 +5,7 @@ does), so clock skew between replicas cannot make two leaders. Updates carry res
 candidates racing for an expired lease cannot both win. On shutdown the leader releases the lease
 (empty holder) so a standby takes over at once instead of waiting for expiry.
 
-The elector talks to a `LeaseBackend` (licensectl.ports): `ApiLeaseBackend` here for the cluster,
+The elector talks to a `LeaseBackend` (licensectl.core.ports): `ApiLeaseBackend` here for the cluster,
 an in-memory one in the test kit.
 """
 
@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from licensectl import logs
+from licensectl.core.ports import LeaseBackend, MonotonicClock, WallClock
+from licensectl.core.timecodec import format_micro_time
 from licensectl.kube.api import AnyClient, ApiException, CoordinationV1Api
 from licensectl.kube.raw import RawApi
-from licensectl.ports import LeaseBackend, MonotonicClock, WallClock
-from licensectl.timecodec import format_micro_time
 
 log = logs.get(__name__)
 

@@ -1,4 +1,4 @@
-"""Raw API objects (parsed JSON dicts) -> the slim dataclasses of `licensectl.model`.
+"""Raw API objects (parsed JSON dicts) -> the slim dataclasses of `licensectl.core.model`.
 
 Pure and total: every function takes whatever the apiserver (or a broken client) handed us and
 either returns a projection or None. Nothing here raises on a malformed object, because one bad
@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, TypedDict
 
-from licensectl import model
-from licensectl.timecodec import parse_time, to_epoch_us
+from licensectl.core import model
+from licensectl.core.timecodec import parse_time, to_epoch_us
 
 KUBEVIRT_GROUP = "kubevirt.io"
 
@@ -127,7 +127,7 @@ def _meta(obj: object) -> Mapping[str, Any]:
 
 
 class _Meta(TypedDict):
-    """The metadata fields the namespaced projections share, named as in `licensectl.model`."""
+    """The metadata fields the namespaced projections share, named as in `licensectl.core.model`."""
 
     namespace: str
     name: str

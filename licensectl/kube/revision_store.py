@@ -16,10 +16,9 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from licensectl import logs, render
-from licensectl.kube.api import ApiException, CoreV1Api
-from licensectl.kube.raw import RawApi
-from licensectl.model import (
+from licensectl import logs
+from licensectl.core import render
+from licensectl.core.model import (
     ANN_SOURCE_NAME,
     ANN_SOURCE_NAMESPACE,
     REVISION_STORE_LABEL,
@@ -27,7 +26,9 @@ from licensectl.model import (
     RevisionStore,
     SourceSecret,
 )
-from licensectl.rotation import Decision, RotationRecord, content_revision
+from licensectl.core.rotation import Decision, RotationRecord, content_revision
+from licensectl.kube.api import ApiException, CoreV1Api
+from licensectl.kube.raw import RawApi
 
 log = logs.get(__name__)
 

@@ -27,15 +27,15 @@ import tempfile
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from licensectl import certs, config, logs
+from licensectl import config, logs
+from licensectl.core import certs
+from licensectl.core.model import ANN_TLS, MODE_SELF_MANAGED, TLSSecret
+from licensectl.core.ports import EventSink, InvolvedObject
 from licensectl.kube.api import AdmissionregistrationV1Api, AnyClient, ApiException, CoreV1Api
-from licensectl.kube.events import InvolvedObject
 from licensectl.kube.projections import tls_secret_from
 from licensectl.kube.raw import RawApi
 from licensectl.kube.watch import Informer
 from licensectl.metrics import Metrics
-from licensectl.model import ANN_TLS, MODE_SELF_MANAGED, TLSSecret
-from licensectl.ports import EventSink
 
 log = logs.get(__name__)
 

@@ -13,10 +13,10 @@ from collections.abc import Callable
 from typing import Any
 
 from licensectl import logs
-from licensectl.credentials import KeyRing, keyring_from_secret_data, keyring_to_secret_data, new_signing_key
+from licensectl.core.credentials import KeyRing, keyring_from_secret_data, keyring_to_secret_data, new_signing_key
+from licensectl.core.model import MANAGED_BY_LABEL, MANAGED_BY_VALUE
 from licensectl.kube.api import AnyClient, ApiException, CoreV1Api
 from licensectl.kube.raw import RawApi
-from licensectl.model import MANAGED_BY_LABEL, MANAGED_BY_VALUE
 
 log = logs.get(__name__)
 

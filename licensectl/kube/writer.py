@@ -10,41 +10,15 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping
-from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 from licensectl import logs
+from licensectl.core.model import ANN_CLASS, MANAGED_BY_LABEL, MANAGED_BY_VALUE
+from licensectl.core.ports import ObservedMeta, SecretBody, WriteResult
 from licensectl.kube.api import ApiException, CoreV1Api
 from licensectl.kube.raw import RawApi
-from licensectl.model import ANN_CLASS, MANAGED_BY_LABEL, MANAGED_BY_VALUE
 
 log = logs.get(__name__)
-
-
-class WriteResult(StrEnum):
-    CREATED = "created"
-    UPDATED = "updated"
-    DELETED = "deleted"
-    UNCHANGED = "unchanged"
-    GONE = "gone"  # already absent: nothing to do
-    CONFLICT = "conflict"  # a foreign Secret holds the name
-    ERROR = "error"
-    DRY_RUN = "dry_run"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SecretBody:
-    """What we want a replica to look like; data never appears in repr."""
-
-    namespace: str
-    name: str
-    labels: Mapping[str, str]
-    annotations: Mapping[str, str]
-    data: Mapping[str, bytes]
-
-    def __repr__(self) -> str:
-        return f"SecretBody({self.namespace}/{self.name}, keys={sorted(self.data)})"
 
 
 def _encode(data: Mapping[str, bytes]) -> dict[str, str]:
@@ -70,22 +44,6 @@ def merged_body(current: Mapping[str, Any] | None, want: SecretBody) -> dict[str
         out_meta["resourceVersion"] = meta.get("resourceVersion")
     return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "metadata": out_meta,
             "data": _encode(want.data)}
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ObservedMeta:
-    """Metadata of a replica as the watch cache last saw it (no data)."""
-
-    namespace: str
-    name: str
-    resource_version: str
-    labels: Mapping[str, str]
-    annotations: Mapping[str, str]
-
-    def as_object(self) -> dict[str, Any]:
-        return {"metadata": {"name": self.name, "namespace": self.namespace,
-                             "resourceVersion": self.resource_version, "labels": dict(self.labels),
-                             "annotations": dict(self.annotations)}}
 
 
 class SecretWriter:

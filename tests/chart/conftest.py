@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from licensectl.devcluster.gotools import ensure_tool
+from licensectl_dev.devcluster.gotools import ensure_tool
 
 from .helm import Helm, install_unittest_plugin
 

@@ -1,6 +1,6 @@
 """The real helm (built from helm.sh/helm/v4) and the helm-unittest plugin, for the chart tests.
 
-Both come from the cached Go tool builder (licensectl/devcluster/gotools.py). Every helm call gets
+Both come from the cached Go tool builder (licensectl_dev/devcluster/gotools.py). Every helm call gets
 its own config, cache and data directories, and a plugins directory that holds only helm-unittest,
 so nothing from the machine's own helm setup leaks in.
 """

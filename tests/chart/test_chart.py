@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
-from licensectl import __version__, cli, config
+from licensectl import __version__, config
+from licensectl.cli import main as cli
 
 from ..manifests.test_manifests import kustomize, static_kubectl
 from .helm import CHART, NAMESPACE, ROOT, VALUES, Helm, objects_by_key

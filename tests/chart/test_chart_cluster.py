@@ -27,9 +27,9 @@ import yaml
 from kubernetes_asyncio.client import AdmissionregistrationV1Api, ApiClient, CoordinationV1Api, CoreV1Api
 from kubernetes_asyncio.client.rest import ApiException
 
-from licensectl.devcluster.controlplane import ControlPlane, render_kubeconfig
-from licensectl.testkit.poll import eventually
-from licensectl.testkit.world import unique
+from licensectl_dev.devcluster.controlplane import ControlPlane, render_kubeconfig
+from licensectl_dev.testkit.poll import eventually
+from licensectl_dev.testkit.world import unique
 
 from ..e2e.support import controllers, create_pod, make_fleet, start_controller
 from ..manifests.test_manifests import cluster, dry_run, kustomize, operator_crds  # noqa: F401 - fixtures

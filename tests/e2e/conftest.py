@@ -9,7 +9,7 @@ from typing import Any
 import pytest_asyncio
 from kubernetes_asyncio.client import ApiClient
 
-from licensectl.devcluster.controlplane import ControlPlane
+from licensectl_dev.devcluster.controlplane import ControlPlane
 
 from ..conftest import KubevirtFactory
 from .support import Rig, make_fleet

@@ -1,7 +1,7 @@
 """End-to-end helpers: licensectl as real `python -m licensectl run` processes, plus the cluster
 pieces a dev control plane lacks (the leader-selecting reports Service, a recording API proxy).
 
-Processes run in their own process groups (licensectl.testkit.process) and are ended as groups.
+Processes run in their own process groups (licensectl_dev.testkit.process) and are ended as groups.
 Their output goes to a log file per process; the tests read it only for structured lifecycle lines
 and never print it (tokens must not reach test output, and licensectl never logs them anyway).
 """
@@ -24,15 +24,15 @@ from aiohttp import web
 from kubernetes_asyncio.client import ApiClient, ApiException, CoordinationV1Api, CoreV1Api, CustomObjectsApi
 
 from licensectl.app import LEADER_LABEL
-from licensectl.devcluster import fleet
-from licensectl.devcluster import webhook as webhook_registration
-from licensectl.devcluster.controlplane import LOOPBACK, ControlPlane, free_port, render_kubeconfig
-from licensectl.model import ANN_RESTART_RESULT, ANN_RESTART_REVISION
-from licensectl.testkit.controller import ControllerProcess
-from licensectl.testkit.poll import eventually
-from licensectl.testkit.process import ManagedProcess
-from licensectl.testkit.proxy import ReverseProxy
-from licensectl.testkit.world import World, build_world
+from licensectl.core.model import ANN_RESTART_RESULT, ANN_RESTART_REVISION
+from licensectl_dev.devcluster import fleet
+from licensectl_dev.devcluster import webhook as webhook_registration
+from licensectl_dev.devcluster.controlplane import LOOPBACK, ControlPlane, free_port, render_kubeconfig
+from licensectl_dev.testkit.controller import ControllerProcess
+from licensectl_dev.testkit.poll import eventually
+from licensectl_dev.testkit.process import ManagedProcess
+from licensectl_dev.testkit.proxy import ReverseProxy
+from licensectl_dev.testkit.world import World, build_world
 
 from ..conftest import KubevirtEnv
 

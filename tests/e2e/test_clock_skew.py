@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client import ApiClient
 
-from licensectl.devcluster.controlplane import ControlPlane
-from licensectl.testkit.poll import eventually
+from licensectl_dev.devcluster.controlplane import ControlPlane
+from licensectl_dev.testkit.poll import eventually
 
 from ..conftest import KubevirtFactory
 from .support import controllers, make_fleet, start_controller

@@ -33,11 +33,11 @@ import yaml
 from kubernetes_asyncio.client import ApiClient, CoreV1Api
 
 from licensectl import config
-from licensectl.devcluster import fleet
-from licensectl.devcluster import webhook as webhook_registration
-from licensectl.devcluster.guest_sim import GuestProfile, SimulatedGuest
-from licensectl.testkit.controller import ControllerProcess
-from licensectl.testkit.poll import EventuallyTimeout, eventually
+from licensectl_dev.devcluster import fleet
+from licensectl_dev.devcluster import webhook as webhook_registration
+from licensectl_dev.devcluster.guest_sim import GuestProfile, SimulatedGuest
+from licensectl_dev.testkit.controller import ControllerProcess
+from licensectl_dev.testkit.poll import EventuallyTimeout, eventually
 from tests.monitoring.test_alerts_ha import seconds
 
 from .support import REPORT_INTERVAL, Prometheus, Rig, controllers, start_prometheus

@@ -11,8 +11,8 @@ import pytest
 from kubernetes_asyncio import watch
 from kubernetes_asyncio.client import ApiClient, CoordinationV1Api
 
-from licensectl.devcluster.guest_sim import GuestProfile, SimulatedGuest
-from licensectl.testkit.poll import eventually
+from licensectl_dev.devcluster.guest_sim import GuestProfile, SimulatedGuest
+from licensectl_dev.testkit.poll import eventually
 
 from .support import (
     REPORT_INTERVAL,

@@ -22,15 +22,15 @@ import pytest
 import yaml
 from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 
-from licensectl.devcluster import fleet
-from licensectl.devcluster import webhook as webhook_registration
-from licensectl.devcluster.controlplane import ControlPlane
-from licensectl.devcluster.guest_sim import GuestProfile, SimulatedGuest
-from licensectl.devcluster.vm_semantics import ANN_BOOT
-from licensectl.model import ANN_ROLLOUT_PAUSED
-from licensectl.render import replica_name
-from licensectl.testkit.poll import eventually
-from licensectl.testkit.world import unique
+from licensectl.core.model import ANN_ROLLOUT_PAUSED
+from licensectl.core.render import replica_name
+from licensectl_dev.devcluster import fleet
+from licensectl_dev.devcluster import webhook as webhook_registration
+from licensectl_dev.devcluster.controlplane import ControlPlane
+from licensectl_dev.devcluster.guest_sim import GuestProfile, SimulatedGuest
+from licensectl_dev.devcluster.vm_semantics import ANN_BOOT
+from licensectl_dev.testkit.poll import eventually
+from licensectl_dev.testkit.world import unique
 
 from ..conftest import KubevirtFactory
 from .support import (

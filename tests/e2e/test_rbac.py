@@ -24,10 +24,10 @@ import pytest
 import yaml
 from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi, RbacAuthorizationV1Api
 
-from licensectl.devcluster import fleet
-from licensectl.devcluster.controlplane import ControlPlane
-from licensectl.testkit.poll import eventually
-from licensectl.testkit.world import unique
+from licensectl_dev.devcluster import fleet
+from licensectl_dev.devcluster.controlplane import ControlPlane
+from licensectl_dev.testkit.poll import eventually
+from licensectl_dev.testkit.world import unique
 
 from ..conftest import KubevirtFactory
 from .support import (

@@ -35,12 +35,9 @@ import pytest
 from kubernetes_asyncio import watch
 from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api
 
-from licensectl.devcluster.guest_fleet import Boot, GuestFleet, ProfileFor, always_licensed, licensed_unless
-from licensectl.devcluster.kubeapi import api_client_from_kubeconfig
-from licensectl.kube.kubevirt import KubevirtClient, RestartResult
-from licensectl.kube.revision_store import store_name
-from licensectl.model import ANN_SOURCE_REVISION, ObjectRef
-from licensectl.rotation import (
+from licensectl.core.model import ANN_SOURCE_REVISION, ObjectRef
+from licensectl.core.ports import RestartResult
+from licensectl.core.rotation import (
     ACTIVE,
     RotationPhase,
     RotationRecord,
@@ -48,10 +45,14 @@ from licensectl.rotation import (
     parse_steps,
     wave_members,
 )
-from licensectl.testkit.controller import ControllerProcess
-from licensectl.testkit.poll import eventually
-from licensectl.testkit.process import run_licensectl
-from licensectl.testkit.world import token_for
+from licensectl.kube.kubevirt import KubevirtClient
+from licensectl.kube.revision_store import store_name
+from licensectl_dev.devcluster.guest_fleet import Boot, GuestFleet, ProfileFor, always_licensed, licensed_unless
+from licensectl_dev.devcluster.kubeapi import api_client_from_kubeconfig
+from licensectl_dev.testkit.controller import ControllerProcess
+from licensectl_dev.testkit.poll import eventually
+from licensectl_dev.testkit.process import run_licensectl
+from licensectl_dev.testkit.world import token_for
 
 from .support import Fleet, Rig, controllers, start_controller
 

@@ -23,13 +23,13 @@ from pathlib import Path
 import pytest
 from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api
 
-from licensectl.devcluster.controlplane import ControlPlane
+from licensectl.core.model import ANN_RESTART_REVISION, ObjectRef
 from licensectl.kube.revision_store import store_name
 from licensectl.kube.signing_key import SECRET_NAME as SIGNING_KEY_SECRET
-from licensectl.model import ANN_RESTART_REVISION, ObjectRef
-from licensectl.testkit.controller import ControllerProcess
-from licensectl.testkit.poll import eventually
-from licensectl.testkit.process import REPO_ROOT, child_env, extract_package
+from licensectl_dev.devcluster.controlplane import ControlPlane
+from licensectl_dev.testkit.controller import ControllerProcess
+from licensectl_dev.testkit.poll import eventually
+from licensectl_dev.testkit.process import REPO_ROOT, child_env, extract_package
 
 from .support import REPORT_INTERVAL, Rig, assert_each_restarted_once, controllers, leader_pods, lease_holder
 

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from licensectl import logs
-from licensectl.devcluster.controlplane import ControlPlane
-from licensectl.testkit.process import REPO_ROOT, end_leaked_processes
+from licensectl_dev.devcluster.controlplane import ControlPlane
+from licensectl_dev.testkit.process import REPO_ROOT, end_leaked_processes
 
 from .scenarios import SCENARIOS, Env, Outcome, run_scenario
 from .test_fuzz import FUZZERS, FuzzResult

@@ -1,7 +1,7 @@
 """Invariants checked after every scenario, by reading the cluster (never the controller's memory).
 
 - every entitled namespace holds a correct replica: token bytes equal the source's, and the revision
-  annotation equals the revision recomputed from the source and class with licensectl.render;
+  annotation equals the revision recomputed from the source and class with licensectl.core.render;
 - no replica of the scenario's source exists outside the entitled namespaces (after convergence);
 - no foreign Secret changed (resourceVersions before/after);
 - every stale VMI was restarted exactly once per revision and none was missed (simulator record),
@@ -23,10 +23,7 @@ from typing import Any
 
 from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api, CustomObjectsApi
 
-from licensectl.devcluster.ledger import SimulatorRecord
-from licensectl.kube import projections
-from licensectl.kube.raw import RawApi
-from licensectl.model import (
+from licensectl.core.model import (
     ANN_CLASS,
     ANN_RESTART_RESULT,
     ANN_RESTART_REVISION,
@@ -38,7 +35,10 @@ from licensectl.model import (
     MANAGED_BY_LABEL,
     MANAGED_BY_VALUE,
 )
-from licensectl.render import RenderedLicense, SourceProblem, render_license, replica_name
+from licensectl.core.render import RenderedLicense, SourceProblem, render_license, replica_name
+from licensectl.kube import projections
+from licensectl.kube.raw import RawApi
+from licensectl_dev.devcluster.ledger import SimulatorRecord
 
 TOKEN_KEY = "client_configuration_token.tok"
 Key = tuple[str, str]

@@ -24,14 +24,14 @@ from prometheus_client import generate_latest
 
 from licensectl import config
 from licensectl.app import App
-from licensectl.devcluster import fleet
-from licensectl.devcluster.controlplane import ControlPlane
+from licensectl.core.render import RenderedLicense
 from licensectl.kube.raw import RawApi
-from licensectl.render import RenderedLicense
-from licensectl.testkit import world as kit
-from licensectl.testkit.controller import ControllerProcess
-from licensectl.testkit.poll import eventually
-from licensectl.testkit.world import SOURCE_NAME, unique
+from licensectl_dev.devcluster import fleet
+from licensectl_dev.devcluster.controlplane import ControlPlane
+from licensectl_dev.testkit import world as kit
+from licensectl_dev.testkit.controller import ControllerProcess
+from licensectl_dev.testkit.poll import eventually
+from licensectl_dev.testkit.world import SOURCE_NAME, unique
 
 from . import invariants as inv
 from .toolkit import FaultProxy, JumpClock, KubevirtRig, TcpProxy, start_kubevirt, write_kubeconfig

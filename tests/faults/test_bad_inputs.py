@@ -30,11 +30,11 @@ from prometheus_client import generate_latest
 
 from licensectl import logs
 from licensectl.app import App
-from licensectl.devcluster import fleet
-from licensectl.guest_report import render_report
-from licensectl.model import KEY_REPORT_CREDENTIAL, KEY_TOKEN
-from licensectl.render import replica_name
-from licensectl.testkit.poll import eventually
+from licensectl.core.guest_report import render_report
+from licensectl.core.model import KEY_REPORT_CREDENTIAL, KEY_TOKEN
+from licensectl.core.render import replica_name
+from licensectl_dev.devcluster import fleet
+from licensectl_dev.testkit.poll import eventually
 
 from ..integration.support import metric, running_app, settings_for
 from ..integration.support import read_secret as _read_secret

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from kubernetes_asyncio.client import ApiClient
 
-from licensectl.devcluster.controlplane import ControlPlane
+from licensectl_dev.devcluster.controlplane import ControlPlane
 
 from .scenarios import SCENARIOS, Env, run_scenario
 
@@ -28,7 +28,7 @@ async def test_scenario_holds_every_invariant(scenario: str, seed: int, control_
 def test_deletion_budget_counts_a_batch_from_its_completion() -> None:
     """A batch that takes 40 s to carry out must not let the next batch start 60 s after admission
     (that put more than the cap into one 60 s window in the 5,000-namespace revocation)."""
-    from licensectl.controller import DeletionBudget
+    from licensectl.controllers.replication_loop import DeletionBudget
 
     b = DeletionBudget(10)
     assert b.take(25, now=0.0) == 10

@@ -21,9 +21,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from licensectl.credentials import KeyRing
-from licensectl.guest_report import REASONS, ReportError, parse_report, render_report
-from licensectl.reports import RESULTS, EndpointLimits, make_reports_app
+from licensectl.core.credentials import KeyRing
+from licensectl.core.guest_report import REASONS, ReportError, parse_report, render_report
+from licensectl.serve.reports import RESULTS, EndpointLimits, make_reports_app
 
 MARKER = "Zq9MARKERsecretXk7"  # planted in inputs: must never come back in a message or answer
 KNOWN_UUID = "6f1c2a9e-3b7d-4c58-9e21-0a4b5c6d7e8f"

@@ -2,10 +2,10 @@
 
 Everything here is test infrastructure, used by tests/faults/scenarios.py:
 
-- The controller process, polling and /metrics parsing come from licensectl.testkit.
+- The controller process, polling and /metrics parsing come from licensectl_dev.testkit.
 - `TcpProxy`: a loopback TCP relay that can `cut()` every connection, `stall()` and `slow()` traffic.
   TLS passes through untouched, so it can sit in front of the apiserver or the KubeVirt proxy.
-- `FaultProxy`: a plain-HTTP reverse proxy (licensectl.testkit.proxy) in front of an HTTPS upstream that answers
+- `FaultProxy`: a plain-HTTP reverse proxy (licensectl_dev.testkit.proxy) in front of an HTTPS upstream that answers
   bursts of 429/500/503, fails LIST pages that carry a `continue` token, forces small pages, and
   ends watches with an ERROR event of code 410 (what an apiserver sends after etcd compaction).
 - `JumpClock`: an injectable clock for in-process `App(settings, clock=...)`.
@@ -30,12 +30,12 @@ import aiohttp
 from aiohttp import web
 from kubernetes_asyncio.client import ApiClient
 
-from licensectl.devcluster.controlplane import ControlPlane, render_kubeconfig
-from licensectl.devcluster.kubeapi import api_client_from_kubeconfig, install_crds
-from licensectl.devcluster.ledger import SimulatorRecord
-from licensectl.devcluster.virt_api import RestartProxy
-from licensectl.devcluster.virt_controller import KubevirtSimulator
-from licensectl.testkit.proxy import LOOPBACK, ReverseProxy, end_to_end
+from licensectl_dev.devcluster.controlplane import ControlPlane, render_kubeconfig
+from licensectl_dev.devcluster.kubeapi import api_client_from_kubeconfig, install_crds
+from licensectl_dev.devcluster.ledger import SimulatorRecord
+from licensectl_dev.devcluster.virt_api import RestartProxy
+from licensectl_dev.devcluster.virt_controller import KubevirtSimulator
+from licensectl_dev.testkit.proxy import LOOPBACK, ReverseProxy, end_to_end
 
 
 # ---------------------------------------------------------------------------------------------

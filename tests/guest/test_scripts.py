@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestServer
 
-from licensectl import certs
-from licensectl.credentials import KeyRing, derive_credential
-from licensectl.guest_report import GriddEventKind, GuestState, LicenseState
-from licensectl.reports import EndpointLimits, make_reports_app
-from licensectl.server import start_site
+from licensectl.core import certs
+from licensectl.core.credentials import KeyRing, derive_credential
+from licensectl.core.guest_report import GriddEventKind, GuestState, LicenseState
+from licensectl.serve.http import start_site
+from licensectl.serve.reports import EndpointLimits, make_reports_app
 
 GUEST = Path(__file__).resolve().parents[2] / "licensectl" / "guest"
 INSTALL = GUEST / "licensectl-install.sh"

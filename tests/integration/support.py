@@ -13,12 +13,12 @@ from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api
 
 from licensectl import config
 from licensectl.app import App
-from licensectl.devcluster import webhook as webhook_registration
-from licensectl.devcluster.guest_sim import GuestProfile, SimulatedGuest
-from licensectl.devcluster.kubeapi import api_client_from_kubeconfig
-from licensectl.testkit.poll import eventually as eventually
-from licensectl.testkit.world import World, build_world
-from licensectl.testkit.world import unique as unique
+from licensectl_dev.devcluster import webhook as webhook_registration
+from licensectl_dev.devcluster.guest_sim import GuestProfile, SimulatedGuest
+from licensectl_dev.devcluster.kubeapi import api_client_from_kubeconfig
+from licensectl_dev.testkit.poll import eventually as eventually
+from licensectl_dev.testkit.world import World, build_world
+from licensectl_dev.testkit.world import unique as unique
 
 
 def settings_for(kubeconfig: Path, namespace: str, **overrides: Any) -> config.Settings:

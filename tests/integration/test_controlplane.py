@@ -12,9 +12,9 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.api_client import ApiClient
 
-from licensectl.devcluster.controlplane import K8S_VERSION, ControlPlane
-from licensectl.devcluster.kubeapi import wait_deleted, watch_until
-from licensectl.devcluster.vm_semantics import firmware_uuid
+from licensectl_dev.devcluster.controlplane import K8S_VERSION, ControlPlane
+from licensectl_dev.devcluster.kubeapi import wait_deleted, watch_until
+from licensectl_dev.devcluster.vm_semantics import firmware_uuid
 
 pytestmark = pytest.mark.cluster
 

@@ -10,12 +10,13 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client import ApiClient
 
-from licensectl.devcluster import fleet
-from licensectl.devcluster import webhook as webhook_registration
-from licensectl.devcluster.guest_fleet import GuestFleet, licensed_unless
-from licensectl.guest_report import REASON_ACQUIRE_FAILED, LicenseState
-from licensectl.kube.kubevirt import KubevirtClient, RestartResult
-from licensectl.model import ANN_RESTART_POLICY, ANN_SOURCE_REVISION
+from licensectl.core.guest_report import REASON_ACQUIRE_FAILED, LicenseState
+from licensectl.core.model import ANN_RESTART_POLICY, ANN_SOURCE_REVISION
+from licensectl.core.ports import RestartResult
+from licensectl.kube.kubevirt import KubevirtClient
+from licensectl_dev.devcluster import fleet
+from licensectl_dev.devcluster import webhook as webhook_registration
+from licensectl_dev.devcluster.guest_fleet import GuestFleet, licensed_unless
 
 from ..conftest import KubevirtEnv
 from .support import eventually, make_world, read_secret, running_app, settings_for

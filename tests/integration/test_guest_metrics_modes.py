@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client import ApiClient
 
-from licensectl.devcluster import fleet
-from licensectl.devcluster import webhook as webhook_registration
-from licensectl.devcluster.guest_sim import GuestProfile, SimulatedGuest
+from licensectl.core.render import replica_name
 from licensectl.metrics import SNAPSHOT_GAUGES
-from licensectl.render import replica_name
+from licensectl_dev.devcluster import fleet
+from licensectl_dev.devcluster import webhook as webhook_registration
+from licensectl_dev.devcluster.guest_sim import GuestProfile, SimulatedGuest
 
 from ..conftest import KubevirtEnv
 from .support import boot_guests, eventually, make_world, metric, read_secret, running_app, settings_for

@@ -12,11 +12,11 @@ import aiohttp
 import pytest
 from kubernetes_asyncio.client import ApiClient, ApiException
 
-from licensectl.devcluster import fleet
-from licensectl.devcluster import webhook as webhook_registration
-from licensectl.devcluster.guest_sim import GuestProfile, SimulatedGuest
-from licensectl.model import KEY_REPORT_CREDENTIAL
-from licensectl.render import replica_name
+from licensectl.core.model import KEY_REPORT_CREDENTIAL
+from licensectl.core.render import replica_name
+from licensectl_dev.devcluster import fleet
+from licensectl_dev.devcluster import webhook as webhook_registration
+from licensectl_dev.devcluster.guest_sim import GuestProfile, SimulatedGuest
 
 from ..conftest import KubevirtEnv
 from .support import boot_guests, eventually, make_world, metric, read_secret, running_app, secret_bytes, settings_for

@@ -14,9 +14,7 @@ import pytest
 import pytest_asyncio
 from kubernetes_asyncio.client import ApiClient, CoreV1Api
 
-from licensectl.devcluster import fleet
-from licensectl.devcluster.controlplane import ControlPlane
-from licensectl.model import (
+from licensectl.core.model import (
     ANN_REVISION,
     ANN_REVISION_TIME,
     KEY_GRIDD_CONF,
@@ -24,8 +22,10 @@ from licensectl.model import (
     KEY_TOKEN,
     REVISION_STORE_LABEL,
 )
-from licensectl.render import replica_name
-from licensectl.testkit.process import run_licensectl
+from licensectl.core.render import replica_name
+from licensectl_dev.devcluster import fleet
+from licensectl_dev.devcluster.controlplane import ControlPlane
+from licensectl_dev.testkit.process import run_licensectl
 
 from .support import (
     World,

@@ -15,9 +15,7 @@ import pytest
 import pytest_asyncio
 from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 
-from licensectl.devcluster import fleet
-from licensectl.devcluster.vm_semantics import ANN_BOOT
-from licensectl.model import (
+from licensectl.core.model import (
     ANN_RESTART_POLICY,
     ANN_RESTART_RESULT,
     ANN_RESTART_REVISION,
@@ -26,9 +24,11 @@ from licensectl.model import (
     ANN_ROLLOUT_PAUSED,
     ANN_ROLLOUT_RESUMED_AT,
 )
-from licensectl.render import replica_name
-from licensectl.testkit.process import run_licensectl
-from licensectl.timecodec import format_micro_time, parse_time
+from licensectl.core.render import replica_name
+from licensectl.core.timecodec import format_micro_time, parse_time
+from licensectl_dev.devcluster import fleet
+from licensectl_dev.devcluster.vm_semantics import ANN_BOOT
+from licensectl_dev.testkit.process import run_licensectl
 
 from ..conftest import KubevirtEnv
 from .support import (

@@ -23,15 +23,16 @@ import pytest
 from kubernetes_asyncio.client import ApiClient
 
 from licensectl.app import App
-from licensectl.devcluster import fleet
-from licensectl.devcluster.guest_fleet import GuestFleet, licensed_unless
-from licensectl.devcluster.prometheus import Prometheus
-from licensectl.guest_report import LicenseState
-from licensectl.kube.kubevirt import KubevirtClient, RestartResult
-from licensectl.model import ANN_SOURCE_REVISION, ObjectRef
-from licensectl.rotation import RotationPhase, RotationRecord, parse_steps
-from licensectl.testkit.process import run_licensectl
-from licensectl.testkit.world import World, token_for
+from licensectl.core.guest_report import LicenseState
+from licensectl.core.model import ANN_SOURCE_REVISION, ObjectRef
+from licensectl.core.ports import RestartResult
+from licensectl.core.rotation import RotationPhase, RotationRecord, parse_steps
+from licensectl.kube.kubevirt import KubevirtClient
+from licensectl_dev.devcluster import fleet
+from licensectl_dev.devcluster.guest_fleet import GuestFleet, licensed_unless
+from licensectl_dev.devcluster.prometheus import Prometheus
+from licensectl_dev.testkit.process import run_licensectl
+from licensectl_dev.testkit.world import World, token_for
 
 from ..conftest import KubevirtEnv
 from .support import events_for, eventually, make_world, metric, read_secret, running_app, settings_for

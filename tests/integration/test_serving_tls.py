@@ -17,10 +17,11 @@ from aiohttp import web
 from cryptography import x509
 from kubernetes_asyncio.client import AdmissionregistrationV1Api, ApiClient, CoreV1Api
 
-from licensectl import certs, config
+from licensectl import config
+from licensectl.core import certs
 from licensectl.kube.serving_tls import ANN_TLS, ServingTLS, serving_hosts
 from licensectl.metrics import Metrics
-from licensectl.server import start_site
+from licensectl.serve.http import start_site
 
 from .support import eventually, running_app, settings_for
 

@@ -13,8 +13,8 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.api_client import ApiClient
 from kubernetes_asyncio.client.rest import ApiException
 
-from licensectl.devcluster.kubeapi import api_client_from_kubeconfig, watch_until
-from licensectl.devcluster.vm_semantics import firmware_uuid
+from licensectl_dev.devcluster.kubeapi import api_client_from_kubeconfig, watch_until
+from licensectl_dev.devcluster.vm_semantics import firmware_uuid
 
 pytestmark = pytest.mark.cluster
 

@@ -23,18 +23,18 @@ import pytest
 import pytest_asyncio
 from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api, DiscoveryV1Api, RbacAuthorizationV1Api
 
+from licensectl.cli.status import STATUS_SERVICE, STATUS_SERVICE_PORT, WatchedCluster
 from licensectl.config import Settings
-from licensectl.devcluster import fleet
-from licensectl.devcluster import webhook as webhook_registration
-from licensectl.devcluster.controlplane import ControlPlane, free_port, render_kubeconfig
-from licensectl.devcluster.guest_sim import GuestProfile, SimulatedGuest
+from licensectl.core.render import replica_name
 from licensectl.kube.client import make_api_client, request_tracing
 from licensectl.kube.server_clock import ServerClock
-from licensectl.render import replica_name
-from licensectl.status import STATUS_SERVICE, STATUS_SERVICE_PORT, WatchedCluster
-from licensectl.testkit.controller import ControllerProcess
-from licensectl.testkit.metrics_text import parse_metrics
-from licensectl.testkit.process import run_licensectl
+from licensectl_dev.devcluster import fleet
+from licensectl_dev.devcluster import webhook as webhook_registration
+from licensectl_dev.devcluster.controlplane import ControlPlane, free_port, render_kubeconfig
+from licensectl_dev.devcluster.guest_sim import GuestProfile, SimulatedGuest
+from licensectl_dev.testkit.controller import ControllerProcess
+from licensectl_dev.testkit.metrics_text import parse_metrics
+from licensectl_dev.testkit.process import run_licensectl
 
 from ..conftest import KubevirtEnv
 from .support import eventually, make_world, read_secret

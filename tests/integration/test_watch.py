@@ -16,14 +16,15 @@ import aiohttp
 import pytest
 from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 
-from licensectl import config, model
-from licensectl.devcluster.controlplane import ControlPlane
+from licensectl import config
+from licensectl.core import model
 from licensectl.kube import client as kclient
 from licensectl.kube import contract, projections
 from licensectl.kube.api import ApiException as KubeApiError
 from licensectl.kube.api import CoreV1Api as KubeCoreV1Api
 from licensectl.kube.raw import RawApi
 from licensectl.kube.watch import REASON_GONE, REASON_TIMEOUT, Informer, InformerHooks, Key
+from licensectl_dev.devcluster.controlplane import ControlPlane
 
 
 class Wrapped:

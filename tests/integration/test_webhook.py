@@ -20,13 +20,13 @@ import pytest
 import pytest_asyncio
 from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api, CustomObjectsApi
 
-from licensectl.delivery import SERIAL
-from licensectl.devcluster import fleet
-from licensectl.devcluster import webhook as registration
-from licensectl.devcluster.controlplane import free_port
-from licensectl.model import ANN_GPU_CLAIMS, ANN_RESTART_RESULT
-from licensectl.render import replica_name
-from licensectl.testkit.world import World, unique
+from licensectl.core.delivery import SERIAL
+from licensectl.core.model import ANN_GPU_CLAIMS, ANN_RESTART_RESULT
+from licensectl.core.render import replica_name
+from licensectl_dev.devcluster import fleet
+from licensectl_dev.devcluster import webhook as registration
+from licensectl_dev.devcluster.controlplane import free_port
+from licensectl_dev.testkit.world import World, unique
 
 from ..conftest import KubevirtEnv
 from .support import eventually, make_world, metric, running_app, settings_for, wait_event
@@ -219,7 +219,7 @@ async def running(api: ApiClient, ns: str, name: str) -> dict[str, Any] | None:
 
 async def test_serving_certificate_rotated_under_a_stream_of_creations(rig: Rig, kubeconfig_path: Any) -> None:
     """Zero failed admissions: every VMI created while the certificate changes carries the volume."""
-    from licensectl import certs
+    from licensectl.core import certs
 
     settings = rig.settings(kubeconfig_path)
     core = CoreV1Api(rig.api)

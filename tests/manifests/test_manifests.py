@@ -4,7 +4,7 @@ Static checks (no cluster) pin the properties the install promises: security con
 downward API, settings that exist in licensectl/config.py, Services and NetworkPolicy that match the
 ports, RBAC that is commented and minimal. The cluster tests apply every rendered object to the
 session control plane (tests/conftest.py) with server-side dry run and strict field validation,
-after installing the KubeVirt + GPU CRDs (licensectl/devcluster/crds) and prometheus-operator's
+after installing the KubeVirt + GPU CRDs (licensectl_dev/devcluster/crds) and prometheus-operator's
 ServiceMonitor/PrometheusRule CRDs. Those come from the pinned Go module of prometheus-operator
 (its example/prometheus-operator-crd/ directory, the CRDs it publishes), fetched with
 `go mod download` and checked against the pinned module sum, so no copy of them lives here.
@@ -25,8 +25,8 @@ import yaml
 
 from licensectl import config
 from licensectl.app import LEADER_LABEL
-from licensectl.devcluster.controlplane import ControlPlane, binaries_dir
-from licensectl.devcluster.kubeapi import CRD_DIR
+from licensectl_dev.devcluster.controlplane import ControlPlane, binaries_dir
+from licensectl_dev.devcluster.kubeapi import CRD_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from licensectl import config
-from licensectl.guests import MISSED_INTERVALS
+from licensectl.controllers.guests import MISSED_INTERVALS
 from tests.monitoring.test_alerts import alerts, promtool, rule_spec  # noqa: F401 - promtool is a fixture
 from tests.monitoring.test_alerts_victoriametrics import run_vmalert_tool, vmalert_tool  # noqa: F401 - fixture
 from tests.monitoring.vmalert_cases import to_vmalert

@@ -3,7 +3,7 @@
 Cozystack's monitoring stack evaluates rules with vmalert (MetricsQL), not Prometheus. The cases are
 the same file promtool runs (alerts.test.yaml), converted by vmalert_cases.to_vmalert, so every
 alert is shown firing and quiet on both engines from one source. vmalert-tool is built from its
-pinned Go module on first use (licensectl.devcluster.gotools); a failed build is an error, not a skip.
+pinned Go module on first use (licensectl_dev.devcluster.gotools); a failed build is an error, not a skip.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from licensectl.devcluster.gotools import ensure_tool
+from licensectl_dev.devcluster.gotools import ensure_tool
 from tests.monitoring.test_alerts import UNIT_TESTS, alerts, rule_spec, write_rules
 from tests.monitoring.vmalert_cases import (
     VMALERT_TOOL_EPOCH,

@@ -19,7 +19,7 @@ from benchmarks.common import (
     tenant_tree,
 )
 from benchmarks.rollout import SIM, bottleneck
-from licensectl.testkit.metrics_text import parse_metrics
+from licensectl_dev.testkit.metrics_text import parse_metrics
 
 
 def test_parse_proc_status_in_bytes() -> None:

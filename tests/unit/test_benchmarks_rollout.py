@@ -23,10 +23,10 @@ from benchmarks.rollout import (
     wave_offsets,
 )
 from licensectl.config import Settings
-from licensectl.devcluster.ledger import Interval, RestartRecord
-from licensectl.model import ANN_RESTART_RESULT, ANN_RESTART_REVISION
-from licensectl.rollout import RESULT_DONE
-from licensectl.rotation import CanarySpec, parse_steps
+from licensectl.core.model import ANN_RESTART_RESULT, ANN_RESTART_REVISION
+from licensectl.core.rollout import RESULT_DONE
+from licensectl.core.rotation import CanarySpec, parse_steps
+from licensectl_dev.devcluster.ledger import Interval, RestartRecord
 
 
 def vm(ns: str, name: str, revision: str | None = None, result: str | None = None) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from licensectl import certs
+from licensectl.core import certs
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 HOSTS = ("licensectl-webhook.ns.svc", "licensectl-reports.ns.svc", "127.0.0.1")

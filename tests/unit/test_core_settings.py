@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 
 from licensectl.config import Settings
-from licensectl.core_settings import rollout_settings, rotation_settings, tenant_settings
-from licensectl.entitlement import TenantSettings
-from licensectl.rollout import RolloutSettings
-from licensectl.rotation import RotationSettings
+from licensectl.controllers.settings import rollout_settings, rotation_settings, tenant_settings
+from licensectl.core.entitlement import TenantSettings
+from licensectl.core.rollout import RolloutSettings
+from licensectl.core.rotation import RotationSettings
 
 
 def test_tenant_settings_come_from_config() -> None:

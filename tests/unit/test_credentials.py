@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from licensectl.credentials import (
+from licensectl.core.credentials import (
     SECRET_KEY_CURRENT,
     SECRET_KEY_PREVIOUS,
     SECRET_KEY_ROTATED_AT,

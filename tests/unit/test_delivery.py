@@ -9,9 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from licensectl.delivery import SERIAL, DeliveryView, Skip, Wanted, plan_delivery, volume_name, wanted_replicas
-from licensectl.kube.projections import vmi_from, vmi_gpu_claims
-from licensectl.model import (
+from licensectl.core.delivery import SERIAL, DeliveryView, Skip, Wanted, plan_delivery, volume_name, wanted_replicas
+from licensectl.core.model import (
     ANN_CLASS,
     ANN_GPU_CLAIMS,
     MANAGED_BY_LABEL,
@@ -21,7 +20,8 @@ from licensectl.model import (
     ObjectRef,
     ReplicaSecret,
 )
-from licensectl.render import replica_name
+from licensectl.core.render import replica_name
+from licensectl.kube.projections import vmi_from, vmi_gpu_claims
 
 SRC = ObjectRef("src", "nls")
 
@@ -196,9 +196,9 @@ def test_patch_only_adds_and_is_idempotent(claims: list[str], used: list[str]) -
 def test_wanted_volumes_only_for_running_vmis_with_wanted_replicas() -> None:
     import datetime as dt
 
-    from licensectl.delivery import wanted_volumes
-    from licensectl.model import Vmi
-    from licensectl.timecodec import to_epoch_us
+    from licensectl.core.delivery import wanted_volumes
+    from licensectl.core.model import Vmi
+    from licensectl.core.timecodec import to_epoch_us
 
     def v(name: str, *, claims: tuple[str, ...] = ("gpu",), phase: str = "Running", deleting: bool = False) -> Vmi:
         return Vmi("t1", name, name, to_epoch_us(dt.datetime(2026, 1, 1, tzinfo=dt.UTC)), name, phase, True, None, (),

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from licensectl.devcluster.controlplane import (
+from licensectl_dev.devcluster.controlplane import (
     BINARIES,
     ETCD_VERSION,
     K8S_VERSION,
@@ -24,10 +24,10 @@ from licensectl.devcluster.controlplane import (
     free_port,
     render_kubeconfig,
 )
-from licensectl.devcluster.kubeapi import load_crd_manifests
-from licensectl.devcluster.ledger import Interval, SimulatorRecord
-from licensectl.devcluster.virt_controller import WatchedKind
-from licensectl.devcluster.vm_semantics import (
+from licensectl_dev.devcluster.kubeapi import load_crd_manifests
+from licensectl_dev.devcluster.ledger import Interval, SimulatorRecord
+from licensectl_dev.devcluster.virt_controller import WatchedKind
+from licensectl_dev.devcluster.vm_semantics import (
     change_request_patch,
     firmware_uuid,
     run_strategy,

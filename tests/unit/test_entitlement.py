@@ -11,14 +11,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from licensectl.entitlement import (
+from licensectl.core.entitlement import (
     EntitlementResult,
     Problem,
     ProblemKind,
     TenantSettings,
     compute_entitlement,
 )
-from licensectl.model import GpuClaim, GpuClass, Namespace, ObjectRef
+from licensectl.core.model import GpuClaim, GpuClass, Namespace, ObjectRef
 
 S = TenantSettings()
 ROOT = "tenant-root"

@@ -6,8 +6,9 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from licensectl.core.ports import InvolvedObject
 from licensectl.kube.api import ApiException
-from licensectl.kube.events import EventRecorder, InvolvedObject, event_name
+from licensectl.kube.events import EventRecorder, event_name
 
 OBJ = InvolvedObject("v1", "Secret", "licensectl-system", "nls-token")
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from licensectl.devcluster import gotools
-from licensectl.devcluster.controlplane import BuildError
+from licensectl_dev.devcluster import gotools
+from licensectl_dev.devcluster.controlplane import BuildError
 
 FAKE_GO = """#!/bin/sh
 # Fake `go build`: counts calls, records the environment it saw, writes the -o target.

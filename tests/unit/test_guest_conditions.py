@@ -8,8 +8,8 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
-from licensectl.guest_report import GuestState, LicenseState
-from licensectl.guests import STATES, GuestStore
+from licensectl.controllers.guests import STATES, GuestStore
+from licensectl.core.guest_report import GuestState, LicenseState
 
 NOW = dt.datetime(2026, 5, 1, 12, 0, 0, tzinfo=dt.UTC)
 VWS = "NVIDIA RTX Virtual Workstation"

@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client import ApiException
 
-from licensectl.devcluster import guest_fleet
-from licensectl.devcluster.guest_fleet import (
+from licensectl.core.guest_report import REASON_ACQUIRE_FAILED, REASON_TOKEN_MISSING, parse_gridd_log, unlicensed_reason
+from licensectl.core.model import ANN_REVISION, ANN_SOURCE_REVISION, KEY_TOKEN
+from licensectl_dev.devcluster import guest_fleet
+from licensectl_dev.devcluster.guest_fleet import (
     REGISTER_FAILURE_LOG,
     Boot,
     GuestFleet,
@@ -28,10 +30,8 @@ from licensectl.devcluster.guest_fleet import (
     token_bytes,
     token_sha256,
 )
-from licensectl.devcluster.guest_sim import FIXTURES, GuestProfile, SimulatedGuest, journal_text, mounted_secret
-from licensectl.guest_report import REASON_ACQUIRE_FAILED, REASON_TOKEN_MISSING, parse_gridd_log, unlicensed_reason
-from licensectl.model import ANN_REVISION, ANN_SOURCE_REVISION, KEY_TOKEN
-from licensectl.testkit.poll import eventually
+from licensectl_dev.devcluster.guest_sim import FIXTURES, GuestProfile, SimulatedGuest, journal_text, mounted_secret
+from licensectl_dev.testkit.poll import eventually
 
 T0 = dt.datetime(2026, 4, 2, 12, 0, tzinfo=dt.UTC)
 GOOD, BAD = b"token-good", b"token-bad"

@@ -8,11 +8,11 @@ import datetime as dt
 import re
 from pathlib import Path
 
-from licensectl.entitlement import TenantSettings, customer_tenant
-from licensectl.guest_report import GuestState, LicenseState
-from licensectl.guests import MISSED_INTERVALS, STATES, GuestStore
+from licensectl.controllers.guests import MISSED_INTERVALS, STATES, GuestStore
+from licensectl.core.entitlement import TenantSettings, customer_tenant
+from licensectl.core.guest_report import GuestState, LicenseState
+from licensectl.core.model import Namespace
 from licensectl.metrics import SNAPSHOT_GAUGES, GaugeSample
-from licensectl.model import Namespace
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
 INTERVAL = 60.0

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from licensectl.guest_report import (
+from licensectl.core.guest_report import (
     MAX_PRODUCT_CHARS,
     PRODUCT_LABELS,
     SECTION_GRIDD_LOG,

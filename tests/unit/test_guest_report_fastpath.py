@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from licensectl import guest_report as gr
-from licensectl.guest_report import (
+from licensectl.core import guest_report as gr
+from licensectl.core.guest_report import (
     BAD_FORMAT,
     DEFAULT_LIMITS,
     SECTION_GRIDD_LOG,

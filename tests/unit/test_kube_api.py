@@ -26,13 +26,13 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from licensectl.certs import KeyPair, new_ca, new_leaf
 from licensectl.config import Settings
+from licensectl.core.certs import KeyPair, new_ca, new_leaf
 from licensectl.kube import api as kapi
 from licensectl.kube import client as kclient
 from licensectl.kube import kubeconfig
 from licensectl.kube.raw import RawApi, error_type
-from licensectl.testkit.local_http import serve
+from licensectl_dev.testkit.local_http import serve
 
 NOW = dt.datetime.now(dt.UTC)
 
@@ -127,7 +127,7 @@ def test_timeouts_in_every_form() -> None:
 
 
 def test_the_controller_never_imports_the_generated_client() -> None:
-    code = ("import sys, licensectl.cli, licensectl.app, licensectl.status, licensectl.actions;"
+    code = ("import sys, licensectl.cli.main, licensectl.app, licensectl.cli.status, licensectl.cli.actions;"
             "print(sorted(m for m in sys.modules if m.startswith('kubernetes_asyncio')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
@@ -214,7 +214,7 @@ async def test_a_library_client_is_borrowed_and_its_errors_keep_their_family(
     from kubernetes_asyncio.client import ApiException as LibraryApiException
     from kubernetes_asyncio.client import CoreV1Api as LibraryCoreV1Api
 
-    from licensectl.devcluster.kubeapi import api_client_from_kubeconfig
+    from licensectl_dev.devcluster.kubeapi import api_client_from_kubeconfig
 
     rec, url = recorder
     path = write_kubeconfig(tmp_path / "kc", {"server": url}, {"token": "lib-token"})

@@ -1,7 +1,8 @@
-"""The pure core depends downward only: on model, the time codec, the stdlib and lower core modules.
+"""The package layers import downward only, and the pure core imports nothing of the shell.
 
-No `config`, no `kube`, no I/O libraries: the core is tested with plain values and reused by the CLI
-and the controller alike. Settings reach it through licensectl.core_settings (the shell).
+The layout is the architecture (licensectl/__init__.py, docs/design.md#code-map): `core/` holds every
+decision as pure functions over plain data, the shell packages around it may use the layers below
+them and never the ones above. An import that points up is a design change, not a shortcut.
 """
 
 from __future__ import annotations
@@ -16,51 +17,92 @@ import licensectl
 
 PACKAGE = Path(licensectl.__file__).parent
 
-# Core module -> the licensectl modules it may import (everything lower in the stack).
-ALLOWED: dict[str, frozenset[str]] = {
-    "timecodec": frozenset(),
-    "model": frozenset({"timecodec"}),  # VMI times are kept as epoch floats (timecodec.to_epoch_us)
-    "tokeninfo": frozenset(),
-    "credentials": frozenset({"timecodec"}),
-    "entitlement": frozenset({"model"}),
-    "render": frozenset({"model", "timecodec"}),
-    "rollout": frozenset({"model", "timecodec"}),
-    "rollout_view": frozenset({"rollout"}),
-    "replication": frozenset({"entitlement", "model", "render", "rotation"}),
-    "rotation": frozenset({"model", "timecodec"}),
-    "delivery": frozenset({"model", "render"}),
-    "certs": frozenset(),
-    "guest_report": frozenset({"timecodec"}),
-}
 # Non-stdlib distributions a core module may use, and why.
 THIRD_PARTY = {"defusedxml": "guest reports are untrusted XML; parsing only, no I/O",
                "cryptography": "X.509 and key material for the serving certificate; computation only, no I/O"}
 
+SHELL_MODULES = frozenset({"config", "logs", "metrics"})  # the ground every shell layer stands on
+# Layer -> the licensectl layers it may import (its own included). "" is the package itself (__version__).
+ALLOWED_LAYERS: dict[str, frozenset[str]] = {
+    "core": frozenset({"core"}),
+    "config": frozenset({"", "core", "config"}),
+    "logs": frozenset({"logs"}),
+    "metrics": frozenset({"", "metrics"}),
+    "kube": frozenset({"", "core", "kube", *SHELL_MODULES}),
+    "serve": frozenset({"", "core", "kube", "serve", *SHELL_MODULES}),
+    "controllers": frozenset({"", "core", "kube", "controllers", *SHELL_MODULES}),
+    "app": frozenset({"", "core", "kube", "serve", "controllers", "app", *SHELL_MODULES}),
+    "cli": frozenset({"", "core", "kube", "serve", "controllers", "app", "cli", *SHELL_MODULES}),
+    "__main__": frozenset({"cli"}),
+    "__init__": frozenset(),  # the package's face: its version, nothing else
+}
 
-def imports_of(module: str) -> set[str]:
-    """Every module name `module` imports, at top level or inside functions."""
-    tree = ast.parse((PACKAGE / f"{module}.py").read_text())
-    names: set[str] = set()
+
+def modules() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def layer_of_file(path: Path) -> str:
+    rel = path.relative_to(PACKAGE)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+def layer_of_module(name: str) -> str:
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] != "__version__" else ""
+
+
+def imports_of(path: Path) -> list[tuple[str, bool]]:
+    """(module, at top level) for every import in `path`, at top level or inside functions."""
+    tree = ast.parse(path.read_text())
+    top = {id(n) for n in tree.body}
+    out: list[tuple[str, bool]] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names.update(a.name for a in node.names)
+            out.extend((a.name, id(node) in top) for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module == "licensectl":  # `from licensectl import model`
-                names.update(f"licensectl.{a.name}" for a in node.names)
+            if node.module == "licensectl":  # `from licensectl import config`
+                out.extend((f"licensectl.{a.name}", id(node) in top) for a in node.names)
             else:
-                names.add(node.module)
-    return names
+                out.append((node.module, id(node) in top))
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            out.append(("<relative>", id(node) in top))
+    return out
 
 
-@pytest.mark.parametrize("module", sorted(ALLOWED))
-def test_core_imports_only_downward(module: str) -> None:
+@pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_imports_point_down(path: Path) -> None:
+    layer = layer_of_file(path)
+    assert layer in ALLOWED_LAYERS, f"{path.relative_to(PACKAGE)}: a new layer needs a row in ALLOWED_LAYERS"
     bad = []
-    for name in sorted(imports_of(module)):
-        top, _, rest = name.partition(".")
-        if top == "licensectl":
-            if rest not in ALLOWED[module]:
-                bad.append(name)
-        elif top not in sys.stdlib_module_names and top not in THIRD_PARTY and top != "__future__":
+    for name, _ in imports_of(path):
+        if name == "<relative>":
+            bad.append("relative import (spell the layer out)")
+        elif name.split(".")[0] == "licensectl" and layer_of_module(name) not in ALLOWED_LAYERS[layer]:
             bad.append(name)
     assert bad == []
 
+
+@pytest.mark.parametrize("path", sorted(p for p in modules() if layer_of_file(p) == "core"),
+                         ids=lambda p: p.name)
+def test_core_imports_no_io_library(path: Path) -> None:
+    bad = [name for name, _ in imports_of(path)
+           if name.split(".")[0] not in {"licensectl", "__future__", *THIRD_PARTY}
+           and name.split(".")[0] not in sys.stdlib_module_names]
+    assert bad == []
+
+
+def test_the_controller_never_imports_dev_tooling() -> None:
+    """Only the CLI's `demo` reaches into licensectl_dev, lazily, and says what to do when it is absent."""
+    seen = {(str(p.relative_to(PACKAGE)), top) for p in modules() for name, top in imports_of(p)
+            if name.split(".")[0] == "licensectl_dev"}
+    assert seen == {("cli/main.py", False)}
+
+
+def test_check_sees_violations(tmp_path: Path) -> None:
+    """The checks above can fail: an upward import in a core file is found."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("from licensectl.kube import api\nimport aiohttp\n\ndef f():\n    from licensectl_dev import demo\n")
+    names = imports_of(bad)
+    assert ("licensectl.kube", True) in names and ("aiohttp", True) in names and ("licensectl_dev", False) in names
+    assert layer_of_module("licensectl.kube") not in ALLOWED_LAYERS["core"]

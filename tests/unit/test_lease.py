@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from licensectl.kube.lease import LeaderElector, LeaseConfig
-from licensectl.testkit.memory import ManualClock, MemoryLeases
+from licensectl_dev.testkit.memory import ManualClock, MemoryLeases
 
 NS, NAME = "licensectl-system", "licensectl"
 

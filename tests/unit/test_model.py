@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from licensectl import model
-from licensectl.model import EMPTY, FrozenMap, frozen_map
-from licensectl.timecodec import to_epoch_us
+from licensectl.core import model
+from licensectl.core.model import EMPTY, FrozenMap, frozen_map
+from licensectl.core.timecodec import to_epoch_us
 
 UTC = dt.UTC
 str_maps = st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=6)

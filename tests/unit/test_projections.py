@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from licensectl import model
+from licensectl.core import model
 from licensectl.kube import projections as p
 from licensectl.kube.watch import object_key, shared_name_key
 

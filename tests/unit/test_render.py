@@ -12,9 +12,9 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from licensectl import model
-from licensectl.model import data_digest
-from licensectl.render import (
+from licensectl.core import model
+from licensectl.core.model import data_digest
+from licensectl.core.render import (
     GRIDD_CONF_HEADER,
     MAX_GRIDD_CONF_BYTES,
     MAX_TOKEN_BYTES,

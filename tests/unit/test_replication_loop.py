@@ -9,11 +9,11 @@ import copy
 import dataclasses
 
 from licensectl.config import Settings
-from licensectl.controller import CONFLICT_RECHECK_SECONDS, ReplicationController
+from licensectl.controllers.replication_loop import CONFLICT_RECHECK_SECONDS, ReplicationController
+from licensectl.core.model import KEY_TOKEN, GpuClaim, GpuClass, Namespace, ObjectRef, SourceSecret
+from licensectl.core.render import replica_name
 from licensectl.metrics import Metrics
-from licensectl.model import KEY_TOKEN, GpuClaim, GpuClass, Namespace, ObjectRef, SourceSecret
-from licensectl.render import replica_name
-from licensectl.testkit.memory import ManualClock, MemoryCaches, MemoryEvents, MemoryReplicaWriter
+from licensectl_dev.testkit.memory import ManualClock, MemoryCaches, MemoryEvents, MemoryReplicaWriter
 
 SRC = ObjectRef("licensectl-system", "vws-token")
 VWS = GpuClass("vws", "uid-vws", "vgpu", SRC, 1)

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from licensectl.credentials import KeyRing, derive_credential
-from licensectl.guest_report import (
+from licensectl.core.credentials import KeyRing, derive_credential
+from licensectl.core.guest_report import (
     SECTION_GRIDD_LOG,
     SECTION_SMI_XML,
     GuestState,
@@ -24,7 +24,7 @@ from licensectl.guest_report import (
     parse_report,
     render_report,
 )
-from licensectl.reports import RESULTS, EndpointLimits, TokenBucket, make_reports_app
+from licensectl.serve.reports import RESULTS, EndpointLimits, TokenBucket, make_reports_app
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia"
 XML = (FIXTURES / "smi-qx-licensed-l40s-2q-trimmed.xml").read_text()

@@ -30,10 +30,10 @@ from benchmarks.reports import (
     store_clocks,
     templates,
 )
-from licensectl.guest_report import evaluate, parse_report, render_report
-from licensectl.guests import GuestStore
+from licensectl.controllers.guests import GuestStore
+from licensectl.core.guest_report import evaluate, parse_report, render_report
 from licensectl.metrics import Metrics
-from licensectl.testkit.metrics_text import parse_metrics
+from licensectl_dev.testkit.metrics_text import parse_metrics
 
 NOW = dt.datetime(2026, 5, 1, 12, 0, 0, tzinfo=dt.UTC)
 

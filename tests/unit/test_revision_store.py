@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
+from licensectl.core.model import ObjectRef, RevisionStore, SourceSecret
+from licensectl.core.render import MAX_TOKEN_BYTES
+from licensectl.core.rotation import Decision, RotationPhase, RotationRecord, content_revision
 from licensectl.kube.revision_store import live_revision, slot_revision, slot_source, store_body, store_name
-from licensectl.model import ObjectRef, RevisionStore, SourceSecret
-from licensectl.render import MAX_TOKEN_BYTES
-from licensectl.rotation import Decision, RotationPhase, RotationRecord, content_revision
 
 KEY = "client_configuration_token.tok"
 REF = ObjectRef("hoster", "nls")

@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as hst
 
-from licensectl import model
-from licensectl.model import ObjectRef, ReplicaSecret, Vm, Vmi, frozen_map
-from licensectl.rollout import (
+from licensectl.core import model
+from licensectl.core.model import ObjectRef, ReplicaSecret, Vm, Vmi, frozen_map
+from licensectl.core.rollout import (
     GuestGate,
     PauseReason,
     Phase,
@@ -33,7 +33,7 @@ from licensectl.rollout import (
     needs_live_check,
     plan_rollout,
 )
-from licensectl.timecodec import annotation_time, to_epoch_us
+from licensectl.core.timecodec import annotation_time, to_epoch_us
 
 T0 = dt.datetime(2024, 5, 1, 12, 0, 0, tzinfo=dt.UTC)
 SRC = ObjectRef("licensectl-system", "nvidia-license")

@@ -14,10 +14,9 @@ from collections import Counter
 import pytest
 
 from licensectl.config import Settings
-from licensectl.guests import GuestStore
-from licensectl.kube.kubevirt import RestartResult
-from licensectl.metrics import Metrics
-from licensectl.model import (
+from licensectl.controllers.guests import GuestStore
+from licensectl.controllers.rollout_loop import RolloutController
+from licensectl.core.model import (
     ANN_CLASS,
     ANN_RESTART_REVISION,
     ANN_RESTART_VMI_UID,
@@ -33,10 +32,11 @@ from licensectl.model import (
     ReplicaSecret,
     SourceSecret,
 )
-from licensectl.rollout import Phase, VmiState
-from licensectl.rollout_controller import RolloutController
-from licensectl.testkit.memory import ManualClock, MemoryCaches, MemoryEvents, MemoryKubevirt
-from licensectl.timecodec import format_micro_time
+from licensectl.core.ports import RestartResult
+from licensectl.core.rollout import Phase, VmiState
+from licensectl.core.timecodec import format_micro_time
+from licensectl.metrics import Metrics
+from licensectl_dev.testkit.memory import ManualClock, MemoryCaches, MemoryEvents, MemoryKubevirt
 
 SRC = ObjectRef("licensectl-system", "vws-token")
 REPLICA = "license-vws"

@@ -14,13 +14,13 @@ from typing import Any
 
 from aiohttp import web
 
-from licensectl.actions import rollout_action_annotations, rollout_action_main
+from licensectl.cli.actions import rollout_action_annotations, rollout_action_main
 from licensectl.config import Settings
-from licensectl.model import ANN_ROLLOUT_PAUSED, ANN_ROLLOUT_RESUMED_AT, ObjectRef
-from licensectl.rollout import Phase, ReplicaRevision
-from licensectl.rollout_controller import rollout_started_at
-from licensectl.testkit.local_http import serve
-from licensectl.timecodec import parse_time
+from licensectl.controllers.rollout_loop import rollout_started_at
+from licensectl.core.model import ANN_ROLLOUT_PAUSED, ANN_ROLLOUT_RESUMED_AT, ObjectRef
+from licensectl.core.rollout import Phase, ReplicaRevision
+from licensectl.core.timecodec import parse_time
+from licensectl_dev.testkit.local_http import serve
 
 from .test_rollout_loop import REV, SRC, World, replica
 from .test_server_clock import SKEW, header, kubeconfig_for

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from licensectl.rollout_view import progress_line, rollout_exit
+from licensectl.core.rollout_view import progress_line, rollout_exit
 
 
 def src(phase: str, *, rotation: str | None = None, wave: int = 0, failed: int = 0) -> dict[str, Any]:

@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as hst
 
-from licensectl.guest_report import UNLICENSED_REASONS, GriddEventKind
-from licensectl.rotation import (
+from licensectl.core.guest_report import UNLICENSED_REASONS, GriddEventKind
+from licensectl.core.rotation import (
     ANN_ACTED_AT,
     ANN_CANARY,
     ANN_CANDIDATE,
@@ -48,7 +48,7 @@ from licensectl.rotation import (
     wave_members,
     wave_status,
 )
-from licensectl.timecodec import format_micro_time
+from licensectl.core.timecodec import format_micro_time
 
 T0 = dt.datetime(2024, 5, 1, 12, 0, 0, tzinfo=dt.UTC)
 S = content_revision(b"token-stable", None)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from licensectl import cli, config
+from licensectl import config
+from licensectl.cli import main as cli
 
 
 def test_run_help_renders_every_flag(capsys: pytest.CaptureFixture[str]) -> None:

@@ -21,7 +21,7 @@ from licensectl.kube import client as kclient
 from licensectl.kube.api import ApiException, CoreV1Api
 from licensectl.kube.raw import RawApi
 from licensectl.kube.server_clock import ServerClock
-from licensectl.testkit.local_http import serve
+from licensectl_dev.testkit.local_http import serve
 
 
 def header(epoch: float) -> str:

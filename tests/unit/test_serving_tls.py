@@ -7,7 +7,8 @@ import datetime as dt
 
 import pytest
 
-from licensectl import certs, model
+from licensectl.core import certs, model
+from licensectl.core.render import DesiredReplica, ReplicaAction, render_replica, replica_diff
 from licensectl.kube.serving_tls import (
     ANN_TLS,
     ca_bundle_patch,
@@ -15,7 +16,6 @@ from licensectl.kube.serving_tls import (
     serving_hosts,
     tls_secret_from,
 )
-from licensectl.render import DesiredReplica, ReplicaAction, render_replica, replica_diff
 
 from .test_render import NOW, VWS, observed, rendered, source
 

@@ -36,8 +36,8 @@ EXEMPT: dict[str, str] = {
     "licensectl.kube.events.EventRecorder.emit": (
         "client-go's Event(object, eventtype, reason, message) order; the ports.EventSink Protocol, "
         "its in-memory fake and every controller call site must change with it, in one step"),
-    "licensectl.ports.EventSink.emit": "the Protocol of EventRecorder.emit, same order",
-    "licensectl.testkit.memory.MemoryEvents.emit": "the in-memory EventSink, same order",
+    "licensectl.core.ports.EventSink.emit": "the Protocol of EventRecorder.emit, same order",
+    "licensectl_dev.testkit.memory.MemoryEvents.emit": "the in-memory EventSink, same order",
     "licensectl.kube.api.CustomObjectsApi.list_namespaced_custom_object": GENERATED_ORDER,
     "licensectl.kube.api.CustomObjectsApi.get_namespaced_custom_object": GENERATED_ORDER,
     "licensectl.kube.api.CustomObjectsApi.patch_namespaced_custom_object": GENERATED_ORDER,

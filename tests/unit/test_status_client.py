@@ -15,10 +15,8 @@ import pytest
 import yaml
 from aiohttp import web
 
-from licensectl.cli import _parser
-from licensectl.config import Settings
-from licensectl.kube.client import make_api_client
-from licensectl.status import (
+from licensectl.cli.main import _parser
+from licensectl.cli.status import (
     STATUS_SERVICE,
     STATUS_SERVICE_PORT,
     ControllerTarget,
@@ -27,7 +25,9 @@ from licensectl.status import (
     status_from_controller,
     status_table,
 )
-from licensectl.testkit.local_http import serve
+from licensectl.config import Settings
+from licensectl.kube.client import make_api_client
+from licensectl_dev.testkit.local_http import serve
 
 from .test_server_clock import kubeconfig_for
 

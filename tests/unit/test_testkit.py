@@ -13,10 +13,10 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
-from licensectl.testkit.controller import ControllerProcess
-from licensectl.testkit.metrics_text import Scrape, delta, delta_by_label, parse_metrics
-from licensectl.testkit.poll import EventuallyTimeout, eventually
-from licensectl.testkit.process import (
+from licensectl_dev.testkit.controller import ControllerProcess
+from licensectl_dev.testkit.metrics_text import Scrape, delta, delta_by_label, parse_metrics
+from licensectl_dev.testkit.poll import EventuallyTimeout, eventually
+from licensectl_dev.testkit.process import (
     REPO_ROOT,
     ManagedProcess,
     child_env,
@@ -24,7 +24,7 @@ from licensectl.testkit.process import (
     group_members,
     leaked_processes,
 )
-from licensectl.testkit.proxy import HOP_BY_HOP, LOOPBACK, ReverseProxy
+from licensectl_dev.testkit.proxy import HOP_BY_HOP, LOOPBACK, ReverseProxy
 
 
 def _running(pid: int) -> bool:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from licensectl.timecodec import (
+from licensectl.core.timecodec import (
     annotation_time,
     format_micro_time,
     format_time,

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from licensectl.tokeninfo import token_expiry, token_info
+from licensectl.core.tokeninfo import token_expiry, token_info
 
 EXP = 1_767_225_600  # 2026-01-01T00:00:00Z
 

@@ -1,0 +1,152 @@
+"""The `licensectl` command: run, status, rollout, keys, demo, config-reference.
+
+Subcommands import their machinery lazily so `licensectl --help` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import sys
+from collections.abc import Sequence
+
+from licensectl import __version__, config
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="licensectl",
+        description="NVIDIA vGPU license lifecycle for Cozystack + KubeVirt: replicate, rotate, observe.")
+    p.add_argument("--version", action="version", version=f"licensectl {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run the controller (in-cluster or with a kubeconfig)")
+    config.add_arguments(run)
+
+    status = sub.add_parser("status", help="sources, revisions, replicas, rollout and guests at a glance, "
+                                           "as the running controller decided them")
+    status.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    status.add_argument("--kubeconfig", default=None)
+    status.add_argument("--context", default=None)
+    _controller_arguments(status)
+
+    rollout = sub.add_parser("rollout", help="rollout status / pause / resume / retry / undo")
+    rsub = rollout.add_subparsers(dest="rollout_command", metavar="VERB", required=True)
+    rs = rsub.add_parser("status", help="print progress; exit 0 when complete, non-zero when paused/failed")
+    rs.add_argument("--watch", "-w", action="store_true")
+    rs.add_argument("--timeout", type=float, default=0.0, help="give up after this many seconds (0: never)")
+    _controller_arguments(rs)
+    helps = {"pause": "pause the rollout of a source Secret", "resume": "resume the rollout of a source Secret",
+             "retry": "start an aborted or undone candidate again from the canary",
+             "undo": "return every namespace to the stable revision (the candidate is bad)"}
+    for verb, text in helps.items():
+        v = rsub.add_parser(verb, help=text)
+        v.add_argument("source", help="NAMESPACE/NAME of the source Secret")
+    for r in rsub.choices.values():
+        r.add_argument("--kubeconfig", default=None)
+        r.add_argument("--context", default=None)
+    rs.add_argument("source", nargs="?", help="NAMESPACE/NAME of the source Secret (default: all)")
+
+    keys = sub.add_parser("keys", help="the guest-report signing key")
+    ksub = keys.add_subparsers(dest="keys_command", metavar="VERB", required=True)
+    kr = ksub.add_parser("rotate", help="new signing key; the previous one stays valid for the grace period")
+    kr.add_argument("--kubeconfig", default=None)
+    kr.add_argument("--context", default=None)
+    kr.add_argument("--namespace", default=None, help="licensectl's namespace (default: LICENSECTL_NAMESPACE)")
+
+    demo = sub.add_parser("demo", help="run a demo fleet on an embedded local control plane")
+    demo.add_argument("--duration", type=float, default=0.0,
+                      help="stop after this many seconds (0: run until Ctrl-C)")
+    demo.add_argument("--prometheus", action="store_true", help="also start a real Prometheus with the alerts")
+    demo.add_argument("--json", dest="json_out", default=None, help="write a JSON summary to this file")
+    demo.add_argument("--metrics-port", type=int, default=9108)
+
+    ref = sub.add_parser("config-reference", help="print the configuration reference (markdown)")
+    ref.add_argument("--format", choices=("markdown", "helm-values", "helm-schema"), default="markdown",
+                     help="markdown: the README table; helm-values / helm-schema: the chart's config block")
+    return p
+
+
+def _controller_arguments(p: argparse.ArgumentParser) -> None:
+    """How the read-only commands reach the controller's /v1/status (licensectl.cli.status; its
+    STATUS_SERVICE / STATUS_SERVICE_PORT are the defaults, kept out of here so --help stays instant)."""
+    p.add_argument("--namespace", default=None,
+                   help="licensectl's namespace (default: LICENSECTL_NAMESPACE, else licensectl-system)")
+    p.add_argument("--service", default=None,
+                   help="Service in front of the controller's internal listener (default: licensectl-metrics), "
+                        "reached through the API server's services/proxy")
+    p.add_argument("--service-port", default=None,
+                   help="port name or number of that Service (default: metrics)")
+    p.add_argument("--url", default=None,
+                   help="the controller's internal URL instead (e.g. http://127.0.0.1:8080 through "
+                        "`kubectl port-forward`)")
+    p.add_argument("--offline", action="store_true",
+                   help="do not ask the controller: recompute from the cluster with local defaults (no guests)")
+
+
+def _command_settings(args: argparse.Namespace) -> config.Settings:
+    """Settings from the environment, with the command's --kubeconfig/--context taking precedence."""
+    s = config.settings_from(None)
+    return dataclasses.replace(s, kubeconfig=getattr(args, "kubeconfig", None) or s.kubeconfig,
+                               context=getattr(args, "context", None) or s.context)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    if args.command == "config-reference":
+        if args.format == "helm-values":
+            print(config.reference_helm_values(), end="")
+        elif args.format == "helm-schema":
+            print(json.dumps(config.helm_values_schema(), indent=2))
+        else:
+            print(config.reference_markdown(), end="")
+        return 0
+    if args.command == "run":
+        try:
+            settings = config.settings_from(args)
+        except ValueError as e:
+            print(f"licensectl run: {e}", file=sys.stderr)
+            return 2
+        from licensectl.app import run
+
+        return asyncio.run(run(settings))
+    if args.command in ("status", "rollout", "keys"):
+        from licensectl import logs
+
+        logs.configure("console", "warning")  # stdout is for the command's output
+    if args.command == "status":
+        from licensectl.cli.status import status_main
+
+        return asyncio.run(status_main(args, _command_settings(args)))
+    if args.command == "rollout" and args.rollout_command == "status":
+        from licensectl.cli.status import rollout_status_main
+
+        return asyncio.run(rollout_status_main(args, _command_settings(args)))
+    if args.command == "rollout":  # pause | resume | retry | undo
+        from licensectl.cli.actions import rollout_action_main
+
+        return asyncio.run(rollout_action_main(args, _command_settings(args)))
+    if args.command == "keys":
+        from licensectl.cli.actions import keys_rotate_main
+
+        return asyncio.run(keys_rotate_main(args, _command_settings(args)))
+    if args.command == "demo":
+        try:
+            from licensectl_dev.demo import demo_main
+        except ImportError:
+            print("licensectl demo: the demo needs a licensectl checkout (it is not installed with the controller); "
+                  "run `make demo` there", file=sys.stderr)
+            return 2
+        return demo_main(args)
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

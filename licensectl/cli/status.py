@@ -1,0 +1,493 @@
+"""`licensectl status` and `licensectl rollout status`: read-only views of what the controller decided.
+
+The source of truth is the running controller's own `GET /v1/status`: it holds the deployed settings,
+the guest reports and the rollout's guest evidence, none of which a workstation can reconstruct. The
+CLI reaches it through the Kubernetes API service proxy (`services/proxy` on the metrics Service in
+licensectl's namespace; the caller needs `get` on `services/proxy` there) or a direct `--url` (e.g. a
+`kubectl port-forward`). The apiserver picks a random ready endpoint per proxied request, so with
+two replicas the CLI asks again until the leader answers (only it holds guest states).
+
+Only when the controller cannot be reached does the CLI recompute the state offline (one paged
+LIST per resource, the same pure planners, this workstation's defaults, no guest states), and it
+says so in its output. The commands that write (rollout pause/resume, keys rotate) live in
+`licensectl.cli.actions`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime as dt
+import json
+import sys
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+
+from licensectl import config, logs
+from licensectl.controllers.settings import rollout_settings, tenant_settings
+from licensectl.core.credentials import keyring_from_secret_data
+from licensectl.core.delivery import DeliveryView, wanted_volumes
+from licensectl.core.model import (
+    MANAGED_BY_LABEL,
+    MANAGED_BY_VALUE,
+    ObjectRef,
+    SourceSecret,
+)
+from licensectl.core.replication import ReplicationInputs, ReplicationPlan, plan_replication
+from licensectl.core.rollout import (
+    ReplicaRevision,
+    RolloutPlan,
+    SourceControl,
+    plan_rollout,
+)
+from licensectl.core.rollout_view import progress_line, rollout_exit, rollout_json
+from licensectl.kube import contract, projections
+from licensectl.kube.api import AnyClient, ApiException, CoreV1Api, CustomObjectsApi, as_kube
+from licensectl.kube.caches import Caches
+from licensectl.kube.client import make_api_client, request_tracing
+from licensectl.kube.raw import RawApi, checked
+from licensectl.kube.server_clock import ServerClock
+from licensectl.kube.signing_key import SECRET_NAME
+
+log = logs.get(__name__)
+
+Projection = Callable[[Mapping[str, Any]], Any]
+
+# The Service (manifests/base/services.yaml, the chart's templates/services.yaml) in front of every
+# replica's internal listener, and its port name.
+STATUS_SERVICE = "licensectl-metrics"
+STATUS_SERVICE_PORT = "metrics"
+STATUS_PATH = "/v1/status"
+# Proxied requests land on a random ready endpoint: ask this often before settling for a standby.
+LEADER_ATTEMPTS = 8
+HTTP_TIMEOUT = 10.0
+# `rollout status --watch` polls one small document (or an in-memory watch cache) this often.
+WATCH_INTERVAL = 1.0
+SYNC_TIMEOUT = 60.0
+
+
+class ControllerUnreachable(Exception):
+    """The controller's /v1/status could not be read; the message says why (never a credential)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerTarget:
+    """Where the controller's internal listener is: a direct URL, or a Service behind the API proxy."""
+
+    url: str | None = None
+    namespace: str = "licensectl-system"
+    service: str = STATUS_SERVICE
+    port: str = STATUS_SERVICE_PORT
+
+    def proxy_path(self, path: str = STATUS_PATH) -> str:
+        """The apiserver path that proxies `path` to the Service (`services/proxy` subresource)."""
+        return (f"/api/v1/namespaces/{quote(self.namespace, safe='')}/services/"
+                f"{quote(self.service, safe='')}:{quote(self.port, safe='')}/proxy{path}")
+
+    def describe(self) -> str:
+        return self.url or f"service {self.namespace}/{self.service}:{self.port} via the API server proxy"
+
+
+async def list_all(call: Callable[..., Any], projection: Projection, **kw: Any) -> list[Any]:
+    """Every object of a paged LIST, projected; raises on any failed page (never a partial view)."""
+    out: list[Any] = []
+    token: str | None = None
+    while True:
+        args = dict(kw, limit=500)
+        if token:
+            args["_continue"] = token
+        doc = await checked(call(**args, _preload_content=False))
+        for item in doc.get("items") or []:
+            p = projection(item)
+            if p is not None:
+                out.append(p)
+        token = (doc.get("metadata") or {}).get("continue") or None
+        if not token:
+            return out
+
+
+@dataclass
+class ClusterView:
+    replication: ReplicationPlan
+    rollout: RolloutPlan
+    sources: dict[ObjectRef, SourceSecret | None]
+    now: dt.datetime
+
+
+async def read_cluster(api: AnyClient, settings: config.Settings, now: dt.datetime | None = None) -> ClusterView:
+    core, custom = CoreV1Api(api), CustomObjectsApi(api)
+    now = now or dt.datetime.now(dt.UTC)
+    namespaces = await list_all(core.list_namespace, projections.namespace_from)
+    classes = await list_all(contract.gpu_class_lister(custom, settings), projections.gpu_class_from)
+    claims = await list_all(contract.gpu_claim_lister(custom, settings), projections.gpu_claim_from)
+    replicas = await list_all(core.list_secret_for_all_namespaces, projections.replica_secret_from,
+                              label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}")
+    vms = await list_all(contract.vm_lister(custom), projections.vm_from)
+    vmis = await list_all(contract.vmi_lister(custom), projections.vmi_from)
+    sources: dict[ObjectRef, SourceSecret | None] = {}
+    for c in classes:
+        ref = c.secret_ref
+        if c.mode != "vgpu" or ref is None or ref in sources:
+            continue
+        found = await list_all(lambda ns=ref.namespace, **kw: core.list_namespaced_secret(ns, **kw),
+                               projections.source_secret_from, field_selector=f"metadata.name={ref.name}")
+        sources[ref] = found[0] if found else None
+    ring = None
+    try:
+        key = await RawApi(core).read_namespaced_secret(SECRET_NAME, settings.namespace)
+        ring = keyring_from_secret_data({k: base64.b64decode(v) for k, v in (key.get("data") or {}).items()})
+    except (ApiException, ValueError):
+        ring = None
+    # The CA bundle replicas carry (kube/serving_tls.py), so replicas written with it compare in sync.
+    report_ca = b""
+    if not settings.reports_plain_http:
+        try:
+            tls = await RawApi(core).read_namespaced_secret(settings.tls_secret, settings.namespace)
+            report_ca = base64.b64decode((tls.get("data") or {}).get("ca.crt") or "")
+        except (ApiException, ValueError):
+            report_ca = b""
+    replication = plan_replication(ReplicationInputs(
+        namespaces={n.name: n for n in namespaces}, classes={c.name: c for c in classes}, claims=claims,
+        sources=sources, replicas={(r.namespace, r.name): r for r in replicas}, conflicts=frozenset(),
+        credential_for=(lambda ns: ring.credential(ns)) if ring else (lambda ns: ""),
+        report_url=config.report_url_for(settings), token_key=settings.token_key,
+        tenant=tenant_settings(settings), now=now, report_ca=report_ca))
+    view = DeliveryView(claims={(c.namespace, c.name): c for c in claims}, classes={("", c.name): c for c in classes},
+                        entitled=replication.entitlement.entitled if replication.entitlement else {},
+                        replicas={(r.namespace, r.name): r for r in replicas})
+    wanted = wanted_volumes(vmis, view)
+    rollout = plan_rollout(
+        replicas=[r for r in (ReplicaRevision.from_secret(s) for s in replicas) if r], vmis=vmis, vms=vms,
+        guests={}, sources={ref: SourceControl.from_annotations(s.annotations) for ref, s in sources.items() if s},
+        settings=rollout_settings(settings), now=now, wanted=wanted)
+    return ClusterView(replication, rollout, sources, now)
+
+
+# -- the controller's view ---------------------------------------------------------------------------
+def _proxy_error(e: ApiException, target: ControllerTarget) -> str:
+    if e.status == 403:
+        return (f"HTTP 403 from the API server: this user may not get services/proxy in {target.namespace} "
+                f"(see docs/operations.md#status-from-the-controller)")
+    if e.status == 404:
+        return f"HTTP 404: no Service {target.namespace}/{target.service} with port {target.port}"
+    if e.status == 503:
+        return f"HTTP 503: no ready endpoint of Service {target.namespace}/{target.service} answered"
+    return f"HTTP {e.status} {e.reason} from {target.describe()}"
+
+
+async def _get_once(api: AnyClient | None, target: ControllerTarget) -> dict[str, Any]:
+    if target.url:
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=HTTP_TIMEOUT)) as http, \
+                    http.get(target.url.rstrip("/") + STATUS_PATH) as resp:
+                if resp.status != 200:
+                    raise ControllerUnreachable(f"HTTP {resp.status} from {target.url}")
+                doc = await resp.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+            raise ControllerUnreachable(f"{type(e).__name__} from {target.url}") from None
+    else:
+        if api is None:
+            raise ControllerUnreachable("no API client for the service proxy")
+        try:
+            doc = await checked(as_kube(api).request("GET", target.proxy_path(), request_timeout=HTTP_TIMEOUT))
+        except ApiException as e:
+            raise ControllerUnreachable(_proxy_error(e, target)) from None
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise ControllerUnreachable(f"{type(e).__name__} reaching the API server") from None
+    if not isinstance(doc, dict) or "replication" not in doc:
+        raise ControllerUnreachable(f"{target.describe()} did not answer with a licensectl status document")
+    return doc
+
+
+async def fetch_controller_status(api: AnyClient | None, target: ControllerTarget, *,
+                                  attempts: int = LEADER_ATTEMPTS) -> dict[str, Any]:
+    """The controller's own /v1/status, from the leader when one answers within `attempts` tries.
+
+    A direct URL names one process: its answer is taken as is. Through the Service, a standby's
+    answer (it has no guest reports) is only kept if no leader answers at all.
+    """
+    doc = await _get_once(api, target)
+    tries = 1
+    while not target.url and not doc.get("leader") and tries < attempts:
+        again = await _get_once(api, target)
+        tries += 1
+        if again.get("leader"):
+            return again
+    return doc
+
+
+def status_from_controller(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """`licensectl status` JSON from the controller's /v1/status (pure): the same keys as the offline
+    view, plus where it came from."""
+    repl = doc.get("replication") or {}
+    entitled = repl.get("entitled") or []
+    per_class: dict[str, str] = {}
+    counts: dict[str, int] = {}
+    for e in entitled:
+        per_class.setdefault(e["class"], e["source"])
+        counts[e["class"]] = counts.get(e["class"], 0) + 1
+    srcs = repl.get("sources") or {}
+    guests = doc.get("guests")
+    return {
+        "from": "controller",
+        "controller": {"identity": doc.get("identity"), "leader": bool(doc.get("leader")),
+                       "version": doc.get("version"), "ready": bool(doc.get("ready"))},
+        "sources": [{
+            "class": cls, "source": src, "valid": bool((srcs.get(cls) or {}).get("valid")),
+            "revision": (srcs.get(cls) or {}).get("revision"),
+            "problem": (srcs.get(cls) or {}).get("message"),
+            "entitled_namespaces": counts[cls],
+        } for cls, src in sorted(per_class.items())],
+        "replicas": dict(repl.get("replica_counts") or {}),
+        "tenant_problems": list(repl.get("tenant_problems") or []),
+        "rollouts": dict((doc.get("rollout") or {}).get("sources") or {}),
+        "rotations": dict(doc.get("rotation") or {}),
+        "guests": guests if doc.get("leader") else None,
+    }
+
+
+# -- rendering ------------------------------------------------------------------------------------
+def status_json(view: ClusterView, guests: Mapping[str, Any] | None) -> dict[str, Any]:
+    """`licensectl status` JSON recomputed from a cluster read: the offline fallback."""
+    rep = view.replication
+    ent = rep.entitlement.entitled if rep.entitlement else {}
+    return {
+        "sources": [{
+            "class": cls, "source": str(lic_src), "valid": cls in rep.licenses,
+            "revision": rep.licenses[cls].revision[:12] if cls in rep.licenses else None,
+            "problem": rep.source_problems[cls].message if cls in rep.source_problems else None,
+            "entitled_namespaces": sum(1 for (_, c) in ent if c == cls),
+        } for cls, lic_src in sorted({c: r for (_, c), r in ent.items()}.items())],
+        "replicas": dict(rep.state_counts()),
+        "tenant_problems": [{"kind": p.kind.value, "object": str(p.ref), "message": p.message}
+                            for p in rep.tenant_problems],
+        "rollouts": {str(ref): rollout_json(st) for ref, st in sorted(view.rollout.sources.items(),
+                                                                       key=lambda kv: str(kv[0]))},
+        "guests": guests,
+    }
+
+
+def table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+
+
+def _origin(doc: Mapping[str, Any]) -> list[str]:
+    if doc.get("from") == "controller":
+        c = doc.get("controller") or {}
+        role = "leader" if c.get("leader") else "STANDBY (no guest states; the leader did not answer)"
+        return [f"FROM CONTROLLER {c.get('identity') or '?'} ({role}, licensectl {c.get('version') or '?'})", ""]
+    if doc.get("from") == "offline":
+        return [f"OFFLINE RECOMPUTATION from the cluster with this workstation's defaults, not the deployed "
+                f"settings; no guest states. Controller unreachable: {doc.get('offline_reason') or 'not asked'}",
+                ""]
+    return []
+
+
+def _wave_label(r: Mapping[str, Any]) -> str:
+    """The running wave of a rotation; "-" when none runs (stable, promoted, aborted, undone)."""
+    if r.get("phase") not in ("canary", "promoting") or r.get("wave") is None:
+        return "-"
+    return "canary" if r["wave"] == 0 else f"step {r['wave']}"
+
+
+def status_table(doc: Mapping[str, Any]) -> str:
+    out = [*_origin(doc), "SOURCES"]
+    rows = [["CLASS", "SOURCE", "VALID", "REVISION", "ENTITLED NAMESPACES", "PROBLEM"]]
+    rows += [[s["class"], s["source"], "yes" if s["valid"] else "NO", s["revision"] or "-",
+              str(s["entitled_namespaces"]), s["problem"] or ""] for s in doc["sources"]]
+    out += [table(rows), "", "REPLICAS  " + "  ".join(f"{k}={v}" for k, v in doc["replicas"].items()), ""]
+    rows = [["SOURCE", "PHASE", "REVISION", "CURRENT", "STALE", "RESTARTING", "FAILED", "BLOCKED", "MANUAL"]]
+    rows += [[src, r["phase"], r["revision"] or "-", f"{r['current']}/{r['affected']}", str(r["stale"]),
+              str(r["restarting"]), str(r["failed"]), str(r["blocked"]),
+              f"{r['manual']}" + (f" ({r['overdue']} overdue)" if r["overdue"] else "")]
+             for src, r in doc["rollouts"].items()]
+    out += ["ROLLOUTS", table(rows), ""]
+    if doc.get("rotations"):  # safe rotation (docs/design.md#safe-rotation); the offline view has none
+        rows = [["SOURCE", "ROTATION", "WAVE", "STABLE", "CANDIDATE", "CANARY", "REASON"]]
+        rows += [[src, r["phase"], _wave_label(r),
+                  r.get("stable") or "-", r.get("candidate") or "-", ",".join(r.get("canary") or []) or "-",
+                  r.get("reason") or ""] for src, r in sorted(doc["rotations"].items())]
+        out += ["ROTATIONS", table(rows), ""]
+    g = doc.get("guests")
+    if g is None:
+        out.append("GUESTS  (only the controller's leader knows guest license states)")
+    else:
+        out.append("GUESTS  " + "  ".join(f"{k}={v}" for k, v in g.get("counts", {}).items()))
+        rows = [["NAMESPACE", "VMI", "STATE", "PRODUCT", "EXPIRY", "TOKEN CURRENT"]]
+        rows += [[x["namespace"], x["vmi"], x["state"], x.get("product") or "-", x.get("expiry") or "-",
+                  {True: "yes", False: "NO", None: "-"}[x.get("token_current")]] for x in g.get("list", [])]
+        out.append(table(rows))
+    if doc["tenant_problems"]:
+        out += ["", "TENANT PROBLEMS"] + [f"  {p['kind']}: {p['message']}" for p in doc["tenant_problems"]]
+    return "\n".join(out) + "\n"
+
+
+def target_from(args: Any, settings: config.Settings) -> ControllerTarget:
+    return ControllerTarget(url=getattr(args, "url", None) or None,
+                            namespace=getattr(args, "namespace", None) or settings.namespace,
+                            service=getattr(args, "service", None) or STATUS_SERVICE,
+                            port=getattr(args, "service_port", None) or STATUS_SERVICE_PORT)
+
+
+async def status_main(args: Any, settings: config.Settings) -> int:
+    target = target_from(args, settings)
+    direct = bool(target.url)
+    clock = ServerClock()
+    api = None if direct and not args.offline else await make_api_client(
+        settings, trace_configs=[request_tracing(clock=clock)])
+    try:
+        doc: dict[str, Any] | None = None
+        reason = "--offline given"
+        if not args.offline:
+            try:
+                doc = status_from_controller(await fetch_controller_status(api, target))
+            except ControllerUnreachable as e:
+                reason = str(e)
+                if direct:
+                    print(f"licensectl status: {reason}", file=sys.stderr)
+                    return 1
+                log.warning("controller unreachable, recomputing offline", reason=reason)
+        if doc is None:
+            assert api is not None
+            try:
+                doc = status_json(await read_cluster(api, settings, now=clock.now()), None)
+            except ApiException as e:
+                print(f"licensectl status: controller unreachable ({reason}), and the offline recomputation "
+                      f"failed too: HTTP {e.status} {e.reason}", file=sys.stderr)
+                return 1
+            doc["from"], doc["offline_reason"] = "offline", reason
+    finally:
+        if api is not None:
+            await api.close()
+    sys.stdout.write(json.dumps(doc, indent=2) + "\n" if args.output == "json" else status_table(doc))
+    return 0
+
+
+# -- rollout --------------------------------------------------------------------------------------
+class WatchedCluster:
+    """The offline fallback of `rollout status --watch`: one LIST per resource, then watches.
+
+    Re-listing the whole cluster every second would load the apiserver like a controller per
+    hoster terminal; informers keep the view current from watch events instead.
+    """
+
+    def __init__(self, api: AnyClient, settings: config.Settings, clock: Callable[[], dt.datetime]) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.caches = Caches(api, settings, on_change=lambda _kind: None)
+
+    async def start(self) -> None:
+        c = self.caches
+        c.start()
+        try:
+            async with asyncio.timeout(SYNC_TIMEOUT):
+                while True:
+                    if c.core_synced() and c.kubevirt_healthy():
+                        c.ensure_sources(self._wanted_sources())
+                        if len(c.source_states()) == len(c.sources):
+                            return
+                    await asyncio.sleep(0.1)
+        except TimeoutError:
+            raise ControllerUnreachable(f"the cluster's caches did not sync within {SYNC_TIMEOUT:g} s") from None
+
+    def _wanted_sources(self) -> set[ObjectRef]:
+        return {gc.secret_ref for gc in self.caches.classes.snapshot().values()
+                if gc.mode == "vgpu" and gc.secret_ref is not None}
+
+    def rollouts(self) -> dict[str, Any]:
+        c = self.caches
+        c.ensure_sources(self._wanted_sources())
+        assert c.vms is not None and c.vmis is not None
+        replicas = [r for r in (ReplicaRevision.from_secret(s) for s in c.replicas.cache.values()) if r]
+        plan = plan_rollout(
+            replicas=replicas, vmis=list(c.vmis.snapshot().values()), vms=list(c.vms.snapshot().values()),
+            guests={}, sources={ref: SourceControl.from_annotations(s.annotations)
+                                for ref, s in c.source_states().items() if s is not None},
+            settings=rollout_settings(self.settings), now=self.clock())
+        return {str(ref): rollout_json(st) for ref, st in plan.sources.items()}
+
+    async def stop(self) -> None:
+        await self.caches.stop()
+
+
+async def rollout_status_main(args: Any, settings: config.Settings) -> int:
+    target = target_from(args, settings)
+    clock = ServerClock()
+    api = None if target.url else await make_api_client(settings, trace_configs=[request_tracing(clock=clock)])
+    watched: WatchedCluster | None = None
+    try:
+        reason = "--offline given" if args.offline else ""
+        controller = not args.offline
+        if controller:
+            try:
+                await fetch_controller_status(api, target)
+            except ControllerUnreachable as e:
+                if target.url:
+                    print(f"licensectl rollout status: {e}", file=sys.stderr)
+                    return 1
+                controller, reason = False, str(e)
+        if not controller:
+            assert api is not None
+            print(f"OFFLINE RECOMPUTATION with this workstation's defaults and no guest evidence "
+                  f"(controller unreachable: {reason})", file=sys.stderr)
+            if args.watch:
+                watched = WatchedCluster(api, settings, clock.now)
+                await watched.start()
+
+        async def rollouts() -> dict[str, Any]:
+            if controller:  # the controller's own view, including guest evidence for the done gate
+                doc = await fetch_controller_status(api, target)
+                rotation = doc.get("rotation") or {}
+                return {src: {**r, "rotation": rotation.get(src)}
+                        for src, r in ((doc.get("rollout") or {}).get("sources") or {}).items()}
+            if watched is not None:
+                return watched.rollouts()
+            assert api is not None
+            view = await read_cluster(api, settings, now=clock.now())
+            return {str(ref): rollout_json(st) for ref, st in view.rollout.sources.items()}
+
+        return await _rollout_status(args, rollouts)
+    finally:
+        if watched is not None:
+            await watched.stop()
+        if api is not None:
+            await api.close()
+
+
+async def _rollout_status(args: Any, rollouts: Callable[[], Awaitable[dict[str, Any]]]) -> int:
+    tty = sys.stdout.isatty()
+    deadline = time.monotonic() + args.timeout if args.timeout else None
+    last = ""
+    while True:
+        try:
+            all_rollouts = await rollouts()
+        except ControllerUnreachable as e:  # e.g. the leader is being replaced: try again next tick
+            print(f"controller unreachable: {e}", file=sys.stderr)
+            all_rollouts = None
+        if all_rollouts is not None:
+            found = {src: r for src, r in all_rollouts.items() if not args.source or src == args.source}
+            if args.source and not found:
+                print(f"no rollout found for source {args.source}", file=sys.stderr)
+                return 1
+            lines = "\n".join(progress_line(src, r, tty) for src, r in sorted(found.items()))
+            if lines != last:
+                print(("\r" if tty and "\n" not in lines else "") + lines, flush=True)
+                last = lines
+            code = rollout_exit(found)
+            if code is not None:
+                for src, r in sorted(found.items()):
+                    if r["message"]:
+                        print(f"{src}: {r['message']}")
+                return code
+        if not args.watch:
+            return 3 if all_rollouts is not None else 1  # 3: still in progress (kubectl rollout status)
+        if deadline is not None and time.monotonic() > deadline:
+            print("timed out waiting for the rollout", file=sys.stderr)
+            return 2
+        await asyncio.sleep(WATCH_INTERVAL)

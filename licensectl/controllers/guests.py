@@ -1,0 +1,163 @@
+"""What guests last reported, and the metrics and rollout evidence derived from it.
+
+Guest state is observation, not decision state: after a restart the store is empty and fills again
+within one report interval. A guest silent for three intervals becomes `unknown`; a guest whose
+VMI is gone disappears (series included) — both judged at read time with the clock passed in.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from licensectl.core.guest_report import REASON_LEASE_EXPIRED, REASON_UNKNOWN, GuestState, LicenseState, wrong_product
+from licensectl.core.rollout import GuestGate
+from licensectl.metrics import GaugeSample
+
+STATES: tuple[str, ...] = tuple(s.value for s in LicenseState)
+MISSED_INTERVALS = 3
+# States in which a guest holds no usable license and gets an unlicensed reason.
+NO_LICENSE_STATES: frozenset[str] = frozenset({LicenseState.UNLICENSED.value, LicenseState.RESTRICTED.value,
+                                               LicenseState.GRACE.value, LicenseState.EXPIRED.value})
+
+
+@dataclass(frozen=True, slots=True)
+class GuestView:
+    namespace: str
+    vmi: str
+    state: str  # LicenseState value, after staleness and expiry are applied
+    report: GuestState | None  # None: an affected VMI that never reported
+    wrong_product: bool | None = None  # holds another product than its class implies; None: cannot tell
+
+    @property
+    def reason(self) -> str | None:
+        """gridd's reason (one of guest_report.UNLICENSED_REASONS) while the guest holds no license."""
+        if self.state not in NO_LICENSE_STATES:
+            return None
+        if self.state == LicenseState.EXPIRED.value:
+            return REASON_LEASE_EXPIRED
+        return (self.report.reason if self.report else None) or REASON_UNKNOWN
+
+
+def effective_state(g: GuestState, now: dt.datetime, interval_seconds: float) -> str:
+    if (now - g.reported_at).total_seconds() > MISSED_INTERVALS * interval_seconds:
+        return LicenseState.UNKNOWN.value
+    if g.state is LicenseState.LICENSED and g.expiry is not None and g.expiry < now:
+        return LicenseState.EXPIRED.value
+    return g.state.value
+
+
+class GuestStore:
+    def __init__(self, interval_seconds: float, max_guests: int = 200_000) -> None:
+        self.interval_seconds = interval_seconds
+        self.max_guests = max_guests
+        self._states: dict[tuple[str, str], GuestState] = {}
+        self._feature_types: dict[tuple[str, str], int | None] = {}
+        # When this replica started receiving reports (became leader, or runs alone); None while a
+        # standby. Silence is judged from here, not from process start: a replica that just took
+        # over has heard from nobody yet and must not call the whole fleet "not reporting".
+        self.receiving_since: dt.datetime | None = None
+
+    def start_receiving(self, now: dt.datetime) -> None:
+        """Reports now come to this replica (the reports Service selects the leader's pod)."""
+        if self.receiving_since is None:
+            self.receiving_since = now
+
+    def stop_receiving(self) -> None:
+        """A standby gets no reports: forget what it heard, or a later term would show old states."""
+        self.receiving_since = None
+        self._states.clear()
+        self._feature_types.clear()
+
+    def awaiting_first_report(self, now: dt.datetime) -> bool:
+        """True while a guest that never reported to this replica may still be within its chance."""
+        since = self.receiving_since
+        return since is None or (now - since).total_seconds() <= MISSED_INTERVALS * self.interval_seconds
+
+    def record(self, namespace: str, vmi: str, state: GuestState, *, feature_type: int | None = None) -> None:
+        """Keep the latest report; `feature_type` is the FeatureType of the class whose replica the
+        VMI mounts (None: unknown), what the held product is checked against."""
+        if len(self._states) >= self.max_guests and (namespace, vmi) not in self._states:
+            return  # bounded: the VMI cache caps real guests far below this
+        self._states[(namespace, vmi)] = state
+        self._feature_types[(namespace, vmi)] = feature_type
+
+    def prune(self, live: Iterable[tuple[str, str]]) -> None:
+        keep = set(live)
+        for key in [k for k in self._states if k not in keep]:
+            del self._states[key]
+            self._feature_types.pop(key, None)
+
+    def get(self, namespace: str, vmi: str) -> GuestState | None:
+        return self._states.get((namespace, vmi))
+
+    def views(self, now: dt.datetime, live: Iterable[tuple[str, str]] | None = None) -> list[GuestView]:
+        """One view per guest; with `live` (the VMIs that carry a license volume) exactly those,
+        silent ones as unknown, so a guest that never reports is visible too -- but only once it
+        had its chance: a guest that has not reported since this replica started receiving is left
+        out (not judged) for MISSED_INTERVALS intervals, the same patience a reporting guest gets."""
+        keys = sorted(self._states) if live is None else sorted(set(live))
+        patient = self.awaiting_first_report(now)
+        out: list[GuestView] = []
+        for ns, vmi in keys:
+            g = self._states.get((ns, vmi))
+            if g is None and patient:
+                continue
+            state = LicenseState.UNKNOWN.value if g is None else effective_state(g, now, self.interval_seconds)
+            wrong = None
+            if g is not None and state != LicenseState.UNKNOWN.value:
+                wrong = wrong_product(g.product, self._feature_types.get((ns, vmi)))
+            out.append(GuestView(ns, vmi, state, g, wrong))
+        return out
+
+    def gates(self, token_sha_for: Callable[[str, str], str | None] | None = None
+              ) -> Mapping[tuple[str, str], GuestGate]:
+        """Rollout evidence: licensed + token current, with the report time.
+
+        With `token_sha_for` (what the VMI's replica holds *now*), "current" is judged when the plan is
+        made, not when the report came: a report judged against a replica the cache had not yet seen
+        rewritten would otherwise pass for evidence of the new token (docs/design.md#safe-rotation)."""
+        def current(k: tuple[str, str], g: GuestState) -> bool:
+            if token_sha_for is None:
+                return g.token_current
+            return g.token_sha256 is not None and g.token_sha256 == token_sha_for(*k)
+
+        return {k: GuestGate(licensed=g.state is LicenseState.LICENSED, token_sha256_current=current(k, g),
+                             reported_at=g.reported_at) for k, g in self._states.items()}
+
+    def samples(self, now: dt.datetime, live: Iterable[tuple[str, str]] | None = None, *,
+                tenant_of: Callable[[str], str] | None = None, per_vmi: bool = True) -> Iterable[GaugeSample]:
+        """Per-VMI series (docs/operations.md#metrics-cardinality) plus the per-tenant aggregate
+        `guests{state, tenant}`. `tenant_of` maps a namespace to its Cozystack tenant label (the
+        customer: see `entitlement.customer_tenant`); `per_vmi=False` keeps only the aggregate."""
+        agg: Counter[tuple[str, str]] = Counter()
+        tenants: dict[str, str] = {}
+        for v in self.views(now, live):
+            tenant = tenants.get(v.namespace)
+            if tenant is None:
+                tenant = tenants[v.namespace] = tenant_of(v.namespace) if tenant_of else v.namespace
+            agg[(v.state, tenant)] += 1
+            if not per_vmi:
+                continue
+            base = (("namespace", v.namespace), ("vmi", v.vmi), ("tenant", tenant))
+            for s in STATES:
+                yield GaugeSample("guest_license_state", (*base, ("state", s)), 1.0 if s == v.state else 0.0)
+            r = v.report
+            if r is not None:
+                if r.expiry is not None:
+                    yield GaugeSample("guest_license_expiry_timestamp_seconds", base, r.expiry.timestamp())
+                yield GaugeSample("guest_last_report_timestamp_seconds", base, r.reported_at.timestamp())
+                yield GaugeSample("guest_token_current", base, 1.0 if r.token_current else 0.0)
+                yield GaugeSample("guest_clock_skew_seconds", base, r.clock_skew_seconds)
+            if v.reason is not None:
+                yield GaugeSample("guest_unlicensed_reason", (*base, ("reason", v.reason)), 1.0)
+            if v.wrong_product is not None:
+                yield GaugeSample("guest_wrong_product", base, 1.0 if v.wrong_product else 0.0)
+        for (state, tenant), n in sorted(agg.items()):
+            yield GaugeSample("guests", (("state", state), ("tenant", tenant)), float(n))
+
+    def counts(self, now: dt.datetime, live: Iterable[tuple[str, str]] | None = None) -> dict[str, int]:
+        c = Counter(v.state for v in self.views(now, live))
+        return {s: c.get(s, 0) for s in STATES}

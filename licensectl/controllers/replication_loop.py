@@ -1,0 +1,446 @@
+"""The replication reconcile: observe caches -> plan (pure) -> act -> report.
+
+Level-based like controller-runtime: every pass looks at the whole picture, so a missed event,
+a crash or a duplicate trigger cannot leave a wrong state behind. Deletions happen only when every
+input cache completed a full LIST and is healthy, and never faster than the configured cap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from licensectl import config, logs
+from licensectl.controllers.settings import rotation_settings, tenant_settings
+from licensectl.core import tokeninfo
+from licensectl.core.model import ANN_REVISION, ANN_SOURCE_NAME, ANN_SOURCE_NAMESPACE, ObjectRef, ReplicaSecret
+from licensectl.core.ports import (
+    EventSink,
+    InvolvedObject,
+    MonotonicClock,
+    ObservedMeta,
+    ReplicationCaches,
+    ReplicaWriter,
+    SecretBody,
+    WallClock,
+    WriteResult,
+)
+from licensectl.core.render import DesiredReplica, SourceProblem
+from licensectl.core.replication import ReplicationInputs, ReplicationPlan, SourceRevisions, plan_replication
+from licensectl.metrics import GaugeSample, Metrics
+
+log = logs.get(__name__)
+
+CONFLICT_RECHECK_SECONDS = 60.0
+
+
+class DeletionBudget:
+    """At most `per_minute` deletions in any sliding 60 s window (in memory: a rate, not state)."""
+
+    def __init__(self, per_minute: int) -> None:
+        self.per_minute = per_minute
+        self._times: deque[float] = deque()
+
+    def take(self, wanted: int, now: float) -> int:
+        while self._times and now - self._times[0] >= 60.0:
+            self._times.popleft()
+        allowed = max(0, min(wanted, self.per_minute - len(self._times)))
+        self._times.extend([now] * allowed)
+        return allowed
+
+    def settle(self, count: int, now: float) -> None:
+        """Re-stamp the newest `count` deletions with `now`, once they have been carried out.
+
+        A large batch admitted at t can take tens of seconds to execute; counting it from its
+        completion keeps the deletions actually made within the cap in any 60 s window."""
+        for i in range(max(0, len(self._times) - count), len(self._times)):
+            self._times[i] = max(self._times[i], now)
+
+    def next_free(self, now: float) -> float:
+        """Seconds until the window admits another deletion."""
+        if len(self._times) < self.per_minute or not self._times:
+            return 0.0
+        return max(0.0, 60.0 - (now - self._times[0]))
+
+
+def namespace_object(name: str, uid: str = "") -> InvolvedObject:
+    """Events about a Namespace live in that namespace, so tenants' `kubectl get events` shows them."""
+    return InvolvedObject("v1", "Namespace", name, name, uid)
+
+
+def secret_object(namespace: str, name: str, uid: str = "") -> InvolvedObject:
+    return InvolvedObject("v1", "Secret", namespace, name, uid)
+
+
+@dataclass
+class ReplicationStatus:
+    """What the last pass saw and did; feeds metrics and `licensectl status`."""
+
+    plan: ReplicationPlan | None = None
+    deferred_deletions: int = 0
+    # Names held by foreign Secrets -> when that was last seen (monotonic). Foreign Secrets are not
+    # watched (only licensectl's own are), so a conflict is re-checked by a write attempt after
+    # CONFLICT_RECHECK_SECONDS: once the tenant removes the Secret, the replica appears.
+    conflicts: dict[tuple[str, str], float] = field(default_factory=dict)
+    token_expiry: dict[ObjectRef, dt.datetime | None] = field(default_factory=dict)
+    token_format: dict[ObjectRef, tokeninfo.TokenFormat] = field(default_factory=dict)
+    last_pass: dt.datetime | None = None
+
+
+class ReplicationController:
+    def __init__(self, *, caches: ReplicationCaches, writer: ReplicaWriter, events: EventSink, metrics: Metrics,
+                 settings: config.Settings, credential_for: Callable[[str], str], report_url: str,
+                 clock: WallClock | None = None, monotonic: MonotonicClock = time.monotonic,
+                 concurrency: int = 32, gpu_class_api_version: str = "gpu.cozystack.io/v1alpha1",
+                 report_ca: Callable[[], bytes] = bytes,
+                 rotations: Callable[[], Mapping[ObjectRef, SourceRevisions] | None] = lambda: None) -> None:
+        self.caches = caches
+        # Safe rotation (docs/design.md#safe-rotation): replicas follow each source's record; None
+        # (tests of replication alone) follows the live source.
+        self.rotations = rotations
+        self.steps = rotation_settings(settings).steps
+        self.writer = writer
+        self.events = events
+        self.metrics = metrics
+        self.settings = settings
+        self.credential_for = credential_for
+        self.report_url = report_url
+        self.report_ca = report_ca  # current serving CA bundle (kube/serving_tls.py), read every pass
+        self.clock: WallClock = clock or (lambda: dt.datetime.now(dt.UTC))
+        self._monotonic = monotonic
+        self.tenant = tenant_settings(settings)
+        self.budget = DeletionBudget(settings.deletions_per_minute)
+        self.status = ReplicationStatus()
+        self._sem = asyncio.Semaphore(concurrency)
+        self._class_api_version = gpu_class_api_version
+        self._token_info: dict[str, tokeninfo.TokenInfo] = {}  # revision -> what the token says of itself
+        # What was already reported, so each finding gets one Event (and one count), not one per pass:
+        # labelled-but-foreign Secrets by (namespace, name) -> uid/resourceVersion; undecodable
+        # tokens by source -> token digest (so two classes sharing a source count as one).
+        self._reported_conflicts: dict[tuple[str, str], str] = {}
+        self._reported_tokens: dict[ObjectRef, str] = {}
+        self._token_sha: dict[ObjectRef, str] = {}
+        self.retry_after: float | None = None  # seconds until the deletion cap frees up, if deferred
+        # Replicas rotated in this pass by (source namespace, source name, class, revision): routine
+        # writes get one summarising Event on the source, not one each (docs/design.md#event-policy).
+        self._rotated: dict[tuple[str, str, str, str], int] = {}
+
+    # -- observe + plan ---------------------------------------------------------------------------
+    def plan(self) -> ReplicationPlan:
+        c = self.caches
+        classes = {k[1]: v for k, v in c.classes.snapshot().items()}
+        wanted_sources = {gc.secret_ref for gc in classes.values() if gc.mode == "vgpu" and gc.secret_ref}
+        c.ensure_sources(wanted_sources)
+        return plan_replication(ReplicationInputs(
+            namespaces={k[1]: v for k, v in c.namespaces.snapshot().items()},
+            classes=classes,
+            claims=list(c.claims.snapshot().values()),
+            sources=c.source_states(),
+            replicas=c.replicas.snapshot(),
+            conflicts=frozenset(k for k, seen in self.status.conflicts.items()
+                                if self._monotonic() - seen < CONFLICT_RECHECK_SECONDS),
+            credential_for=self.credential_for,
+            report_url=self.report_url,
+            report_ca=self.report_ca(),
+            token_key=self.settings.token_key,
+            tenant=self.tenant,
+            now=self.clock(),
+            rotations=self.rotations(),
+            steps=self.steps,
+        ))
+
+    # -- act --------------------------------------------------------------------------------------
+    async def reconcile(self, *, leader: bool = True) -> ReplicationPlan | None:
+        """One pass. Returns None when the caches are not ready for any decision yet."""
+        if not self.caches.core_synced():
+            return None
+        start = time.monotonic()
+        result = "ok"
+        try:
+            plan = self.plan()
+            self.status.plan = plan
+            self._update_token_expiry(plan)
+            if leader:
+                await self._act(plan)
+            await self._report_problems(plan, leader)
+            return plan
+        except Exception:
+            result = "error"
+            raise
+        finally:
+            self.status.last_pass = self.clock()
+            self.metrics.reconcile_total.labels("replication", result).inc()
+            self.metrics.reconcile_duration.labels("replication").observe(time.monotonic() - start)
+
+    async def _act(self, plan: ReplicationPlan) -> None:
+        deletes = await self._admit_deletes(list(plan.deletes))
+        if self.settings.dry_run:
+            for d in plan.creates:
+                log.info("dry-run: would create replica", namespace=d.namespace, name=d.name, revision=d.revision[:12])
+            for _, d in plan.updates:
+                log.info("dry-run: would update replica", namespace=d.namespace, name=d.name, revision=d.revision[:12])
+            for r in deletes:
+                log.info("dry-run: would delete replica", namespace=r.namespace, name=r.name)
+            return
+        jobs = [self._guarded(self._create(d)) for d in plan.creates]
+        jobs += [self._guarded(self._update(existing, d)) for existing, d in plan.updates]
+        jobs += [self._guarded(self._delete(r)) for r in deletes]
+        self._rotated = {}
+        if jobs:
+            await asyncio.gather(*jobs)
+        await self._rotation_events()
+        if deletes:
+            self.budget.settle(len(deletes), self._monotonic())
+
+    async def _admit_deletes(self, deletes: list[ReplicaSecret]) -> list[ReplicaSecret]:
+        """Deletions only on complete, healthy caches, and never faster than the per-minute cap."""
+        self.retry_after = None
+        self.status.deferred_deletions = 0
+        if not deletes:
+            return []
+        if not self.caches.core_healthy():
+            log.warning("deletions held: a cache is not synced and healthy", pending=len(deletes))
+            self.status.deferred_deletions = len(deletes)
+            return []
+        allowed = self.budget.take(len(deletes), self._monotonic())
+        deferred = deletes[allowed:]
+        self.status.deferred_deletions = len(deferred)
+        if deferred:
+            self.metrics.deletion_cap_hits.inc()
+            self.retry_after = max(1.0, self.budget.next_free(self._monotonic()))
+            await self._deletion_cap_events(deferred)
+        return deletes[:allowed]
+
+    async def _guarded(self, coro: Any) -> None:
+        try:
+            await coro
+        except Exception as e:  # one failed write must not stop the others; the next pass retries
+            log.warning("replica write failed", error=type(e).__name__, status=getattr(e, "status", None))
+            self.metrics.replica_writes.labels("write", "error").inc()
+
+    @staticmethod
+    def _body(d: DesiredReplica) -> SecretBody:
+        return SecretBody(namespace=d.namespace, name=d.name, labels=d.labels, annotations=d.annotations,
+                          data=d.data)
+
+    # Writes hold a concurrency slot; the Event about them is written after the slot is released.
+    async def _create(self, d: DesiredReplica) -> None:
+        async with self._sem:
+            res = await self.writer.create(self._body(d))
+        await self._after_write("create", d, res)
+
+    async def _update(self, existing: ReplicaSecret, d: DesiredReplica) -> None:
+        observed = ObservedMeta(namespace=existing.namespace, name=existing.name,
+                                resource_version=existing.resource_version, labels=existing.labels,
+                                annotations=existing.annotations)
+        async with self._sem:
+            res = await self.writer.update(self._body(d), observed)
+        # A rotation changes the content; a tenant editing only the revision annotation is drift.
+        rotated = existing.annotations.get(ANN_REVISION) != d.revision and existing.data_digest != d.data_digest
+        await self._after_write("rotate" if rotated else "update", d, res)
+
+    async def _after_write(self, action: str, d: DesiredReplica, res: WriteResult) -> None:
+        self.metrics.replica_writes.labels("create" if action == "create" else "update", res.value).inc()
+        obj = secret_object(d.namespace, d.name)
+        if res is WriteResult.CONFLICT:
+            self.status.conflicts[(d.namespace, d.name)] = self._monotonic()
+            self.metrics.conflicts_total.inc()
+            await self.events.emit(obj, "Warning", "ReplicaConflict",
+                                   f"Secret {d.namespace}/{d.name} exists but is not managed by licensectl; "
+                                   f"left untouched. Rename or delete it to let class {d.class_name} replicate.")
+        elif res is WriteResult.CREATED:
+            # Routine: counted in licensectl_replica_writes_total, no Event (docs/design.md#event-policy).
+            self.status.conflicts.pop((d.namespace, d.name), None)
+        elif res is WriteResult.UPDATED and action == "rotate":
+            key = (d.annotations.get(ANN_SOURCE_NAMESPACE, ""), d.annotations.get(ANN_SOURCE_NAME, ""),
+                   d.class_name, d.revision)
+            self._rotated[key] = self._rotated.get(key, 0) + 1
+        elif res is WriteResult.UPDATED:
+            await self.events.emit(obj, "Normal", "ReplicaReverted",
+                                   f"License replica for class {d.class_name} reverted to the desired content "
+                                   f"(revision {d.revision[:12]})")
+
+    async def _rotation_events(self) -> None:
+        """One Event per rotated (source, class) per pass, on the source Secret."""
+        for (ns, name, class_name, revision), n in sorted(self._rotated.items()):
+            if ns and name:
+                await self.events.emit(secret_object(ns, name), "Normal", "LicenseRotated",
+                                       f"License revision {revision[:12]} of class {class_name} written to "
+                                       f"{n} replica{'s' if n != 1 else ''}")
+
+    async def _delete(self, r: ReplicaSecret) -> None:
+        async with self._sem:
+            res = await self.writer.delete(r.namespace, r.name, r.uid)
+        self.metrics.replica_writes.labels("delete", res.value).inc()
+        if res is WriteResult.DELETED:
+            await self.events.emit(namespace_object(r.namespace), "Normal", "ReplicaDeleted",
+                                   f"License replica {r.name} deleted: namespace is no longer entitled")
+
+    async def _deletion_cap_events(self, deferred: Iterable[ReplicaSecret]) -> None:
+        by_source: dict[tuple[str, str], int] = {}
+        for r in deferred:
+            key = (r.annotations.get(ANN_SOURCE_NAMESPACE, ""), r.annotations.get(ANN_SOURCE_NAME, ""))
+            by_source[key] = by_source.get(key, 0) + 1
+        for (ns, name), n in sorted(by_source.items()):
+            if not ns or not name:
+                continue
+            await self.events.emit(secret_object(ns, name), "Warning", "DeletionCapHit",
+                                   f"{n} replica deletions deferred by the cap of "
+                                   f"{self.settings.deletions_per_minute}/min; they continue automatically")
+
+    async def _report_problems(self, plan: ReplicationPlan, leader: bool) -> None:
+        if not leader:
+            return
+        await self._report_labelled_conflicts(plan)
+        await self._report_token_formats()
+        for p in plan.tenant_problems:
+            await self.events.emit(self._problem_object(p.kind, p.ref), "Warning", _camel(p.kind), p.message)
+        for class_name, sp in sorted(plan.source_problems.items()):
+            await self._source_problem_events(class_name, sp)
+
+    async def _report_labelled_conflicts(self, plan: ReplicationPlan) -> None:
+        """A Secret under a replica's name that carries licensectl's label but not its annotations (or
+        names another class) is in the replica cache, so the plan marks it conflict and no write ever
+        runs into it: report it here, once per object version, as the write path does for others."""
+        live = self.caches.replicas.cache
+        seen: dict[tuple[str, str], str] = {}
+        for key, state in sorted(plan.states.items()):
+            existing = live.get(key)
+            if state != "conflict" or existing is None:
+                continue
+            version = f"{existing.uid}/{existing.resource_version}"
+            seen[key] = version
+            if self._reported_conflicts.get(key) == version:
+                continue
+            self.metrics.conflicts_total.inc()
+            why = ("carries the label app.kubernetes.io/managed-by=licensectl but not licensectl's annotations"
+                   if not existing.owned else "is a licensectl replica of another GPU class")
+            log.warning("replica conflict", namespace=key[0], name=key[1], labelled=True)
+            await self.events.emit(secret_object(key[0], key[1], existing.uid), "Warning", "ReplicaConflict",
+                                   f"Secret {key[0]}/{key[1]} {why}; left untouched. Rename or delete it "
+                                   f"to let licensectl replicate.")
+        self._reported_conflicts = seen
+
+    async def _report_token_formats(self) -> None:
+        """A source token that is not a decodable JWT is still delivered byte for byte, but its expiry
+        (and so the expiry alert) is unknown: say so once per revision, naming only the Secret."""
+        for ref, fmt in sorted(self.status.token_format.items(), key=lambda kv: str(kv[0])):
+            token_sha = self._token_sha.get(ref, "")
+            if fmt is tokeninfo.TokenFormat.JWT:
+                self._reported_tokens.pop(ref, None)
+                continue
+            if self._reported_tokens.get(ref) == token_sha:
+                continue
+            self._reported_tokens[ref] = token_sha
+            what = ("is not a decodable JWT" if fmt is tokeninfo.TokenFormat.NOT_JWT
+                    else "is a JWT without a usable exp claim")
+            log.warning("license token expiry unknown", source_namespace=ref.namespace, source_name=ref.name,
+                        format=fmt.value)
+            await self.events.emit(secret_object(ref.namespace, ref.name), "Warning", "LicenseTokenUnreadable",
+                                   f"Token in Secret {ref.namespace}/{ref.name} {what}: delivered unchanged, "
+                                   f"but its expiry is unknown, so no expiry alert can fire for it")
+
+    def _problem_object(self, kind: str, ref: ObjectRef) -> InvolvedObject:
+        if kind == "unknown_class":
+            return InvolvedObject(self._class_api_version, "GPUClaim", ref.namespace, ref.name)
+        if kind == "invalid_class":
+            return InvolvedObject(self._class_api_version, "GPUClass", "", ref.name)
+        return namespace_object(ref.name)  # tenant link problems
+
+    async def _source_problem_events(self, class_name: str, sp: SourceProblem) -> None:
+        msg = f"GPUClass {class_name}: {sp.message}; existing replicas kept, no rollout"
+        await self.events.emit(InvolvedObject(self._class_api_version, "GPUClass", "", class_name),
+                               "Warning", "LicenseSourceInvalid", msg)
+        if sp.ref.namespace:
+            await self.events.emit(secret_object(sp.ref.namespace, sp.ref.name), "Warning", "LicenseSourceInvalid",
+                                   msg)
+
+    def _update_token_expiry(self, plan: ReplicationPlan) -> None:
+        out: dict[ObjectRef, dt.datetime | None] = {}
+        formats: dict[ObjectRef, tokeninfo.TokenFormat] = {}
+        classes = {k[1]: v for k, v in self.caches.classes.snapshot().items()}
+        for class_name, lic in plan.licenses.items():
+            gc = classes.get(class_name)
+            if gc is None or gc.secret_ref is None:
+                continue
+            if lic.revision not in self._token_info:
+                if len(self._token_info) > 256:
+                    self._token_info.clear()
+                self._token_info[lic.revision] = tokeninfo.token_info(lic.token)
+            info = self._token_info[lic.revision]
+            out[gc.secret_ref] = info.expiry
+            formats[gc.secret_ref] = info.format
+            self._token_sha[gc.secret_ref] = lic.token_sha256
+        self.status.token_expiry = out
+        self.status.token_format = formats
+
+    # -- metrics ----------------------------------------------------------------------------------
+    def samples(self) -> Iterable[GaugeSample]:
+        plan = self.status.plan
+        for inf in self.caches.all:
+            yield GaugeSample("informer_synced", (("resource", inf.name),), 1.0 if inf.synced and inf.healthy else 0.0)
+        if plan is None:
+            return
+        for ref, n in sorted(plan.entitled_per_source().items(), key=lambda kv: str(kv[0])):
+            yield GaugeSample("entitled_namespaces", (("source_namespace", ref.namespace), ("source_name", ref.name)),
+                              float(n))
+        for state, n in plan.state_counts().items():
+            yield GaugeSample("replicas", (("state", state),), float(n))
+        classes = {k[1]: v for k, v in self.caches.classes.snapshot().items()}
+        for class_name in sorted(set(plan.licenses) | set(plan.source_problems)):
+            gc = classes.get(class_name)
+            ref = gc.secret_ref if gc and gc.secret_ref else ObjectRef("", "")
+            valid = class_name in plan.licenses
+            yield GaugeSample("source_valid", (("class", class_name), ("source_namespace", ref.namespace),
+                                               ("source_name", ref.name)), 1.0 if valid else 0.0)
+            if valid:
+                yield GaugeSample("source_revision_info",
+                                  (("class", class_name), ("source_namespace", ref.namespace),
+                                   ("source_name", ref.name), ("revision", plan.licenses[class_name].revision[:12])),
+                                  1.0)
+            else:
+                yield GaugeSample("source_problem", (("class", class_name),
+                                                     ("reason", plan.source_problems[class_name].reason.value)), 1.0)
+        for ref, exp in sorted(self.status.token_expiry.items(), key=lambda kv: str(kv[0])):
+            labels = (("source_namespace", ref.namespace), ("source_name", ref.name))
+            yield GaugeSample("token_expiry_known", labels, 0.0 if exp is None else 1.0)
+            fmt = self.status.token_format.get(ref)
+            if fmt is not None:
+                yield GaugeSample("token_format", (*labels, ("format", fmt.value)), 1.0)
+            if exp is not None:
+                yield GaugeSample("token_expiry_timestamp_seconds", labels, exp.timestamp())
+        kinds: dict[str, int] = {}
+        for p in plan.tenant_problems:
+            kinds[p.kind.value] = kinds.get(p.kind.value, 0) + 1
+        for kind in ("cycle", "missing_parent", "link_mismatch", "unknown_class", "invalid_class"):
+            yield GaugeSample("tenant_problems", (("kind", kind),), float(kinds.get(kind, 0)))
+        yield GaugeSample("deletions_deferred", (), float(self.status.deferred_deletions))
+
+    def status_dict(self) -> dict[str, Any]:
+        plan = self.status.plan
+        if plan is None:
+            return {"synced": False}
+        return {
+            "synced": True,
+            "entitled": [{"namespace": ns, "class": cls, "source": str(ref)}
+                         for (ns, cls), ref in sorted((plan.entitlement.entitled if plan.entitlement else {}).items())],
+            "replicas": [{"namespace": ns, "name": name, "state": st}
+                         for (ns, name), st in sorted(plan.states.items())],
+            "replica_counts": dict(plan.state_counts()),
+            "sources": {cls: {"revision": lic.revision[:12], "valid": True} for cls, lic in plan.licenses.items()}
+            | {cls: {"valid": False, "reason": sp.reason.value, "message": sp.message}
+               for cls, sp in plan.source_problems.items()},
+            "tenant_problems": [{"kind": p.kind.value, "object": str(p.ref), "message": p.message}
+                                for p in plan.tenant_problems],
+            "deferred_deletions": self.status.deferred_deletions,
+            "token_expiry": {str(k): (v.isoformat() if v else None) for k, v in self.status.token_expiry.items()},
+        }
+
+
+def _camel(s: str) -> str:
+    return "".join(part.capitalize() for part in s.split("_"))

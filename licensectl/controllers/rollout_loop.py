@@ -1,0 +1,342 @@
+"""The rollout reconcile: caches -> plan_rollout (pure) -> intent annotation, then restart.
+
+The order of writes is the crash-safety argument: the intent (revision, target VMI uid, time) is
+merge-patched onto the VM guarded by its resourceVersion *before* the restart call, so a controller
+killed in between finds the intent and never restarts a VMI twice for one revision. After acting,
+the next pass waits until the watch cache shows our own writes ("expectations", as client-go's
+ReplicaSet controller does), so a stale cache can never plan past maxUnavailable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from licensectl import config, logs
+from licensectl.controllers.guests import GuestStore
+from licensectl.controllers.settings import rollout_settings
+from licensectl.core.model import ObjectRef, Vmi
+from licensectl.core.ports import (
+    EventSink,
+    InvolvedObject,
+    KubevirtApi,
+    MonotonicClock,
+    RestartResult,
+    RolloutCaches,
+    WallClock,
+)
+from licensectl.core.rollout import (
+    Phase,
+    PlanMemo,
+    RecordResult,
+    ReplicaRevision,
+    RestartVm,
+    RolloutPlan,
+    SourceControl,
+    VmiState,
+    plan_rollout,
+)
+from licensectl.core.rollout_view import rollout_json
+from licensectl.kube.api import ApiException
+from licensectl.metrics import GaugeSample, Metrics
+
+log = logs.get(__name__)
+
+WantedVolumes = Callable[[list[Vmi]], Mapping[tuple[str, str], tuple[str, ...]]]
+
+EXPECTATION_TIMEOUT = 15.0
+ACT_CONCURRENCY = 16
+
+
+def vm_object(namespace: str, name: str, uid: str = "") -> InvolvedObject:
+    return InvolvedObject("kubevirt.io/v1", "VirtualMachine", namespace, name, uid)
+
+
+def vmi_object(namespace: str, name: str, uid: str = "") -> InvolvedObject:
+    return InvolvedObject("kubevirt.io/v1", "VirtualMachineInstance", namespace, name, uid)
+
+
+class RolloutController:
+    def __init__(self, *, caches: RolloutCaches, kubevirt: KubevirtApi, events: EventSink, metrics: Metrics,
+                 settings: config.Settings, guests: GuestStore, clock: WallClock | None = None,
+                 monotonic: MonotonicClock = time.monotonic, wanted: WantedVolumes | None = None,
+                 token_sha_for: Callable[[str, str], str | None] | None = None) -> None:
+        self.caches = caches
+        self.kubevirt = kubevirt
+        self.events = events
+        self.metrics = metrics
+        self.settings = settings
+        self.rollout_settings = rollout_settings(settings)
+        self.guests = guests
+        self.clock: WallClock = clock or (lambda: dt.datetime.now(dt.UTC))
+        self._monotonic = monotonic
+        # VMI -> the replica volumes it must carry (licensectl.core.delivery, via the App): the backstop.
+        self._wanted: WantedVolumes = wanted or (lambda _vmis: {})
+        # (namespace, VMI) -> SHA-256 of the token its replica holds now: judges guest evidence at plan time.
+        self._token_sha_for = token_sha_for
+        self.plan: RolloutPlan | None = None
+        self._memo = PlanMemo()  # incremental planning: a pass re-evaluates only guests that changed
+        self._expect: dict[tuple[str, str], tuple[str, float]] = {}  # vm -> (rv we wrote over, since)
+        self._phases: dict[ObjectRef, Phase] = {}
+        # Two different times, kept apart: the last restart progress (a gauge) and the revision a
+        # completed rollout was already measured for (the duration histogram, once per revision).
+        self._progress_at: dict[ObjectRef, dt.datetime] = {}
+        self._measured: dict[ObjectRef, str] = {}
+        self._revisions: dict[tuple[str, str], tuple[str, ReplicaRevision | None]] = {}
+
+    @property
+    def awaiting_own_writes(self) -> bool:
+        """True while the watch cache has not yet shown a VM write of the last pass."""
+        return bool(self._expect)
+
+    def _expectations_met(self) -> bool:
+        vms = self.caches.vms
+        if vms is None:
+            return True
+        now = self._monotonic()
+        for key, (old_rv, since) in list(self._expect.items()):
+            cur = vms.cache.get(key)
+            if cur is None or cur.resource_version != old_rv or now - since > EXPECTATION_TIMEOUT:
+                del self._expect[key]
+        return not self._expect
+
+    def observe(self) -> RolloutPlan | None:
+        c = self.caches
+        if c.vms is None or c.vmis is None or not (c.core_synced() and c.kubevirt_healthy()):
+            return None
+        replicas = self._replica_revisions()
+        sources = {ref: SourceControl.from_annotations(s.annotations)
+                   for ref, s in c.source_states().items() if s is not None}
+        vmis = list(c.vmis.snapshot().values())
+        return plan_rollout(replicas=replicas, vmis=vmis,
+                            vms=list(c.vms.snapshot().values()), guests=self.guests.gates(self._token_sha_for),
+                            sources=sources,
+                            settings=self.rollout_settings, now=self.clock(), wanted=self._wanted(vmis),
+                            memo=self._memo)
+
+    def _replica_revisions(self) -> list[ReplicaRevision]:
+        """Parsed revisions of all replicas, re-parsed only for replicas whose resourceVersion changed
+        (a rotation touches every replica; the passes between touch few)."""
+        out: list[ReplicaRevision] = []
+        live = self.caches.replicas.cache
+        for key, secret in live.items():
+            hit = self._revisions.get(key)
+            if hit is None or hit[0] != secret.resource_version:
+                hit = (secret.resource_version, ReplicaRevision.from_secret(secret))
+                self._revisions[key] = hit
+            if hit[1] is not None:
+                out.append(hit[1])
+        if len(self._revisions) > len(live):
+            for key in [k for k in self._revisions if k not in live]:
+                del self._revisions[key]
+        return out
+
+    async def reconcile(self, *, leader: bool = True) -> RolloutPlan | None:
+        if not self._expectations_met():
+            return self.plan
+        start = time.monotonic()
+        result = "ok"
+        try:
+            plan = self.observe()
+            if plan is None:
+                return None
+            self.plan = plan
+            if leader and not self.settings.dry_run:
+                await self._act(plan)
+            elif self.settings.dry_run:
+                for a in plan.restarts:
+                    log.info("dry-run: would restart", namespace=a.namespace, vm=a.vm, revision=a.revision[:12])
+            if leader:
+                await self._source_events(plan)
+            return plan
+        except Exception:
+            result = "error"
+            raise
+        finally:
+            self.metrics.reconcile_total.labels("rollout", result).inc()
+            self.metrics.reconcile_duration.labels("rollout").observe(time.monotonic() - start)
+
+    async def _act(self, plan: RolloutPlan) -> None:
+        """Restarts and results concurrently, restarts first (they free nothing, but every moment a
+        restart waits behind bookkeeping delays the rollout): the plan already respects every limit,
+        and each VM gets at most one action per pass, so no two calls touch the same VM."""
+        sem = asyncio.Semaphore(ACT_CONCURRENCY)
+
+        async def bounded(coro: Any) -> None:
+            async with sem:
+                try:
+                    await coro
+                except Exception as e:  # one VM's trouble must not stop the others; next pass retries
+                    log.warning("rollout action failed", error=type(e).__name__, status=getattr(e, "status", None))
+
+        await asyncio.gather(*(bounded(self._restart(r)) for r in plan.restarts),
+                             *(bounded(self._record(rec)) for rec in plan.results))
+        for (ns, vmi), st in plan.vmi_states.items():
+            if st.state is VmiState.BLOCKED:
+                await self.events.emit(vmi_object(ns, vmi), "Warning", "RestartBlocked",
+                                       f"VMI runs license revision older than {st.revision[:12]} but cannot be "
+                                       f"restarted by licensectl: {st.reason or 'no owning VirtualMachine'}")
+            if st.missing_volume:
+                await self.events.emit(vmi_object(ns, vmi), "Warning", "LicenseVolumeMissing",
+                                       f"VMI of an entitled vGPU claim runs without its license volume "
+                                       f"({st.replica}): {st.state.value}, {st.reason}")
+
+    async def _record(self, rec: RecordResult) -> None:
+        ok = await self.kubevirt.annotate_vm(namespace=rec.namespace, name=rec.vm,
+                                             resource_version=rec.vm_resource_version,
+                                             annotations=rec.annotations())
+        if not ok:
+            return
+        self._expect[(rec.namespace, rec.vm)] = (rec.vm_resource_version, self._monotonic())
+        self.metrics.restarts_total.labels(rec.result).inc()
+        self._mark_progress(rec.namespace, rec.vm)
+        # A done restart is routine: counted in licensectl_restarts_total, no Event
+        # (docs/design.md#event-policy); a failed one is where a person must look.
+        if rec.result != "done":
+            await self.events.emit(vm_object(rec.namespace, rec.vm), "Warning", "RestartFailed",
+                                   f"VMI did not come back done within {self.settings.restart_timeout_seconds:g}s "
+                                   f"after the restart for revision {rec.revision[:12]}")
+
+    async def _restart(self, r: RestartVm) -> None:
+        # 1. Intent first, guarded by the resourceVersion the plan was made from.
+        if not await self.kubevirt.annotate_vm(namespace=r.namespace, name=r.vm,
+                                               resource_version=r.vm_resource_version,
+                                               annotations=r.intent_annotations()):
+            log.info("restart dropped: VM changed since the plan", namespace=r.namespace, vm=r.vm)
+            return
+        self._expect[(r.namespace, r.vm)] = (r.vm_resource_version, self._monotonic())
+        # 2. Then the restart itself, only if the VMI the plan targeted is the one running now.
+        res = await self._restart_target(r)
+        self.metrics.restarts_total.labels(res.value).inc()
+        log.info("restart", namespace=r.namespace, vm=r.vm, revision=r.revision[:12], result=res.value,
+                 reissue=r.reissue)
+        if res in (RestartResult.ISSUED, RestartResult.FALLBACK_DELETE):
+            self._mark_progress(r.namespace, r.vm)  # routine: counted in licensectl_restarts_total, no Event
+        elif res is RestartResult.UNSUPPORTED:
+            await self.events.emit(vm_object(r.namespace, r.vm), "Warning", "RestartFailed",
+                                   "The cluster has no virtualmachines/restart subresource and the delete "
+                                   "fallback is off (or the VM's runStrategy is not Always)")
+
+    async def _restart_target(self, r: RestartVm) -> RestartResult:
+        """Restart unless the planned VMI was already replaced or is going away (read live: the
+        restart call stops whatever VMI runs now, and the watch cache may lag). The read is skipped
+        only when the plan shows no call of ours that could have replaced it (`check_live`), which
+        the intent write just made, guarded by the planned resourceVersion, has proven current."""
+        if r.vmi_uid and (r.check_live or not r.vm_resource_version):
+            try:
+                live = await self.kubevirt.live_vmi_uid(r.namespace, r.vm)
+            except ApiException as e:
+                log.warning("restart target check failed", namespace=r.namespace, vm=r.vm, status=e.status)
+                return RestartResult.ERROR
+            if live != r.vmi_uid:
+                return RestartResult.STALE_TARGET
+        vm = self.caches.vms.cache.get((r.namespace, r.vm)) if self.caches.vms else None
+        return await self.kubevirt.restart(namespace=r.namespace, vm=r.vm, vmi_uid=r.vmi_uid,
+                                           run_strategy=vm.run_strategy if vm else None)
+
+    def _mark_progress(self, namespace: str, vm: str) -> None:
+        """A VM's VMI carries its name (KubeVirt), which leads to the source being rolled out."""
+        st = self.plan.vmi_states.get((namespace, vm)) if self.plan else None
+        if st is not None:
+            self._progress_at[st.source] = self.clock()
+
+    async def _source_events(self, plan: RolloutPlan) -> None:
+        now = self.clock()
+        for ref, st in plan.sources.items():
+            before = self._phases.get(ref)
+            self._phases[ref] = st.phase
+            if before == st.phase or (before is None and st.phase in (Phase.IDLE, Phase.COMPLETE)):
+                continue
+            obj = InvolvedObject("v1", "Secret", ref.namespace, ref.name)
+            rev = st.revisions[-1][:12] if st.revisions else ""
+            if st.phase is Phase.PROGRESSING and before in (None, Phase.IDLE, Phase.SETTLING, Phase.COMPLETE):
+                stale = st.counts.get(VmiState.STALE, 0)
+                await self.events.emit(obj, "Normal", "RolloutStarted",
+                                       f"Rolling out license revision {rev}: {stale} of {st.affected} VMIs to "
+                                       f"restart (maxUnavailable {st.max_unavailable})")
+            elif st.phase is Phase.PAUSED:
+                await self.events.emit(obj, "Warning", "RolloutPaused", st.message or "rollout paused")
+            elif st.phase is Phase.COMPLETE and before in (Phase.PROGRESSING, Phase.PAUSED, Phase.SETTLING):
+                await self.events.emit(obj, "Normal", "RolloutCompleted", f"License revision {rev} rolled out")
+                self._observe_duration(ref, now)
+
+    def _observe_duration(self, ref: ObjectRef, completed: dt.datetime) -> None:
+        """Revision written -> rollout complete, both on the apiserver's clock, once per revision.
+
+        The start is the revision time the replicas carry (not when this process noticed the
+        rollout), so a controller restarted or failed over mid-rollout still measures the whole of it.
+        """
+        started = rollout_started_at(self._replica_revisions(), ref)
+        if started is None:
+            return
+        revision, at = started
+        if self._measured.get(ref) == revision:
+            return
+        self._measured[ref] = revision
+        self.metrics.rollout_duration.observe(max(0.0, (completed - at).total_seconds()))
+
+    # -- metrics / status ---------------------------------------------------------------------------
+    def samples(self) -> Iterable[GaugeSample]:
+        plan = self.plan
+        if plan is None:
+            return
+        for ref, st in sorted(plan.sources.items(), key=lambda kv: str(kv[0])):
+            labels = (("source_namespace", ref.namespace), ("source_name", ref.name))
+            for state in ("current", "stale", "restarting", "failed", "blocked", "manual"):
+                n = sum(v for k, v in st.counts.items() if _bucket(k) == state)
+                yield GaugeSample("rollout_vmis", (*labels, ("state", state)), float(n))
+            yield GaugeSample("rollout_vmis", (*labels, ("state", "overdue")), float(st.overdue))
+            active = st.phase in (Phase.SETTLING, Phase.PROGRESSING, Phase.PAUSED)
+            yield GaugeSample("rollout_in_progress", labels, 1.0 if active else 0.0)
+            for reason in ("failures", "manual"):
+                paused = st.phase is Phase.PAUSED and st.pause_reason is not None and st.pause_reason.value == reason
+                yield GaugeSample("rollout_paused", (*labels, ("reason", reason)), 1.0 if paused else 0.0)
+            at = self._progress_at.get(ref)
+            if at is not None:
+                yield GaugeSample("rollout_last_progress_timestamp_seconds", labels, at.timestamp())
+        missing: dict[str, int] = {}
+        for (ns, _vmi), vs in plan.vmi_states.items():
+            if vs.missing_volume:
+                missing[ns] = missing.get(ns, 0) + 1
+        for ns, n in sorted(missing.items()):
+            yield GaugeSample("vmis_missing_license_volume", (("namespace", ns),), float(n))
+        # Per VMI, but only the overdue manual ones (a handful): what LicensectlManualRestartOverdue names.
+        for (ns, vmi), vs in sorted(plan.vmi_states.items()):
+            if vs.overdue:
+                yield GaugeSample("rollout_manual_restart_overdue",
+                                  (("namespace", ns), ("vmi", vmi), ("source_namespace", vs.source.namespace),
+                                   ("source_name", vs.source.name)), 1.0)
+
+    def status_dict(self) -> dict[str, Any]:
+        plan = self.plan
+        if plan is None:
+            return {"synced": False}
+        return {
+            "synced": True,
+            "sources": {str(ref): rollout_json(st)
+                        for ref, st in sorted(plan.sources.items(), key=lambda kv: str(kv[0]))},
+            "vmis": [{"namespace": ns, "vmi": vmi, "state": st.state.value, "revision": st.revision[:12],
+                      "overdue": st.overdue, "reason": st.reason}
+                     for (ns, vmi), st in sorted(plan.vmi_states.items())],
+        }
+
+
+def rollout_started_at(replicas: Iterable[ReplicaRevision], source: ObjectRef) -> tuple[str, dt.datetime] | None:
+    """The newest revision of `source` and when it was first written (its earliest revision time).
+
+    Each replica stamps its own revision time when it is written, so the rollout of a revision
+    starts at the earliest stamp among the replicas carrying it.
+    """
+    mine = [r for r in replicas if r.source == source]
+    if not mine:
+        return None
+    newest = max(mine, key=lambda r: (r.revision_time, r.revision)).revision
+    return newest, min(r.revision_time for r in mine if r.revision == newest)
+
+
+def _bucket(state: VmiState) -> str:
+    """Metric buckets: a VMI restarted and done for the current revision is simply current."""
+    return "current" if state is VmiState.DONE else state.value

@@ -1,0 +1,41 @@
+"""Settings -> the parameter dataclasses of the pure core.
+
+The core (entitlement, rollout planning) takes small frozen dataclasses holding only the knobs it
+needs, so it never imports `config` and can be tested without one. This shell module is the one
+place that maps the controller's `config.Settings` onto them.
+"""
+
+from __future__ import annotations
+
+from licensectl.config import Settings
+from licensectl.core.entitlement import TenantSettings
+from licensectl.core.rollout import RolloutSettings
+from licensectl.core.rotation import CanarySpec, RotationSettings, parse_steps
+
+
+def tenant_settings(s: Settings) -> TenantSettings:
+    """The tenant-model knobs entitlement reads."""
+    return TenantSettings(vgpu_label=s.vgpu_label, tenant_label_prefix=s.tenant_label_prefix,
+                          root_tenant=s.root_tenant)
+
+
+def rollout_settings(s: Settings) -> RolloutSettings:
+    """The rollout planner's knobs (`restart_reissue_seconds` is `reissue_after_seconds` there)."""
+    return RolloutSettings(
+        settle_seconds=s.settle_seconds,
+        max_unavailable=s.max_unavailable,
+        max_per_namespace=s.max_per_namespace,
+        max_failures=s.max_failures,
+        restart_timeout_seconds=s.restart_timeout_seconds,
+        manual_deadline_seconds=s.manual_deadline_seconds,
+        done_gate=s.done_gate,
+        reissue_after_seconds=s.restart_reissue_seconds,
+        max_restarts_per_minute=s.max_restarts_per_minute,
+    )
+
+
+def rotation_settings(s: Settings) -> RotationSettings:
+    """The safe-rotation knobs (docs/design.md#safe-rotation); the strings were validated at startup."""
+    return RotationSettings(canary=CanarySpec.parse(s.canary), steps=parse_steps(s.rollout_steps),
+                            analysis_deadline_seconds=s.analysis_deadline_seconds,
+                            max_unlicensed=s.analysis_max_unlicensed)

@@ -1,0 +1,236 @@
+"""The seams between the reconcile loops (and the lease) and the cluster, as Protocols.
+
+The replication loop, the rollout loop and the leader elector depend on these shapes only; the App
+wires the real implementations (watch caches, SecretWriter, KubevirtClient, the Lease API, the
+server clock) and `licensectl_dev.testkit.memory` provides in-memory ones, so both loops and the lease
+are unit-tested without a cluster. Each Protocol lists exactly what its consumer calls.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Protocol, TypeVar
+
+from licensectl.core.model import GpuClaim, GpuClass, Namespace, ObjectRef, ReplicaSecret, SourceSecret, Vm, Vmi
+
+Key = tuple[str, str]  # (namespace, name); namespace "" for cluster-scoped objects
+T_co = TypeVar("T_co", covariant=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Values that cross the seams (the adapters in kube/ produce and consume them)
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class InvolvedObject:
+    api_version: str
+    kind: str
+    namespace: str  # "" for cluster-scoped objects
+    name: str
+    uid: str = ""
+
+    def as_dict(self) -> dict[str, str]:
+        d = {"apiVersion": self.api_version, "kind": self.kind, "name": self.name}
+        if self.namespace:
+            d["namespace"] = self.namespace
+        if self.uid:
+            d["uid"] = self.uid
+        return d
+
+
+class WriteResult(StrEnum):
+    CREATED = "created"
+    UPDATED = "updated"
+    DELETED = "deleted"
+    UNCHANGED = "unchanged"
+    GONE = "gone"  # already absent: nothing to do
+    CONFLICT = "conflict"  # a foreign Secret holds the name
+    ERROR = "error"
+    DRY_RUN = "dry_run"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SecretBody:
+    """What we want a replica to look like; data never appears in repr."""
+
+    namespace: str
+    name: str
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    data: Mapping[str, bytes]
+
+    def __repr__(self) -> str:
+        return f"SecretBody({self.namespace}/{self.name}, keys={sorted(self.data)})"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ObservedMeta:
+    """Metadata of a replica as the watch cache last saw it (no data)."""
+
+    namespace: str
+    name: str
+    resource_version: str
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+
+    def as_object(self) -> dict[str, Any]:
+        return {"metadata": {"name": self.name, "namespace": self.namespace,
+                             "resourceVersion": self.resource_version, "labels": dict(self.labels),
+                             "annotations": dict(self.annotations)}}
+
+
+class RestartResult(StrEnum):
+    ISSUED = "issued"
+    FALLBACK_DELETE = "fallback_delete"
+    NOT_FOUND = "not_found"  # VM gone
+    UNSUPPORTED = "unsupported"  # no restart subresource and no fallback allowed
+    CONFLICT = "conflict"  # KubeVirt refused (e.g. restart already pending): retried later
+    STALE_TARGET = "stale_target"  # the planned VMI is already gone or replaced: nothing to restart
+    ERROR = "error"
+
+
+# ---------------------------------------------------------------------------------------------
+# The seams
+# ---------------------------------------------------------------------------------------------
+class WallClock(Protocol):
+    """Wall time for stamping and judging times written to the API (the apiserver's clock in the App)."""
+
+    def __call__(self) -> dt.datetime: ...
+
+
+class MonotonicClock(Protocol):
+    """Seconds on a clock that never jumps: rates, grace periods, lease expiry as observed locally."""
+
+    def __call__(self) -> float: ...
+
+
+class CacheView(Protocol[T_co]):
+    """Read side of one watch cache (kube/watch.py `Informer`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def synced(self) -> bool:
+        """A full LIST has completed at least once."""
+        ...
+
+    @property
+    def healthy(self) -> bool:
+        """Synced, and the cache follows the cluster now (last LIST succeeded, watch up)."""
+        ...
+
+    @property
+    def cache(self) -> Mapping[Key, T_co]:
+        """Live view: take `snapshot()` before awaiting while iterating."""
+        ...
+
+    def snapshot(self) -> Mapping[Key, T_co]: ...
+
+
+class ReplicationCaches(Protocol):
+    """What the replication loop reads: the core caches and the per-source Secret caches."""
+
+    @property
+    def namespaces(self) -> CacheView[Namespace]: ...
+
+    @property
+    def classes(self) -> CacheView[GpuClass]: ...
+
+    @property
+    def claims(self) -> CacheView[GpuClaim]: ...
+
+    @property
+    def replicas(self) -> CacheView[ReplicaSecret]: ...
+
+    @property
+    def all(self) -> Sequence[CacheView[Any]]: ...
+
+    def core_synced(self) -> bool: ...
+
+    def core_healthy(self) -> bool:
+        """Deletions depend on this: every core cache complete and following the cluster."""
+        ...
+
+    def ensure_sources(self, wanted: Iterable[ObjectRef]) -> None:
+        """Watch exactly the source Secrets some vGPU class names now."""
+        ...
+
+    def source_states(self) -> Mapping[ObjectRef, SourceSecret | None]:
+        """Synced sources only: the Secret, or None when it is confirmed absent."""
+        ...
+
+
+class RolloutCaches(Protocol):
+    """What the rollout loop reads: replicas, sources, and KubeVirt's VMs and VMIs."""
+
+    @property
+    def replicas(self) -> CacheView[ReplicaSecret]: ...
+
+    @property
+    def vms(self) -> CacheView[Vm] | None: ...
+
+    @property
+    def vmis(self) -> CacheView[Vmi] | None: ...
+
+    def core_synced(self) -> bool: ...
+
+    def kubevirt_healthy(self) -> bool: ...
+
+    def source_states(self) -> Mapping[ObjectRef, SourceSecret | None]: ...
+
+
+class ReplicaWriter(Protocol):
+    """Replica Secret writes that never touch a Secret licensectl does not own (kube/writer.py)."""
+
+    async def create(self, want: SecretBody) -> WriteResult: ...
+
+    async def update(self, want: SecretBody, observed: ObservedMeta | None) -> WriteResult:
+        """Replace if ours and different; `observed` (from the cache) guards the first try by resourceVersion."""
+        ...
+
+    async def delete(self, namespace: str, name: str, uid: str) -> WriteResult:
+        """Delete exactly the object with this uid, and only if it is ours."""
+        ...
+
+
+class EventSink(Protocol):
+    """Kubernetes Events for humans (kube/events.py); never raises."""
+
+    async def emit(self, obj: InvolvedObject, type_: str, reason: str, message: str) -> None: ...
+
+
+class KubevirtApi(Protocol):
+    """The KubeVirt calls of a rollout (kube/kubevirt.py)."""
+
+    async def annotate_vm(self, *, namespace: str, name: str, resource_version: str,
+                          annotations: Mapping[str, str | None]) -> bool:
+        """Merge-patch VM annotations guarded by resourceVersion; False when the VM changed or is gone."""
+        ...
+
+    async def live_vmi_uid(self, namespace: str, name: str) -> str | None:
+        """UID of the VMI running now, read live (not from a cache); None when absent or terminating."""
+        ...
+
+    async def restart(self, *, namespace: str, vm: str, vmi_uid: str, run_strategy: str | None) -> RestartResult:
+        """Restart the VM's current VMI (the call has no UID precondition: where the plan asks,
+        `check_live`, read `live_vmi_uid` first)."""
+        ...
+
+
+class LeaseBackend(Protocol):
+    """coordination.k8s.io/v1 Lease reads and guarded writes, as raw JSON objects."""
+
+    async def read(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The Lease, or None when it does not exist."""
+        ...
+
+    async def create(self, namespace: str, body: dict[str, Any]) -> bool:
+        """False when another candidate created it first."""
+        ...
+
+    async def replace(self, namespace: str, name: str, body: dict[str, Any]) -> bool:
+        """Update guarded by the body's resourceVersion; False when the Lease changed since it was read."""
+        ...

@@ -1,0 +1,483 @@
+"""Safe rotation: which revision each namespace gets, and when a candidate moves on or is aborted.
+
+Pure: the decision record, the live source content, the namespaces and their VMIs come in as plain
+data, the clock as ``now``; out come the record to write and the Events to emit
+(docs/design.md#safe-rotation).
+
+The words:
+  * *stable*: the last revision that passed analysis (or the first one licensectl ever saw); its bytes
+    live in the revision store, a Secret licensectl owns in its own namespace;
+  * *candidate*: a newer source revision; it goes to a *canary* set of namespaces first, then to
+    growing *steps* (a fixed share of namespaces each, chosen by a hash of candidate and namespace,
+    so the same namespaces stay promoted when others come and go);
+  * *wave*: the canary (wave 0) or one step (wave i); a wave passes when every VMI in it runs the
+    candidate (restarted and done) and every guest there that can give evidence reports licensed
+    with the candidate token; it fails when guests report an acquisition failure with it, or when
+    the analysis deadline passes first;
+  * *aborted* / *undone*: every namespace back on stable; nothing moves until the hoster acts
+    (a new source revision, or ``licensectl rollout retry``).
+
+Every decision is one write of the record (``RotationRecord.annotations``); replicas follow the
+record, never the live source, so a controller killed between any two writes finds the cluster
+consistent with some decision and re-derives the next one (level-based).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+from licensectl.core.model import DOMAIN, u64
+from licensectl.core.timecodec import annotation_time, format_micro_time
+
+# Record annotations on the revision store Secret.
+ANN_STABLE = f"{DOMAIN}/stable-revision"
+ANN_CANDIDATE = f"{DOMAIN}/candidate-revision"
+ANN_PHASE = f"{DOMAIN}/rotation-phase"
+ANN_WAVE = f"{DOMAIN}/rotation-wave"
+ANN_WAVE_STARTED_AT = f"{DOMAIN}/rotation-wave-started-at"
+ANN_CANARY = f"{DOMAIN}/rotation-canary"
+ANN_EVIDENCE = f"{DOMAIN}/rotation-evidence"
+ANN_REASON = f"{DOMAIN}/rotation-reason"
+ANN_ACTED_AT = f"{DOMAIN}/rotation-acted-at"
+# Hoster actions, annotations on the source Secret (written by `licensectl rollout retry|undo`).
+ANN_RETRY_AT = f"{DOMAIN}/rollout-retry-at"
+ANN_UNDO_AT = f"{DOMAIN}/rollout-undo-at"
+
+# Guest reasons (licensectl.core.guest_report.UNLICENSED_REASONS) that blame the token or its server, not
+# a missing disk or an old lease: the evidence that fails an analysis.
+FAILURE_REASONS = frozenset({"acquire_failed", "token_corrupt", "not_found"})
+MAX_REASON_CHARS = 256
+
+
+class RotationPhase(StrEnum):
+    STABLE = "stable"  # no candidate: every namespace on stable
+    CANARY = "canary"  # wave 0: the canary namespaces on the candidate, analysis running
+    PROMOTING = "promoting"  # wave i >= 1: step i's namespaces on the candidate
+    PROMOTED = "promoted"  # every namespace on the candidate (stable kept for undo)
+    ABORTED = "aborted"  # analysis failed: every namespace back on stable
+    UNDONE = "undone"  # the hoster undid it: every namespace back on stable
+
+
+ACTIVE = frozenset({RotationPhase.CANARY, RotationPhase.PROMOTING})
+REJECTED = frozenset({RotationPhase.ABORTED, RotationPhase.UNDONE})
+
+
+def content_revision(token: bytes, gridd_conf: bytes | None) -> str:
+    """The source revision: SHA-256 of what the hoster supplies (token and optional gridd.conf),
+    length-prefixed. Independent of classes, so one source has one candidate."""
+    h = hashlib.sha256(b"licensectl-source-v1\0")
+    h.update(u64(len(token)) + token)
+    conf = b"" if gridd_conf is None else gridd_conf
+    h.update(u64(0 if gridd_conf is None else 1) + u64(len(conf)) + conf)
+    return h.hexdigest()
+
+
+def bucket(candidate: str, namespace: str) -> float:
+    """Where a namespace falls in [0, 100) for this candidate: a step of p% holds bucket < p.
+
+    A fresh order per candidate (not always the same tenants first), and independent of the other
+    namespaces, so promotion never flips back when namespaces come and go."""
+    h = hashlib.sha256(f"{candidate}\0{namespace}".encode()).digest()
+    return int.from_bytes(h[:8], "big") * 100.0 / 2**64
+
+
+# ---------------------------------------------------------------------------------------------
+# Settings
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CanarySpec:
+    """``3`` (VMs), ``5%`` (of the VMs), ``namespaces:a,b`` (named tenant namespaces), or ``0``: no
+    canary, the candidate goes straight to the first step (with ``--rollout-steps 100%``: the
+    one-step rollout of earlier releases)."""
+
+    count: int = 3
+    percent: float | None = None
+    namespaces: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, raw: str) -> CanarySpec:
+        s = raw.strip()
+        if s.startswith("namespaces:"):
+            names = tuple(sorted({n.strip() for n in s.removeprefix("namespaces:").split(",") if n.strip()}))
+            if not names:
+                raise ValueError("canary namespaces: list at least one namespace")
+            return cls(count=0, namespaces=names)
+        if s.endswith("%"):
+            try:
+                p = float(s[:-1])
+            except ValueError:
+                raise ValueError(f"canary percentage must be a number in (0, 100], got {raw!r}") from None
+            if not 0 < p <= 100:
+                raise ValueError(f"canary percentage must be in (0, 100], got {raw!r}")
+            return cls(count=0, percent=p)
+        if not s.isdigit():
+            raise ValueError(f"canary must be a VM count (0: none), a percentage or namespaces:a,b; got {raw!r}")
+        return cls(count=int(s))
+
+    @property
+    def none(self) -> bool:
+        return self.count == 0 and self.percent is None and not self.namespaces
+
+
+def parse_steps(raw: str) -> tuple[float, ...]:
+    """``10%,50%,100%``: increasing percentages of namespaces; a final 100% is added if missing."""
+    out: list[float] = []
+    for part in (p.strip() for p in raw.split(",")):
+        if not part:
+            continue
+        if not part.endswith("%"):
+            raise ValueError(f"rollout steps are percentages like 10%,50%,100%; got {part!r}")
+        try:
+            v = float(part[:-1])
+        except ValueError:
+            raise ValueError(f"rollout steps are percentages like 10%,50%,100%; got {part!r}") from None
+        if not 0 < v <= 100 or (out and v <= out[-1]):
+            raise ValueError(f"rollout steps must increase within (0, 100]; got {raw!r}")
+        out.append(v)
+    if not out or out[-1] < 100:
+        out.append(100.0)
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class RotationSettings:
+    canary: CanarySpec = field(default_factory=CanarySpec)
+    steps: tuple[float, ...] = (10.0, 50.0, 100.0)
+    analysis_deadline_seconds: float = 900.0
+    max_unlicensed: int = 1  # canary/step guests failing with the candidate that abort the rotation
+
+
+# ---------------------------------------------------------------------------------------------
+# The record
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RotationRecord:
+    """The decision state of one source, kept as annotations on its revision store Secret."""
+
+    stable: str
+    phase: RotationPhase = RotationPhase.STABLE
+    candidate: str = ""
+    wave: int = 0
+    wave_started_at: dt.datetime | None = None
+    canary: tuple[str, ...] = ()
+    evidence: bool = True  # the canary holds guests that can report (else: readiness only)
+    reason: str = ""
+    acted_at: dt.datetime | None = None  # hoster actions at or before this are already handled
+
+    @classmethod
+    def from_annotations(cls, ann: Mapping[str, str]) -> RotationRecord | None:
+        """None when unreadable (a store without a stable revision is not a decision)."""
+        stable = ann.get(ANN_STABLE, "")
+        if not stable:
+            return None
+        try:
+            phase = RotationPhase(ann.get(ANN_PHASE, RotationPhase.STABLE.value))
+            wave = int(ann.get(ANN_WAVE, "0") or "0")
+            canary = json.loads(ann.get(ANN_CANARY, "[]") or "[]")
+        except (ValueError, TypeError):
+            return None
+        if not isinstance(canary, list) or not all(isinstance(n, str) for n in canary):
+            return None
+        candidate = ann.get(ANN_CANDIDATE, "")
+        if phase is not RotationPhase.STABLE and not candidate:
+            return None
+        return cls(stable=stable, phase=phase, candidate=candidate, wave=max(0, wave),
+                   wave_started_at=annotation_time(ann, ANN_WAVE_STARTED_AT), canary=tuple(canary),
+                   evidence=ann.get(ANN_EVIDENCE, "true") != "false", reason=ann.get(ANN_REASON, ""),
+                   acted_at=annotation_time(ann, ANN_ACTED_AT))
+
+    def annotations(self) -> dict[str, str]:
+        out = {
+            ANN_STABLE: self.stable,
+            ANN_CANDIDATE: self.candidate,
+            ANN_PHASE: self.phase.value,
+            ANN_WAVE: str(self.wave),
+            ANN_CANARY: json.dumps(list(self.canary)),
+            ANN_EVIDENCE: "true" if self.evidence else "false",
+            ANN_REASON: self.reason[:MAX_REASON_CHARS],
+        }
+        if self.wave_started_at is not None:
+            out[ANN_WAVE_STARTED_AT] = format_micro_time(self.wave_started_at)
+        if self.acted_at is not None:
+            out[ANN_ACTED_AT] = format_micro_time(self.acted_at)
+        return out
+
+    def on_candidate(self, namespace: str, steps: Sequence[float]) -> bool:
+        """Whether ``namespace``'s replicas carry the candidate under this decision."""
+        if self.phase is RotationPhase.PROMOTED:
+            return True
+        if self.phase not in ACTIVE:
+            return False
+        if namespace in self.canary:
+            return True
+        return self.wave >= 1 and bucket(self.candidate, namespace) < steps[min(self.wave, len(steps)) - 1]
+
+    def revision_for(self, namespace: str, steps: Sequence[float]) -> str:
+        return self.candidate if self.on_candidate(namespace, steps) else self.stable
+
+
+@dataclass(frozen=True, slots=True)
+class HosterControl:
+    """The hoster's rotation actions, read from the source Secret's annotations."""
+
+    paused: bool = False
+    retry_at: dt.datetime | None = None
+    undo_at: dt.datetime | None = None
+
+    @classmethod
+    def from_annotations(cls, ann: Mapping[str, str], paused: bool = False) -> HosterControl:
+        return cls(paused, annotation_time(ann, ANN_RETRY_AT), annotation_time(ann, ANN_UNDO_AT))
+
+
+# ---------------------------------------------------------------------------------------------
+# Observations
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WaveVmi:
+    """One VMI of a namespace this source licenses, as the analysis needs it."""
+
+    namespace: str
+    name: str
+    on_candidate: bool  # its replica carries the candidate, and the rollout judged it against that
+    settled: bool  # the rollout says current or done (restarted, Ready, done gate passed)
+    hoster_only: bool = False  # blocked or manual: licensectl cannot restart it
+    reported: bool = False  # its guest reports at all: it can give evidence
+    licensed: bool = False  # a report since its start: licensed, holding the current token
+    failure: str | None = None  # a report since its start: current token, unlicensed for this reason
+
+
+# gridd log events (licensectl.core.guest_report.GriddEventKind values) that are no proof of a license.
+FAILED_GRIDD_EVENTS = frozenset({"failed", "not_found", "token_corrupt"})
+
+
+def guest_evidence(*, licensed: bool, reason: str | None, last_event: str | None, holds_candidate: bool,
+                   since_start: bool) -> tuple[bool, str | None]:
+    """(proves licensed, failure reason) from one guest's newest report.
+
+    Only a report made since the VMI started, by a guest holding the candidate's token, says anything
+    about the candidate. Licensed counts as proof only while gridd's newest log line is no acquisition
+    failure (a lease that could not be renewed with this token is no proof of it); unlicensed gives
+    gridd's reason, which fails the wave when it blames the token or its server (FAILURE_REASONS)."""
+    if not (since_start and holds_candidate):
+        return False, None
+    if licensed:
+        return last_event not in FAILED_GRIDD_EVENTS, None
+    return False, reason
+
+
+@dataclass(frozen=True, slots=True)
+class SourceView:
+    """Everything the decision for one source reads."""
+
+    live: str | None  # content revision of the source as it is now; None: absent or invalid
+    control: HosterControl
+    namespaces: Mapping[str, str]  # entitled namespace -> the source revision its replicas carry ("" mixed/none)
+    vmis: Sequence[WaveVmi]
+    evidence_ready: bool = True  # the guest store has listened long enough to judge silence
+
+
+@dataclass(frozen=True, slots=True)
+class RotationEvent:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    record: RotationRecord | None  # the record to write; None: nothing changes
+    events: tuple[RotationEvent, ...] = ()
+    # Which slot of the store takes the live source's bytes with this write ("stable" on first sight,
+    # "candidate" for a new candidate); `promote` first moves the candidate bytes to stable.
+    snapshot: str | None = None
+    promote: bool = False
+    next_check: dt.datetime | None = None  # the analysis deadline, when one is running
+
+
+@dataclass(frozen=True, slots=True)
+class WaveStatus:
+    members: int
+    pending: int
+    proven: int
+    capable: int
+    failures: tuple[str, ...]  # "namespace/vmi: reason"
+
+
+# ---------------------------------------------------------------------------------------------
+# Decisions
+# ---------------------------------------------------------------------------------------------
+
+
+def wave_members(record: RotationRecord, namespaces: Iterable[str], steps: Sequence[float]) -> list[str]:
+    """The namespaces on the candidate under ``record`` (those the current wave is judged on)."""
+    return sorted(ns for ns in namespaces if record.on_candidate(ns, steps))
+
+
+def select_canary(candidate: str, vmis: Sequence[WaveVmi], *, namespaces: Iterable[str],
+                  spec: CanarySpec) -> tuple[tuple[str, ...], bool]:
+    """The canary namespaces and whether they hold evidence-capable guests.
+
+    Whole namespaces (a replica is per namespace), taken one at a time in the candidate's hash
+    order -- a different set of tenants each rotation -- until the canary holds ``spec`` VMs.
+    Only guests that report count (the others cannot show the token works); with none anywhere
+    the canary counts VMs and is judged on readiness alone (the caller says so in an Event)."""
+    entitled = set(namespaces)
+    # Blocked/manual VMIs never take the candidate on licensectl's say and wave_status never judges them:
+    # a canary held by them alone would pass on nothing.
+    judged = [v for v in vmis if v.namespace in entitled and not v.hoster_only]
+    if spec.namespaces:
+        named = tuple(n for n in spec.namespaces if n in entitled)
+        return named, any(v.reported for v in judged if v.namespace in named)
+    evidence = any(v.reported for v in judged)
+    weight: dict[str, int] = {}
+    for v in judged:
+        if v.reported or not evidence:
+            weight[v.namespace] = weight.get(v.namespace, 0) + 1
+    total = sum(weight.values())
+    want = spec.count if spec.percent is None else max(1, math.ceil(total * spec.percent / 100))
+    chosen: list[str] = []
+    held = 0
+    for ns in sorted(weight, key=lambda n: bucket(candidate, n)):
+        if held >= want:
+            break
+        chosen.append(ns)
+        held += weight[ns]
+    return tuple(sorted(chosen)), evidence
+
+
+def wave_status(record: RotationRecord, view: SourceView, steps: Sequence[float]) -> WaveStatus:
+    members = set(wave_members(record, view.namespaces, steps))
+    vmis = [v for v in view.vmis if v.namespace in members]
+    capable = [v for v in vmis if v.reported and not v.hoster_only]
+    failures = tuple(sorted(f"{v.namespace}/{v.name}: {v.failure}" for v in capable
+                            if v.on_candidate and v.failure in FAILURE_REASONS))
+    pending = sum(1 for v in vmis if not v.hoster_only and not (v.on_candidate and v.settled))
+    pending += sum(1 for ns in members if view.namespaces.get(ns) != record.candidate)
+    proven = sum(1 for v in capable if v.on_candidate and v.licensed)
+    return WaveStatus(len(vmis), pending, proven, len(capable), failures)
+
+
+def _fresh(record: RotationRecord, candidate: str, view: SourceView, st: RotationSettings,
+           now: dt.datetime, how: str) -> Decision:
+    canary, evidence = select_canary(candidate, view.vmis, namespaces=view.namespaces, spec=st.canary)
+    if st.canary.none:  # no canary configured: straight to the first step
+        rec = replace(record, candidate=candidate, phase=RotationPhase.PROMOTING, wave=1, wave_started_at=now,
+                      canary=(), evidence=evidence, reason="", acted_at=now)
+        return Decision(rec, (RotationEvent("Normal", "RotationStarted",
+                                            f"Candidate revision {candidate[:12]} ({how}): no canary, step 1 of "
+                                            f"{len(st.steps)} ({st.steps[0]:g}% of namespaces); stable "
+                                            f"{record.stable[:12]}"),))
+    rec = replace(record, candidate=candidate, phase=RotationPhase.CANARY, wave=0, wave_started_at=now,
+                  canary=canary, evidence=evidence, reason="", acted_at=now)
+    events = [RotationEvent("Normal", "RotationStarted",
+                            f"Candidate revision {candidate[:12]} ({how}): canary in {len(canary)} namespace(s) "
+                            f"{', '.join(canary[:5])}{' ...' if len(canary) > 5 else ''}; stable {record.stable[:12]}")]
+    if not canary:
+        events.append(RotationEvent("Warning", "CanaryEmpty",
+                                    "No VM fits the canary (--canary names no entitled namespace with VMs, "
+                                    "or there are no VMs): the candidate goes on to step 1 unanalysed"))
+    elif not evidence:
+        events.append(RotationEvent("Warning", "NoGuestEvidence",
+                                    "No guest of this source has ever reported: the canary is judged on "
+                                    "VMI readiness alone"))
+    return Decision(rec, tuple(events))
+
+
+def can_change(record: RotationRecord | None, live: str | None, control: HosterControl) -> bool:
+    """Whether `decide` could return a new record, judged without the per-VMI observations: the
+    shell skips building them in the common idle case. Mirrors the branches of `decide`."""
+    if record is None:
+        return live is not None
+    if live is not None and live not in (record.stable, record.candidate):
+        return True
+    if live is not None and live == record.stable and record.phase is not RotationPhase.STABLE:
+        return True
+    acted = record.acted_at
+    if any(t is not None and (acted is None or t > acted) for t in (control.undo_at, control.retry_at)):
+        return True
+    return record.phase in ACTIVE
+
+
+def decide(record: RotationRecord | None, view: SourceView, *, st: RotationSettings, now: dt.datetime) -> Decision:
+    """The next decision for one source (``Decision.record`` None: keep the current one)."""
+    live = view.live
+    if record is None:
+        if live is None:
+            return Decision(None)  # nothing valid to call stable yet
+        return Decision(RotationRecord(stable=live, acted_at=now), snapshot="stable")
+
+    # 1. A new source revision supersedes whatever ran: the hoster acted.
+    if live is not None and live not in (record.stable, record.candidate):
+        base = record
+        promote = False
+        if record.phase is RotationPhase.PROMOTED:  # it passed everywhere: now it is stable
+            base, promote = replace(record, stable=record.candidate), True
+        d = _fresh(base, live, view, st, now, "new source revision")
+        return replace(d, snapshot="candidate", promote=promote)
+    if live is not None and live == record.stable and record.phase is not RotationPhase.STABLE:
+        return Decision(replace(record, phase=RotationPhase.STABLE, candidate="", wave=0, canary=(),
+                                wave_started_at=None, reason="", acted_at=now),
+                        (RotationEvent("Normal", "CandidateWithdrawn",
+                                       f"The source is back on stable revision {record.stable[:12]}: "
+                                       f"candidate {record.candidate[:12]} withdrawn"),))
+
+    # 2. The hoster's explicit actions, each handled once.
+    ctl = view.control
+    acted = record.acted_at
+    if ctl.undo_at is not None and (acted is None or ctl.undo_at > acted) and record.phase in (
+            RotationPhase.CANARY, RotationPhase.PROMOTING, RotationPhase.PROMOTED):
+        return Decision(replace(record, phase=RotationPhase.UNDONE, reason="undone by the hoster",
+                                acted_at=ctl.undo_at),
+                        (RotationEvent("Warning", "RolloutUndone",
+                                       f"Candidate revision {record.candidate[:12]} undone: every namespace "
+                                       f"returns to stable revision {record.stable[:12]}"),))
+    if ctl.retry_at is not None and (acted is None or ctl.retry_at > acted) and record.phase in REJECTED:
+        return _fresh(record, record.candidate, view, st, max(now, ctl.retry_at), "retried by the hoster")
+
+    # 3. Analysis of the running wave.
+    if record.phase not in ACTIVE:
+        return Decision(None)
+    ws = wave_status(record, view, st.steps)
+    deadline = (record.wave_started_at or now) + dt.timedelta(seconds=st.analysis_deadline_seconds)
+    wave_name = "canary" if record.wave == 0 else f"step {record.wave} of {len(st.steps)}"
+    if st.max_unlicensed >= 1 and len(ws.failures) >= st.max_unlicensed:
+        why = (f"{wave_name}: {len(ws.failures)} guest(s) failed to license with candidate "
+               f"{record.candidate[:12]} ({'; '.join(ws.failures[:3])})")
+        return _abort(record, why, now)
+    if ws.pending == 0 and ws.proven == ws.capable and view.evidence_ready:
+        if record.wave >= len(st.steps):
+            return Decision(replace(record, phase=RotationPhase.PROMOTED, reason=""),
+                            (RotationEvent("Normal", "RotationPromoted",
+                                           f"Candidate revision {record.candidate[:12]} runs everywhere "
+                                           f"({ws.proven} guest(s) proved licensed in the last step)"),))
+        nxt = record.wave + 1
+        return Decision(replace(record, phase=RotationPhase.PROMOTING, wave=nxt, wave_started_at=now),
+                        (RotationEvent("Normal", "RotationStepStarted",
+                                       f"{wave_name} passed ({ws.proven} of {ws.capable} reporting guest(s) "
+                                       f"licensed); step {nxt} of {len(st.steps)}: {st.steps[nxt - 1]:g}% of "
+                                       f"namespaces get candidate {record.candidate[:12]}"),))
+    if now >= deadline and not ctl.paused:
+        return _abort(record, now=now, why=f"{wave_name}: analysis deadline passed with {ws.pending} VMI(s) not "
+                                           f"done and {ws.proven} of {ws.capable} reporting guest(s) proved licensed")
+    return Decision(None, next_check=None if ctl.paused else deadline)
+
+
+def _abort(record: RotationRecord, why: str, now: dt.datetime) -> Decision:
+    """Aborted; hoster actions issued before now are spent (a retry typed during the canary must not
+    restart the candidate the moment it is aborted)."""
+    return Decision(replace(record, phase=RotationPhase.ABORTED, reason=why, acted_at=now),
+                    (RotationEvent("Warning", "RolloutAborted",
+                                   f"Candidate revision {record.candidate[:12]} aborted, every namespace returns "
+                                   f"to stable {record.stable[:12]}: {why}"),))

@@ -1,0 +1,136 @@
+"""Every watch cache one licensectl process keeps, and the per-source Secret caches it adds or drops.
+
+Only slim projections are cached. Secrets are never watched cluster-wide: replicas are selected by
+licensectl's label, and each source Secret gets its own field-selected watch, started when a vGPU
+class first names it and stopped when none does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from licensectl import config, logs
+from licensectl.core.model import (
+    MANAGED_BY_LABEL,
+    MANAGED_BY_VALUE,
+    REVISION_STORE_LABEL,
+    GpuClaim,
+    GpuClass,
+    Namespace,
+    ObjectRef,
+    ReplicaSecret,
+    RevisionStore,
+    SourceSecret,
+    Vm,
+    Vmi,
+)
+from licensectl.kube import contract, projections
+from licensectl.kube.api import AnyClient, CoreV1Api, CustomObjectsApi
+from licensectl.kube.watch import Informer, InformerHooks, shared_name_key
+
+log = logs.get(__name__)
+
+OnChange = Callable[[str], None]
+
+
+class Caches:
+    def __init__(self, api_client: AnyClient, settings: config.Settings, *, on_change: OnChange,
+                 hooks: InformerHooks | None = None, with_kubevirt: bool = True) -> None:
+        self._core = CoreV1Api(api_client)
+        self._custom = CustomObjectsApi(api_client)
+        self._on_change = on_change
+        self._hooks = hooks
+        self._settings = settings
+
+        def changed(kind: str) -> Callable[[Any, Any, Any], None]:
+            return lambda _k, _o, _n: on_change(kind)
+
+        mk = functools.partial(Informer, hooks=hooks)
+        self.namespaces: Informer[Namespace] = mk(
+            "namespaces", self._core.list_namespace, projections.namespace_from, on_change=changed("namespaces"))
+        self.classes: Informer[GpuClass] = mk(
+            "gpuclasses", contract.gpu_class_lister(self._custom, settings), projections.gpu_class_from,
+            on_change=changed("gpuclasses"))
+        self.claims: Informer[GpuClaim] = mk(
+            "gpuclaims", contract.gpu_claim_lister(self._custom, settings), projections.gpu_claim_from,
+            key=shared_name_key, on_change=changed("gpuclaims"))
+        self.replicas: Informer[ReplicaSecret] = mk(
+            "replicas", self._core.list_secret_for_all_namespaces, projections.replica_secret_from,
+            label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}", key=shared_name_key, on_change=changed("replicas"))
+        # Revision stores (docs/design.md#safe-rotation): in licensectl's own namespace only.
+        self.revision_stores: Informer[RevisionStore] = mk(
+            "revisionstores", functools.partial(self._core.list_namespaced_secret, settings.namespace),
+            projections.revision_store_from, label_selector=f"{REVISION_STORE_LABEL}=true",
+            on_change=changed("revisionstores"))
+        self.vms: Informer[Vm] | None = None
+        self.vmis: Informer[Vmi] | None = None
+        if with_kubevirt:
+            self.vms = mk("virtualmachines", contract.vm_lister(self._custom), projections.vm_from,
+                          on_change=changed("virtualmachines"))
+            self.vmis = mk("virtualmachineinstances", contract.vmi_lister(self._custom), projections.vmi_from,
+                           on_change=changed("virtualmachineinstances"))
+        self.sources: dict[ObjectRef, Informer[SourceSecret]] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._source_tasks: dict[ObjectRef, asyncio.Task[None]] = {}
+
+    @property
+    def core(self) -> list[Informer[Any]]:
+        """The informers whose completeness every deletion depends on."""
+        return [self.namespaces, self.classes, self.claims, self.replicas, self.revision_stores]
+
+    @property
+    def all(self) -> list[Informer[Any]]:
+        extra: list[Informer[Any]] = [i for i in (self.vms, self.vmis) if i is not None]
+        return self.core + extra + list(self.sources.values())
+
+    def start(self) -> None:
+        for inf in self.core + [i for i in (self.vms, self.vmis) if i is not None]:
+            self._tasks[inf.name] = asyncio.create_task(inf.run(), name=f"informer-{inf.name}")
+
+    async def stop(self) -> None:
+        tasks = list(self._tasks.values()) + list(self._source_tasks.values())
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks.clear()
+        self._source_tasks.clear()
+
+    def core_synced(self) -> bool:
+        return all(i.synced for i in self.core)
+
+    def core_healthy(self) -> bool:
+        return all(i.synced and i.healthy for i in self.core)
+
+    def kubevirt_healthy(self) -> bool:
+        return all(i is not None and i.synced and i.healthy for i in (self.vms, self.vmis))
+
+    def ensure_sources(self, wanted: Iterable[ObjectRef]) -> None:
+        """Start a field-selected watch for every wanted source; stop the ones no class names now."""
+        want = set(wanted)
+        for ref in want - set(self.sources):
+            inf: Informer[SourceSecret] = Informer(
+                f"source:{ref}", functools.partial(self._core.list_namespaced_secret, ref.namespace),
+                projections.source_secret_from, field_selector=f"metadata.name={ref.name}",
+                on_change=lambda _k, _o, _n: self._on_change("source"), hooks=self._hooks)
+            self.sources[ref] = inf
+            self._source_tasks[ref] = asyncio.create_task(inf.run(), name=f"informer-source-{ref}")
+            log.info("watching source secret", source=str(ref))
+        for ref in set(self.sources) - want:
+            self._source_tasks.pop(ref).cancel()
+            del self.sources[ref]
+            log.info("stopped watching source secret", source=str(ref))
+
+    def source_states(self) -> dict[ObjectRef, SourceSecret | None]:
+        """Sources whose cache is synced: the Secret, or None when it is confirmed absent."""
+        out: dict[ObjectRef, SourceSecret | None] = {}
+        for ref, inf in self.sources.items():
+            if not inf.synced:
+                continue
+            out[ref] = inf.cache.get((ref.namespace, ref.name))
+        return out

@@ -1,0 +1,182 @@
+"""The VMI admission webhook: an AdmissionReview in, the license volumes to add out.
+
+Thin shell around `licensectl.core.delivery`: parse and bound the request, ask the controller's caches,
+answer. It refuses nothing (docs/design.md#webhook-adds-only): every well-formed review is allowed,
+with a JSONPatch when a license volume is due; anything it cannot judge (caches not synced yet, a
+malformed object) is admitted unchanged, and the backstop catches it later. Every replica answers,
+leader or not, so admission never waits for an election.
+
+It is served from its own thread and event loop (`WebhookServer`): a VMI creation waits on this
+answer, and must not queue behind a reconcile pass that holds the controller's loop for tens of
+milliseconds at scale (docs/design.md#webhook-thread). Decisions only read the caches (dict lookups
+and attribute reads, atomic under the GIL); everything with a side effect goes back to the
+controller's loop through the `on_admission` callback's owner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import ssl
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from licensectl import logs
+from licensectl.core.delivery import Delivery
+from licensectl.kube.serving_tls import load_pair, server_context
+from licensectl.serve.http import start_site
+
+log = logs.get(__name__)
+
+PATH = "/mutate-virtualmachineinstances"
+# A VMI spec is rarely over a few tens of KiB; etcd's own object limit is 1.5 MiB. Anything larger
+# is not a VMI the apiserver would store, and the body is read into memory.
+MAX_BODY = 3 * 1024 * 1024
+ADMISSION_VERSION = "admission.k8s.io/v1"
+SWITCH_INTERVAL = 0.001
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """One answered review, for metrics and Events (names only, never object content)."""
+
+    namespace: str
+    name: str  # metadata.name; "" while the apiserver has not named it yet (generateName)
+    result: str  # mutated | unchanged | not_ready | ignored
+    delivery: Delivery | None
+    seconds: float
+    dry_run: bool = False  # a dry run must cause no side effect (sideEffects: None): no Event
+
+
+Decide = Callable[[str, Mapping[str, Any]], Delivery | None]
+
+
+def _name_of(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata")
+    name = meta.get("name") if isinstance(meta, dict) else None
+    return name if isinstance(name, str) else ""
+
+
+def review_response(uid: str, delivery: Delivery | None) -> dict[str, Any]:
+    response: dict[str, Any] = {"uid": uid, "allowed": True}
+    if delivery is not None and delivery.mutated:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(json.dumps(list(delivery.patch)).encode()).decode()
+    return {"apiVersion": ADMISSION_VERSION, "kind": "AdmissionReview", "response": response}
+
+
+def make_webhook_app(*, decide: Decide, on_admission: Callable[[Admission], None]) -> web.Application:
+    async def mutate(request: web.Request) -> web.Response:
+        start = time.perf_counter()
+        try:
+            review = await request.json(loads=json.loads)
+        except (ValueError, UnicodeDecodeError):
+            return web.json_response({"error": "body is not JSON"}, status=400)
+        req = review.get("request") if isinstance(review, dict) else None
+        uid = req.get("uid") if isinstance(req, dict) else None
+        if not isinstance(req, dict) or not isinstance(uid, str) or not uid:
+            return web.json_response({"error": "not an AdmissionReview request"}, status=400)
+        obj = req.get("object")
+        namespace = req.get("namespace")
+        kind = (req.get("kind") or {}).get("kind") if isinstance(req.get("kind"), dict) else None
+        if (req.get("operation") != "CREATE" or kind != "VirtualMachineInstance" or not isinstance(obj, dict)
+                or not isinstance(namespace, str)):
+            # Registered for VMI CREATE only; anything else is answered, and left alone.
+            on_admission(Admission(namespace if isinstance(namespace, str) else "", "", "ignored", None,
+                                   time.perf_counter() - start))
+            return web.json_response(review_response(uid, None))
+        delivery = decide(namespace, obj)
+        result = "not_ready" if delivery is None else ("mutated" if delivery.mutated else "unchanged")
+        on_admission(Admission(namespace, _name_of(obj), result, delivery, time.perf_counter() - start,
+                               dry_run=req.get("dryRun") is True))
+        return web.json_response(review_response(uid, delivery))
+
+    app = web.Application(client_max_size=MAX_BODY)
+    app.router.add_post(PATH, mutate)
+    return app
+
+
+class WebhookServer:
+    """The webhook app on a dedicated thread with its own event loop and its own SSLContext.
+
+    `reload(cert, key)` may be called from any thread (ServingTLS.subscribe): the pair is loaded on
+    the server's own loop, so no other thread ever touches its SSLContext during a handshake.
+    """
+
+    def __init__(self, app: web.Application, address: str) -> None:
+        self._app = app
+        self._address = address
+        self.context = server_context()
+        self.port = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+        self._thread: threading.Thread | None = None
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+        self._pending: tuple[bytes, bytes] | None = None
+        self._lock = threading.Lock()
+
+    def reload(self, cert: bytes, key: bytes) -> None:
+        with self._lock:
+            loop = self._loop
+            if loop is None:
+                self._pending = (cert, key)  # loaded when the thread starts
+                return
+        loop.call_soon_threadsafe(self._load, cert, key)
+
+    def _load(self, cert: bytes, key: bytes) -> None:
+        try:
+            load_pair(self.context, cert, key)
+        except (ssl.SSLError, OSError) as e:  # ServingTLS validated the pair; keep serving the old one
+            log.error("webhook could not load the serving certificate", error=type(e).__name__)
+
+    def start(self, timeout: float = 30.0) -> int:
+        """Bind and serve; returns the bound port (the address may say port 0)."""
+        # The interpreter hands the GIL over every "switch interval" (5 ms by default); an answer
+        # needs it a few times, so a CPU-bound reconcile pass on the main thread would add that
+        # several times over. 1 ms bounds the wait (docs/design.md#webhook-thread).
+        sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL))
+        self._thread = threading.Thread(target=self._run, name="licensectl-webhook", daemon=True)
+        self._thread.start()
+        if not self._started.wait(timeout):
+            raise TimeoutError("webhook listener did not start")
+        if self._error is not None:
+            raise self._error
+        return self.port
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        try:
+            with self._lock:
+                self._loop = loop
+                pending, self._pending = self._pending, None
+            if pending is not None:
+                self._load(*pending)
+            self._runner, self.port = loop.run_until_complete(
+                start_site(self._app, self._address, ssl_context=self.context))
+        except BaseException as e:  # reported to start(), which re-raises in the caller's thread
+            self._error = e
+            self._started.set()
+            loop.close()
+            return
+        self._started.set()
+        try:
+            loop.run_forever()
+        finally:
+            if self._runner is not None:
+                loop.run_until_complete(self._runner.cleanup())
+            loop.close()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        loop, thread = self._loop, self._thread
+        if loop is not None and thread is not None and thread.is_alive():
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout)

@@ -1,0 +1,392 @@
+"""`licensectl demo`: a hoster's fleet on an embedded control plane, a token rotation, live metrics.
+
+Everything real that can run on a laptop is real: kube-apiserver + etcd (built from Go modules),
+the controller, the guest scripts (under dash, against recorded nvidia-smi output), Prometheus with
+the shipped alert rules. KubeVirt's controllers are played by the simulator (docs/design.md#kubevirt-restart).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from licensectl import config, logs
+from licensectl.app import App
+from licensectl.cli.status import read_cluster, status_from_controller, status_table
+from licensectl.core.render import replica_name
+from licensectl.core.rollout_view import progress_line
+from licensectl_dev.devcluster import fleet
+from licensectl_dev.devcluster import webhook as webhook_registration
+from licensectl_dev.devcluster.controlplane import ControlPlane, ensure_binaries
+from licensectl_dev.devcluster.guest_fleet import GuestFleet, constant
+from licensectl_dev.devcluster.guest_sim import GuestProfile
+from licensectl_dev.devcluster.kubeapi import api_client_from_kubeconfig, install_crds
+from licensectl_dev.devcluster.virt_api import RestartProxy
+from licensectl_dev.devcluster.virt_controller import KubevirtSimulator
+
+ROOT = "tenant-root"
+CONTROLLER_NS = "licensectl-system"
+SOURCE_NS = "hoster-licenses"
+GRAPHICS, COMPUTE = "rtx-vws", "compute-vcs"
+MAX_UNAVAILABLE, MAX_PER_NAMESPACE = 2, 1
+
+# The tenant tree: (namespace, parent, vgpu flag: True granted / False withheld / None never set).
+TREE: tuple[tuple[str, str | None, bool | None], ...] = (
+    (ROOT, None, True),
+    ("tenant-acme", ROOT, True),
+    ("tenant-acme-render", "tenant-acme", True),
+    ("tenant-acme-render-farm", "tenant-acme-render", True),
+    ("tenant-acme-lab", "tenant-acme", False),          # withheld by acme for its lab...
+    ("tenant-acme-lab-gpu", "tenant-acme-lab", True),   # ...so the flag below it does not hold
+    ("tenant-globex", ROOT, True),
+    ("tenant-globex-ml", "tenant-globex", True),
+    ("tenant-initech", ROOT, None),                     # never granted vGPU
+)
+# Claims: (namespace, class).
+CLAIMS: tuple[tuple[str, str], ...] = (
+    ("tenant-acme-render", GRAPHICS), ("tenant-acme-render-farm", GRAPHICS), ("tenant-acme-lab-gpu", GRAPHICS),
+    ("tenant-globex", GRAPHICS), ("tenant-globex", COMPUTE), ("tenant-globex-ml", COMPUTE),
+    ("tenant-initech", GRAPHICS),
+)
+EXPECTED_ENTITLED = {("tenant-acme-render", GRAPHICS), ("tenant-acme-render-farm", GRAPHICS),
+                     ("tenant-globex", GRAPHICS), ("tenant-globex", COMPUTE), ("tenant-globex-ml", COMPUTE)}
+# VMs: (namespace, name, class, guest profile name).
+VMS: tuple[tuple[str, str, str, str], ...] = (
+    ("tenant-acme-render", "ws1", GRAPHICS, "licensed"),
+    ("tenant-acme-render", "ws2", GRAPHICS, "licensed"),
+    ("tenant-acme-render", "ws3", GRAPHICS, "licensed"),
+    ("tenant-acme-render-farm", "node1", GRAPHICS, "licensed"),
+    ("tenant-acme-render-farm", "node2", GRAPHICS, "silent"),
+    ("tenant-globex", "desk1", GRAPHICS, "expiring"),
+    ("tenant-globex-ml", "train1", COMPUTE, "licensed"),
+    ("tenant-globex-ml", "train2", COMPUTE, "unlicensed"),
+)
+EXPECTED_ALERTS = {"LicensectlGuestUnlicensed", "LicensectlGuestNotReporting", "LicensectlGuestLicenseExpiringSoon",
+                   "LicensectlGuestWrongProduct"}
+# Which guest each guest alert names: train1's compute class (FeatureType 4) implies Virtual Compute
+# Server, but its guest holds the recorded RTX Virtual Workstation license (the dearer pool); train2's
+# gridd log says the token is missing.
+EXPECTED_ALERT_GUESTS = {
+    "LicensectlGuestUnlicensed": ["tenant-globex-ml/train2"],
+    "LicensectlGuestWrongProduct": ["tenant-globex-ml/train1"],
+    "LicensectlGuestNotReporting": ["tenant-acme-render-farm/node2"],
+}
+
+
+def profile(name: str) -> GuestProfile:
+    if name == "unlicensed":
+        return GuestProfile.unlicensed()
+    if name == "silent":
+        return GuestProfile.quiet()
+    if name == "expiring":
+        return GuestProfile.expiring(dt.datetime.now(dt.UTC) + dt.timedelta(days=3))
+    return GuestProfile.licensed()
+
+
+def say(msg: str = "") -> None:
+    print(msg, flush=True)
+
+
+@dataclass
+class Demo:
+    duration: float
+    with_prometheus: bool
+    json_out: str | None
+    metrics_port: int
+    summary: dict[str, Any] = field(default_factory=dict)
+    guests: dict[tuple[str, str], GuestProfile] = field(default_factory=dict)  # each VM's guest profile
+    fleet: GuestFleet | None = None
+
+    async def run(self, stop: asyncio.Event) -> int:
+        started = time.monotonic()
+        say("== licensectl demo ==")
+        bin_dir = await asyncio.to_thread(ensure_binaries, log=lambda m: say(f"   {m}"))
+        cp = ControlPlane(bin_dir, log=lambda m: say(f"   {m}"))
+        await asyncio.to_thread(cp.start)
+        prom = None
+        app: App | None = None
+        sim = proxy = None
+        api = await api_client_from_kubeconfig(cp.kubeconfig_path)
+        try:
+            await install_crds(api)
+            sim = KubevirtSimulator(api, ready_delay=1.0)
+            await sim.start()
+            proxy = RestartProxy(sim, upstream=cp.server, ca_path=cp.ca_path, token=cp.admin_token)
+            await proxy.start()
+            say(f"1. control plane: kube-apiserver {cp.version} at {cp.server}; KubeVirt simulator + CRDs installed")
+            await self.seed(api)
+            settings = config.Settings(
+                kubeconfig=str(proxy.kubeconfig_path), namespace=CONTROLLER_NS,
+                metrics_address=f"127.0.0.1:{self.metrics_port}", reports_address="127.0.0.1:0",
+                settle_seconds=5.0, max_unavailable=str(MAX_UNAVAILABLE), max_per_namespace=MAX_PER_NAMESPACE,
+                restart_timeout_seconds=25.0, done_gate="ready-licensed", report_interval_seconds=5.0,
+                canary="1", rollout_steps="50%,100%", analysis_deadline_seconds=120.0,
+                resync_seconds=30.0, log_level="warning", tls_hosts="127.0.0.1",
+                webhook_address="127.0.0.1:0", webhook_configuration="licensectl-demo")
+            app = App(settings, identity="demo")
+            await app.start()
+            # The apiserver calls the webhook for every VMI with a GPU claim: the VMs below carry no
+            # license volume of their own, the webhook adds it (docs/operations.md#license-delivery).
+            await webhook_registration.register(api, name=settings.webhook_configuration, port=app.webhook_port,
+                                                ca_bundle=app.tls.ca_bundle)
+            # Guests verify the loopback listener with the CA their replica carries (127.0.0.1 is a SAN).
+            report_url = f"https://127.0.0.1:{app.reports_port}/v1/reports"
+            say(f"3. controller running: metrics http://127.0.0.1:{app.metrics_port}/metrics  "
+                f"status http://127.0.0.1:{app.metrics_port}/v1/status")
+            if self.with_prometheus:
+                from licensectl_dev.devcluster.prometheus import Prometheus
+
+                prom = Prometheus([f"127.0.0.1:{app.metrics_port}"])
+                await asyncio.to_thread(prom.start)
+                say(f"   Prometheus {prom.url} scraping it with the shipped alert rules")
+            await self.wait_replicas(api)
+            await self.show_replicas(api, settings)
+            await asyncio.sleep(1.1)  # VMs boot after their license exists (1 s timestamp resolution)
+            await self.create_vms(api)
+            guest_task = asyncio.create_task(self.guest_loop(api, report_url))
+            await self.wait_guests(app)
+            say("5. guests report through the real probe script:")
+            self.print_guests(app)
+            before = await self.rotate(api)
+            say(f"6. rotated the {GRAPHICS} token in {SOURCE_NS}/nls-graphics (revision {before[:12]} -> new); "
+                f"safe rotation: a canary, then 50% and 100% of the tenants, each step analysed on guest "
+                f"reports; maxUnavailable {MAX_UNAVAILABLE}, {MAX_PER_NAMESPACE} per tenant, settle 5 s")
+            ok = await self.watch_rollout(app, sim, stop=stop, started=started)
+            await asyncio.sleep(3)  # one more probe round after the last restart
+            view = await read_cluster(api, settings)
+            doc = status_from_controller(app.status())  # what `licensectl status` shows: the controller's view
+            say("7. licensectl status:")
+            say(status_table(doc))
+            alerts: list[str] = []
+            if prom is not None:
+                alerts = await self.show_alerts(prom)
+            self.summarize(view, doc, sim=sim, app=app, alerts=alerts, ok=ok)
+            remaining = self.duration - (time.monotonic() - started) if self.duration else None
+            if remaining is None:
+                say("demo complete; metrics keep being served. Press Ctrl-C to stop.")
+                await stop.wait()
+            elif remaining > 0 and not stop.is_set():
+                say(f"serving metrics for {remaining:.0f} s more (--duration)")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), remaining)
+            guest_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await guest_task
+            return 0 if ok else 1
+        finally:
+            if self.json_out:
+                await asyncio.to_thread(Path(self.json_out).write_text,
+                                        json.dumps(self.summary, indent=2, default=str))
+            if app is not None:
+                await app.stop()
+            if prom is not None:
+                prom.stop()
+            if proxy is not None:
+                await proxy.stop()
+            if sim is not None:
+                await sim.stop()
+            await api.close()
+            if self.fleet is not None:
+                self.fleet.cleanup()
+            await asyncio.to_thread(cp.stop)
+            say("stopped: control plane, controller, simulator and Prometheus are gone")
+
+    # -- steps --------------------------------------------------------------------------------------
+    async def seed(self, api: Any) -> None:
+        from kubernetes_asyncio.client import CoreV1Api
+
+        core: Any = CoreV1Api(api)
+        for ns in (CONTROLLER_NS, SOURCE_NS):
+            await core.create_namespace({"metadata": {"name": ns}})
+        made: dict[str, dict[str, Any]] = {}
+        for name, parent, flag in TREE:
+            made[name] = await fleet.create_tenant(api, name, parent=made.get(parent or ""), vgpu=flag)
+        now = int(time.time())
+        await fleet.put_source_secret(api, SOURCE_NS, "nls-graphics", token=fleet.fake_token(now + 86400 * 90),
+                                      gridd_conf="# hoster defaults\nEnableUI=FALSE\n")
+        await fleet.put_source_secret(api, SOURCE_NS, "nls-compute", token=fleet.fake_token(now + 86400 * 10))
+        await fleet.create_gpu_class(api, GRAPHICS, mode="vgpu", secret=(SOURCE_NS, "nls-graphics"), feature_type=2)
+        await fleet.create_gpu_class(api, COMPUTE, mode="vgpu", secret=(SOURCE_NS, "nls-compute"), feature_type=4)
+        for i, (ns, cls) in enumerate(CLAIMS):
+            await fleet.create_claim(api, ns, f"gpu-{i}", class_name=cls)
+        say("2. seeded the hoster: tenant tree")
+        for name, parent, flag in TREE:
+            depth = 0
+            p = parent
+            while p:
+                depth += 1
+                p = next(x[1] for x in TREE if x[0] == p)
+            mark = {True: "vgpu=true", False: "vgpu=false (withheld)", None: "vgpu unset"}[flag]
+            claims = ", ".join(c for n, c in CLAIMS if n == name)
+            say(f"   {'  ' * depth}{name:<26} {mark:<22} {('claims: ' + claims) if claims else ''}")
+        say(f"   classes: {GRAPHICS} (vgpu, FeatureType 2, {SOURCE_NS}/nls-graphics), "
+            f"{COMPUTE} (vgpu, FeatureType 4, {SOURCE_NS}/nls-compute)")
+
+    async def wait_replicas(self, api: Any) -> None:
+        from kubernetes_asyncio.client import CoreV1Api
+
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            found = await self.replica_holders(CoreV1Api(api))
+            if found >= EXPECTED_ENTITLED:
+                return
+            await asyncio.sleep(0.5)
+        raise RuntimeError("replicas did not appear within 60 s")
+
+    async def replica_holders(self, core: Any) -> set[tuple[str, str]]:
+        secrets = await core.list_secret_for_all_namespaces(label_selector="app.kubernetes.io/managed-by=licensectl")
+        return {(s.metadata.namespace, (s.metadata.annotations or {}).get("licensectl.io/class", ""))
+                for s in secrets.items if (s.metadata.annotations or {}).get("licensectl.io/class")}
+
+    async def show_replicas(self, api: Any, settings: config.Settings) -> None:
+        from kubernetes_asyncio.client import CoreV1Api
+
+        holders = await self.replica_holders(CoreV1Api(api))
+        say("4. replicas (only where the flag holds up to the root and a vGPU claim exists):")
+        for ns, _, _ in TREE:
+            classes = sorted(c for n, c in holders if n == ns)
+            say(f"   {ns:<26} {', '.join(replica_name(c) for c in classes) or '-'}")
+        self.summary["replicas"] = sorted([list(x) for x in holders])
+        self.summary["expected_entitled"] = sorted([list(x) for x in EXPECTED_ENTITLED])
+
+    async def create_vms(self, api: Any) -> None:
+        for ns, name, cls, prof in VMS:
+            await fleet.create_vm(api, ns, name, gpu_claims=[f"gpu-{CLAIMS.index((ns, cls))}"])
+            self.guests[(ns, name)] = profile(prof)
+
+    async def guest_loop(self, api: Any, report_url: str) -> None:
+        """Every simulated guest: (re)boot when its VMI is new (a restart), then probe on a timer."""
+        self.fleet = GuestFleet(api, report_url, interval_seconds=2.0)
+        for (ns, name), prof in self.guests.items():
+            self.fleet.add(ns, name, profile_for=constant(prof))  # the demo's guests ignore the token
+        await self.fleet.run()
+
+    async def wait_guests(self, app: App) -> None:
+        deadline = time.monotonic() + 60
+        reporting = sum(1 for *_, p in VMS if p != "silent")
+        while time.monotonic() < deadline:
+            known = [g for g in app.status()["guests"]["list"] if g["state"] != "unknown"]
+            if len(known) >= reporting:
+                return
+            await asyncio.sleep(0.5)
+        raise RuntimeError("guests did not report within 60 s")
+
+    def print_guests(self, app: App) -> None:
+        for g in app.status()["guests"]["list"]:
+            say(f"   {g['namespace'] + '/' + g['vmi']:<32} {g['state']:<11} expiry {g['expiry'] or '-'}")
+
+    async def rotate(self, api: Any) -> str:
+        from kubernetes_asyncio.client import CoreV1Api
+
+        core = CoreV1Api(api)
+        old = await core.read_namespaced_secret("nls-graphics", SOURCE_NS)
+        rev = ""
+        for s in (await core.list_secret_for_all_namespaces(
+                label_selector="app.kubernetes.io/managed-by=licensectl")).items:
+            if (s.metadata.annotations or {}).get("licensectl.io/class") == GRAPHICS:
+                rev = s.metadata.annotations.get("licensectl.io/revision", "")
+        new = fleet.fake_token(int(time.time()) + 86400 * 365, extra={"rotation": 2})
+        import base64
+
+        old.data["client_configuration_token.tok"] = base64.b64encode(new).decode()
+        await core.replace_namespaced_secret("nls-graphics", SOURCE_NS, old)
+        return rev
+
+    async def watch_rollout(self, app: App, sim: KubevirtSimulator, *, stop: asyncio.Event, started: float) -> bool:
+        """Live progress from the controller's own view (it holds the guest evidence the gate uses)."""
+        tty = sys.stdout.isatty()
+        last = ""
+        source = f"{SOURCE_NS}/nls-graphics"
+        seen_progress = False
+        deadline = started + self.duration if self.duration else None
+        while not stop.is_set():
+            status = app.status()
+            r = (status["rollout"].get("sources") or {}).get(source)
+            rot = (status.get("rotation") or {}).get(source) or {}
+            if r is not None:
+                per_ns = {ns: len([x for x in sim.record.restarts if x.namespace == ns and x.status == 202])
+                          for ns, *_ in TREE if any(v[0] == ns and v[2] == GRAPHICS for v in VMS)}
+                wave = "" if rot.get("phase") not in ("canary", "promoting") else (
+                    ", canary" if rot.get("wave") == 0 else f", step {rot.get('wave')}")
+                line = f"[{rot.get('phase', '?')}{wave}] " + progress_line(source, r, tty) + (
+                    "  restarts per tenant: ") + ", ".join(
+                    f"{ns.removeprefix('tenant-')}={n}" for ns, n in per_ns.items())
+                if line != last:
+                    say("   " + line)
+                    last = line
+                seen_progress = seen_progress or r["phase"] in ("settling", "progressing", "paused")
+                # Done when the rotation decided (promoted everywhere, or aborted) and no restart is left.
+                settled = r["phase"] in ("complete", "paused") and not r["restarting"]
+                if seen_progress and settled and rot.get("phase") in ("promoted", "aborted"):
+                    return bool(r["phase"] == "complete" and rot.get("phase") == "promoted")
+            if deadline is not None and time.monotonic() > deadline:
+                say("   --duration reached before the rollout finished")
+                return False
+            await asyncio.sleep(0.5)
+        return False
+
+    async def show_alerts(self, prom: Any) -> list[str]:
+        await asyncio.sleep(6)  # two evaluation rounds after the final state
+        alerts = await asyncio.to_thread(prom.alerts)
+        say("8. Prometheus alerts (rules as shipped; long `for:` durations show as pending in a short demo):")
+        names = sorted({(a["labels"]["alertname"], a["state"], a["labels"].get("vmi", "")) for a in alerts})
+        for name, state, vmi in names:
+            say(f"   {state:<8} {name} {vmi}")
+        guests: dict[str, set[str]] = {}
+        for a in alerts:
+            lab = a["labels"]
+            if "vmi" in lab and "namespace" in lab:
+                guests.setdefault(lab["alertname"], set()).add(f"{lab['namespace']}/{lab['vmi']}")
+        self.summary["alert_guests"] = {k: sorted(v) for k, v in sorted(guests.items())}
+        self.summary["alert_reasons"] = {f"{a['labels']['namespace']}/{a['labels']['vmi']}": a["labels"]["reason"]
+                                         for a in alerts if a["labels"]["alertname"] == "LicensectlGuestUnlicensed"
+                                         and "reason" in a["labels"]}
+        return sorted({n for n, _, _ in names})
+
+    def summarize(self, view: Any, doc: dict[str, Any], *, sim: KubevirtSimulator, app: App, alerts: list[str],
+                  ok: bool) -> None:
+        rec = sim.record
+        graphics_vms = [(ns, name) for ns, name, cls, _ in VMS if cls == GRAPHICS]
+        self.summary.update({
+            "rollout_complete": ok,
+            "rollout": doc["rollouts"].get(f"{SOURCE_NS}/nls-graphics"),
+            "restarts": {f"{ns}/{name}": len(rec.restarts_for(ns, name)) for ns, name, _, _ in VMS},
+            "graphics_vms": [f"{ns}/{name}" for ns, name in graphics_vms],
+            "max_concurrent_unavailable": rec.max_concurrent_unavailable(),
+            "max_concurrent_unavailable_per_namespace": {
+                ns: rec.max_concurrent_unavailable(ns) for ns, *_ in TREE},
+            "limits": {"max_unavailable": MAX_UNAVAILABLE, "max_per_namespace": MAX_PER_NAMESPACE},
+            "guests": {f"{g['namespace']}/{g['vmi']}": g for g in app.status()["guests"]["list"]},
+            "guest_profiles": {f"{ns}/{name}": p for ns, name, _, p in VMS},
+            "alerts": alerts,
+            "expected_alerts": sorted(EXPECTED_ALERTS),
+            "expected_alert_guests": EXPECTED_ALERT_GUESTS,
+            "metrics_url": f"http://127.0.0.1:{app.metrics_port}/metrics",
+        })
+
+
+def demo_main(args: Any) -> int:
+    logs.configure("console", "warning")
+    demo = Demo(duration=args.duration, with_prometheus=args.prometheus, json_out=args.json_out,
+                metrics_port=args.metrics_port)
+
+    async def main() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        return await demo.run(stop)
+
+    try:
+        return asyncio.run(main())
+    except RuntimeError as e:
+        print(f"licensectl demo: {e}", file=sys.stderr)
+        return 1

@@ -1,0 +1,383 @@
+"""In-memory implementations of the seams in `licensectl.core.ports`, for unit tests of the reconcile loops
+and the lease without a cluster.
+
+They keep the rules the loops rely on, not a whole apiserver: writes are guarded the way the real
+writers guard them (resourceVersion, uid, ownership), and what a write changes shows up in the caches
+at once (a watch without lag) unless a test holds the caches back to model a lagging watch.
+Every call is recorded in order (`calls`/`ops`) so tests can assert what was written and when.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+import datetime as dt
+import itertools
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from licensectl.core.model import GpuClaim, GpuClass, Namespace, ObjectRef, ReplicaSecret, SourceSecret, Vm, Vmi
+from licensectl.core.ports import InvolvedObject, ObservedMeta, RestartResult, SecretBody, WriteResult
+from licensectl.core.timecodec import to_epoch_us
+from licensectl.kube import projections
+from licensectl.kube.api import ApiException
+from licensectl.kube.writer import is_owned, merged_body
+
+if TYPE_CHECKING:
+    from licensectl.core.ports import (
+        EventSink,
+        KubevirtApi,
+        LeaseBackend,
+        ReplicationCaches,
+        ReplicaWriter,
+        RolloutCaches,
+    )
+
+Key = tuple[str, str]
+T = TypeVar("T")
+
+EPOCH = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
+
+
+def key_of(obj: Any) -> Key:
+    """(namespace, name); cluster-scoped objects (no namespace) under ""."""
+    return (getattr(obj, "namespace", "") or "", obj.name)
+
+
+class ManualClock:
+    """Wall and monotonic time that move only when the test says so."""
+
+    def __init__(self, start: dt.datetime = EPOCH, monotonic_start: float = 1000.0) -> None:
+        self._wall = start
+        self._mono = monotonic_start
+
+    def now(self) -> dt.datetime:
+        return self._wall
+
+    def monotonic(self) -> float:
+        return self._mono
+
+    def advance(self, seconds: float) -> None:
+        self._wall += dt.timedelta(seconds=seconds)
+        self._mono += seconds
+
+
+class MemoryCache(Generic[T]):
+    """One watch cache (a `CacheView`): synced and healthy unless the test says otherwise."""
+
+    def __init__(self, name: str, items: Iterable[T] = ()) -> None:
+        self.name = name
+        self.synced = True
+        self.healthy = True
+        self._items: dict[Key, T] = {key_of(o): o for o in items}
+
+    @property
+    def cache(self) -> Mapping[Key, T]:
+        return MappingProxyType(self._items)
+
+    def snapshot(self) -> dict[Key, T]:
+        return dict(self._items)
+
+    def put(self, *objs: T) -> None:
+        for o in objs:
+            self._items[key_of(o)] = o
+
+    def remove(self, key: Key) -> None:
+        self._items.pop(key, None)
+
+
+class MemoryCaches:
+    """The caches both loops read (`ReplicationCaches` and `RolloutCaches`).
+
+    `source_secrets` is what exists in the cluster; a source is visible to the loop (synced, the
+    Secret or None) only once `ensure_sources` asked for it, as with the real per-source watches.
+    """
+
+    def __init__(self, *, with_kubevirt: bool = True) -> None:
+        self.namespaces: MemoryCache[Namespace] = MemoryCache("namespaces")
+        self.classes: MemoryCache[GpuClass] = MemoryCache("gpuclasses")
+        self.claims: MemoryCache[GpuClaim] = MemoryCache("gpuclaims")
+        self.replicas: MemoryCache[ReplicaSecret] = MemoryCache("replicas")
+        self.vms: MemoryCache[Vm] | None = MemoryCache("virtualmachines") if with_kubevirt else None
+        self.vmis: MemoryCache[Vmi] | None = MemoryCache("virtualmachineinstances") if with_kubevirt else None
+        self.source_secrets: dict[ObjectRef, SourceSecret] = {}
+        self.watched: set[ObjectRef] = set()
+
+    @property
+    def core(self) -> list[MemoryCache[Any]]:
+        return [self.namespaces, self.classes, self.claims, self.replicas]
+
+    @property
+    def all(self) -> list[MemoryCache[Any]]:
+        return self.core + [c for c in (self.vms, self.vmis) if c is not None]
+
+    def core_synced(self) -> bool:
+        return all(c.synced for c in self.core)
+
+    def core_healthy(self) -> bool:
+        return all(c.synced and c.healthy for c in self.core)
+
+    def kubevirt_healthy(self) -> bool:
+        return all(c is not None and c.synced and c.healthy for c in (self.vms, self.vmis))
+
+    def ensure_sources(self, wanted: Iterable[ObjectRef]) -> None:
+        self.watched = set(wanted)
+
+    def source_states(self) -> dict[ObjectRef, SourceSecret | None]:
+        return {ref: self.source_secrets.get(ref) for ref in sorted(self.watched, key=str)}
+
+
+class MemoryEvents:
+    """An `EventSink` that keeps every Event."""
+
+    def __init__(self) -> None:
+        self.emitted: list[tuple[InvolvedObject, str, str, str]] = []
+
+    async def emit(self, obj: InvolvedObject, type_: str, reason: str, message: str) -> None:
+        self.emitted.append((obj, type_, reason, message))
+
+    def reasons(self) -> list[str]:
+        return [reason for _, _, reason, _ in self.emitted]
+
+
+class _Versions:
+    """Cluster-wide resourceVersions and uids, like etcd's revision counter."""
+
+    def __init__(self) -> None:
+        self._rv = itertools.count(100)
+        self._uid = itertools.count(1)
+
+    def rv(self) -> str:
+        return str(next(self._rv))
+
+    def uid(self, prefix: str) -> str:
+        return f"{prefix}-{next(self._uid):04d}"
+
+
+class MemoryReplicaWriter:
+    """A `ReplicaWriter` over an in-memory Secret store, with SecretWriter's rules: a Secret without
+    licensectl's marks is a conflict and never changes; deletes need the observed uid. Owned Secrets
+    appear in `caches.replicas` as the replica watch would show them."""
+
+    def __init__(self, caches: MemoryCaches) -> None:
+        self.caches = caches
+        self.secrets: dict[Key, dict[str, Any]] = {}
+        self.calls: list[tuple[str, str, str]] = []  # (create|update|delete, namespace, name)
+        self.failing: set[Key] = set()  # writes to these raise a 500
+        self._versions = _Versions()
+
+    def put_foreign(self, namespace: str, name: str) -> None:
+        """A tenant's own Secret under a replica's name."""
+        self.secrets[(namespace, name)] = {
+            "metadata": {"namespace": namespace, "name": name, "uid": self._versions.uid("foreign"),
+                         "resourceVersion": self._versions.rv(), "labels": {"app": "tenant"}},
+            "data": {"k": "dGVuYW50"}}
+
+    def _check(self, verb: str, namespace: str, name: str) -> None:
+        self.calls.append((verb, namespace, name))
+        if (namespace, name) in self.failing:
+            raise ApiException(status=500, reason="InternalError")
+
+    def _store(self, key: Key, obj: dict[str, Any], uid: str) -> None:
+        obj["metadata"]["uid"] = uid
+        obj["metadata"]["resourceVersion"] = self._versions.rv()
+        self.secrets[key] = obj
+        replica = projections.replica_secret_from(obj)
+        if replica is not None and replica.owned:
+            self.caches.replicas.put(replica)
+
+    async def create(self, want: SecretBody) -> WriteResult:
+        self._check("create", want.namespace, want.name)
+        key = (want.namespace, want.name)
+        if key in self.secrets:  # AlreadyExists: decided from the object, as SecretWriter does
+            return self._update(want)
+        self._store(key, merged_body(None, want), self._versions.uid("secret"))
+        return WriteResult.CREATED
+
+    async def update(self, want: SecretBody, observed: ObservedMeta | None) -> WriteResult:
+        self._check("update", want.namespace, want.name)
+        return self._update(want)
+
+    def _update(self, want: SecretBody) -> WriteResult:
+        key = (want.namespace, want.name)
+        current = self.secrets.get(key)
+        if current is None:
+            self._store(key, merged_body(None, want), self._versions.uid("secret"))
+            return WriteResult.CREATED
+        if not is_owned(current["metadata"]):
+            return WriteResult.CONFLICT
+        body = merged_body(current, want)
+        same = (body["data"] == current.get("data") and body["metadata"]["labels"] == current["metadata"]["labels"]
+                and body["metadata"]["annotations"] == current["metadata"]["annotations"])
+        if same:
+            return WriteResult.UNCHANGED
+        self._store(key, body, current["metadata"]["uid"])
+        return WriteResult.UPDATED
+
+    async def delete(self, namespace: str, name: str, uid: str) -> WriteResult:
+        self._check("delete", namespace, name)
+        current = self.secrets.get((namespace, name))
+        if current is None:
+            return WriteResult.GONE
+        if not is_owned(current["metadata"]):
+            return WriteResult.CONFLICT
+        if current["metadata"]["uid"] != uid:
+            return WriteResult.GONE
+        del self.secrets[(namespace, name)]
+        self.caches.replicas.remove((namespace, name))
+        return WriteResult.DELETED
+
+
+class MemoryKubevirt:
+    """A `KubevirtApi` over in-memory VMs and VMIs, behaving as KubeVirt does for a rollout.
+
+    `annotate_vm` is a merge patch guarded by resourceVersion; `restart` replaces the running VMI by
+    a new one (new uid, started now, Ready unless `come_back_ready` is False), or leaves it running
+    when the VM is in `stuck` (a restart that never takes effect); with `calls_lost` it raises
+    before reaching KubeVirt (the connection, or the process, died). `live_vmi_uid` reads the truth,
+    while the caches follow it only when `lag` is False or on `publish()` (a lagging watch).
+    """
+
+    def __init__(self, caches: MemoryCaches, clock: ManualClock) -> None:
+        assert caches.vms is not None and caches.vmis is not None
+        self._vm_cache = caches.vms
+        self._vmi_cache = caches.vmis
+        self.clock = clock
+        self.vms: dict[Key, Vm] = {}
+        self.vmis: dict[Key, Vmi] = {}
+        self.ops: list[tuple[str, str, str]] = []  # (annotate|live-get|restart, namespace, vm)
+        self.lag = False
+        self.come_back_ready = True
+        self.stuck: set[Key] = set()
+        self.calls_lost = False
+        self._versions = _Versions()
+
+    def add(self, namespace: str, name: str, *, secret_volumes: tuple[str, ...], started: dt.datetime,
+            run_strategy: str = "Always", annotations: Mapping[str, str] | None = None) -> None:
+        """A running VM and its Ready VMI that mounts `secret_volumes`."""
+        self.vms[(namespace, name)] = Vm(namespace=namespace, name=name,
+                                         run_strategy=run_strategy, annotations=dict(annotations or {}),
+                                         resource_version=self._versions.rv())
+        self.vmis[(namespace, name)] = self._vmi(namespace, name, secret_volumes, started, ready=True)
+        self.publish()
+
+    def _vmi(self, namespace: str, name: str, volumes: tuple[str, ...], started: dt.datetime, *,
+             ready: bool) -> Vmi:
+        return Vmi(namespace=namespace, name=name, uid=self._versions.uid("vmi"), created_us=to_epoch_us(started),
+                   owner_vm=name, phase="Running", ready=ready, running_since_us=to_epoch_us(started),
+                   secret_volumes=volumes, firmware_uuid=None)
+
+    def publish(self) -> None:
+        """Let the caches catch up with the truth (the watch delivers)."""
+        for key in [k for k in self._vm_cache.cache if k not in self.vms]:
+            self._vm_cache.remove(key)
+        for key in [k for k in self._vmi_cache.cache if k not in self.vmis]:
+            self._vmi_cache.remove(key)
+        self._vm_cache.put(*self.vms.values())
+        self._vmi_cache.put(*self.vmis.values())
+
+    def _changed(self) -> None:
+        if not self.lag:
+            self.publish()
+
+    async def annotate_vm(self, *, namespace: str, name: str, resource_version: str,
+                          annotations: Mapping[str, str | None]) -> bool:
+        self.ops.append(("annotate", namespace, name))
+        vm = self.vms.get((namespace, name))
+        if vm is None or vm.resource_version != resource_version:
+            return False
+        merged = dict(vm.annotations)
+        for k, v in annotations.items():
+            if v is None:
+                merged.pop(k, None)
+            else:
+                merged[k] = v
+        self.vms[(namespace, name)] = dataclasses.replace(vm, annotations=merged,
+                                                          resource_version=self._versions.rv())
+        self._changed()
+        return True
+
+    async def live_vmi_uid(self, namespace: str, name: str) -> str | None:
+        self.ops.append(("live-get", namespace, name))
+        vmi = self.vmis.get((namespace, name))
+        return vmi.uid if vmi is not None and not vmi.deleting else None
+
+    async def restart(self, *, namespace: str, vm: str, vmi_uid: str, run_strategy: str | None) -> RestartResult:
+        if self.calls_lost:
+            raise ConnectionResetError("restart call lost")
+        self.ops.append(("restart", namespace, vm))
+        key = (namespace, vm)
+        if key not in self.vms:
+            return RestartResult.NOT_FOUND
+        old = self.vmis.get(key)
+        if key in self.stuck or old is None:
+            return RestartResult.ISSUED
+        self.vmis[key] = self._vmi(namespace, vm, old.secret_volumes, self.clock.now(), ready=self.come_back_ready)
+        self._changed()
+        return RestartResult.ISSUED
+
+    def restarted(self) -> list[Key]:
+        return [(ns, vm) for op, ns, vm in self.ops if op == "restart"]
+
+
+class MemoryLeases:
+    """A `LeaseBackend`: Leases as raw objects, replace guarded by resourceVersion.
+
+    `down` makes every call fail as an unreachable apiserver would; `writes` records (verb, holder).
+    Every call yields to the event loop once, so candidates started together really interleave.
+    """
+
+    def __init__(self) -> None:
+        self.leases: dict[Key, dict[str, Any]] = {}
+        self.writes: list[tuple[str, str]] = []
+        self.down = False
+        self._versions = _Versions()
+
+    async def _reachable(self) -> None:
+        await asyncio.sleep(0)
+        if self.down:
+            raise OSError("apiserver unreachable")
+
+    def holder(self, namespace: str, name: str) -> str | None:
+        obj = self.leases.get((namespace, name))
+        return None if obj is None else str(obj["spec"].get("holderIdentity") or "")
+
+    async def read(self, namespace: str, name: str) -> dict[str, Any] | None:
+        await self._reachable()
+        obj = self.leases.get((namespace, name))
+        return copy.deepcopy(obj) if obj is not None else None
+
+    async def create(self, namespace: str, body: dict[str, Any]) -> bool:
+        await self._reachable()
+        key = (namespace, body["metadata"]["name"])
+        if key in self.leases:
+            return False
+        self._store(key, "create", body)
+        return True
+
+    async def replace(self, namespace: str, name: str, body: dict[str, Any]) -> bool:
+        await self._reachable()
+        current = self.leases.get((namespace, name))
+        if current is None:
+            raise ApiException(status=404, reason="NotFound")
+        if (body.get("metadata") or {}).get("resourceVersion") != current["metadata"]["resourceVersion"]:
+            return False
+        self._store((namespace, name), "replace", body)
+        return True
+
+    def _store(self, key: Key, verb: str, body: dict[str, Any]) -> None:
+        obj = copy.deepcopy(body)
+        obj.setdefault("metadata", {})["resourceVersion"] = self._versions.rv()
+        self.leases[key] = obj
+        self.writes.append((verb, str(obj["spec"].get("holderIdentity") or "")))
+
+
+
+if TYPE_CHECKING:  # mypy proves the in-memory seams satisfy the Protocols the loops depend on
+
+    def _conforms(caches: MemoryCaches, writer: MemoryReplicaWriter, events: MemoryEvents,
+                  kubevirt: MemoryKubevirt, leases: MemoryLeases,
+                  ) -> tuple[ReplicationCaches, RolloutCaches, ReplicaWriter, EventSink, KubevirtApi, LeaseBackend]:
+        return caches, caches, writer, events, kubevirt, leases
