@@ -17,6 +17,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import aiohttp
@@ -323,6 +324,12 @@ async def seed_fleet(api: ApiClient, token: bytes, namespaces: int, max_depth: i
     return w, times
 
 
+def fake_tokens(count: int) -> list[bytes]:
+    """The source's first token and those of the rotations after it: the n-th valid n * 90 days from now."""
+    now = int(time.time())
+    return [fleet.fake_token(now + 86400 * 90 * n, extra={"rotation": n}) for n in range(1, count + 1)]
+
+
 async def rotate_source(api: ApiClient, token: bytes) -> None:
     """The hoster replaces the source Secret's token (a new revision)."""
     await fleet.put_source_secret(api, SOURCE_NS, SOURCE_NAME, token=token, gridd_conf=GRIDD_CONF)
@@ -388,6 +395,50 @@ class BenchController(ControllerProcess):
     async def close(self) -> None:
         await super().close()
         self._logs.cleanup()
+
+
+class BenchRun:
+    """What one benchmark run starts, ended when the run ends however it ends, in this order: the
+    controller process of the moment (its log tail first goes to stderr if the run failed: that tail
+    usually says why), whatever else was registered with `on_exit` (newest first), the API clients.
+
+    The controller is stopped before the simulator and proxies it talks through go away.
+    """
+
+    def __init__(self) -> None:
+        self.controller: BenchController | None = None
+        self._on_exit: list[Callable[[], Awaitable[Any]]] = []
+        self._clients: list[ApiClient] = []
+
+    async def client(self, kubeconfig: str | os.PathLike[str], pool: int) -> ApiClient:
+        """`make_client`, closed when the run ends."""
+        api = await make_client(kubeconfig, pool)
+        self._clients.append(api)
+        return api
+
+    def hold(self, ctl: BenchController) -> BenchController:
+        """`ctl` is the run's controller from now on (a controller replaced earlier was closed by its caller)."""
+        self.controller = ctl
+        return ctl
+
+    def on_exit(self, stop: Callable[[], Awaitable[Any]]) -> None:
+        self._on_exit.append(stop)
+
+    async def __aenter__(self) -> BenchRun:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        ctl = self.controller
+        if ctl is not None:
+            if exc_type is not None and ctl.log_tail():
+                progress("controller log tail:\n" + ctl.log_tail())
+            await ctl.close()
+        for stop in reversed(self._on_exit):
+            await stop()
+        for api in self._clients:
+            with contextlib.suppress(Exception):
+                await api.close()
 
 
 # ---------------------------------------------------------------------------------------------

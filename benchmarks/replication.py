@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import datetime as dt
 import ssl
 import time
@@ -33,9 +32,11 @@ from benchmarks.common import (
     SEED_CONCURRENCY,
     THIS_TREE,
     BenchController,
+    BenchRun,
     ControllerBuild,
     apiserver_outage,
     cpu_seconds,
+    fake_tokens,
     fmt_counts,
     fmt_mib,
     fmt_num,
@@ -59,7 +60,7 @@ from licensectl.kube.raw import RawApi
 from licensectl_dev.devcluster import fleet
 from licensectl_dev.devcluster.controlplane import ControlPlane
 from licensectl_dev.devcluster.kubeapi import install_crds
-from licensectl_dev.devcluster.vm_semantics import firmware_uuid
+from licensectl_dev.devcluster.vm_semantics import firmware_uuid, vmi_from_vm
 from licensectl_dev.testkit.metrics_text import Scrape, delta, delta_by_label, parse_metrics
 from licensectl_dev.testkit.poll import eventually
 
@@ -124,8 +125,9 @@ async def seed(api: ApiClient, scale: ReplicationScale, token: bytes) -> dict[st
 
 def running_vm(api: ApiClient, ns: str, name: str) -> Callable[[], Awaitable[None]]:
     """A VM and its running, Ready VMI as virt-controller and virt-handler leave them (the shapes of
-    licensectl_dev/devcluster/virt_controller.py), mounting the replica; written directly, as nothing
-    boots or restarts them here (no simulator: the controller's settle period outlasts the run)."""
+    licensectl_dev/devcluster/virt_controller.py; the VMI is the simulator's own `vmi_from_vm`), mounting
+    the replica; written directly, as nothing boots or restarts them here (no simulator: the
+    controller's settle period outlasts the run)."""
     co: Any = CustomObjectsApi(api)
 
     async def job() -> None:
@@ -134,15 +136,8 @@ def running_vm(api: ApiClient, ns: str, name: str) -> Callable[[], Awaitable[Non
         await co.patch_namespaced_custom_object_status(
             KUBEVIRT, KUBEVIRT_VERSION, ns, "virtualmachines", name,
             {"status": {"created": True, "ready": True, "printableStatus": "Running"}}, _content_type=MERGE_PATCH)
-        spec = body["spec"]["template"]["spec"]
-        vmi = {"apiVersion": f"{KUBEVIRT}/{KUBEVIRT_VERSION}", "kind": "VirtualMachineInstance",
-               "metadata": {"name": name, "namespace": ns, "labels": {"kubevirt.io/vm": name},
-                            "annotations": {"kubevirt.io/vm-generation": "1"},
-                            "ownerReferences": [{"apiVersion": f"{KUBEVIRT}/{KUBEVIRT_VERSION}",
-                                                 "kind": "VirtualMachine", "name": name, "uid": vm["metadata"]["uid"],
-                                                 "controller": True, "blockOwnerDeletion": True}]},
-               "spec": spec}
-        await co.create_namespaced_custom_object(KUBEVIRT, KUBEVIRT_VERSION, ns, "virtualmachineinstances", vmi)
+        await co.create_namespaced_custom_object(KUBEVIRT, KUBEVIRT_VERSION, ns, "virtualmachineinstances",
+                                                 vmi_from_vm(vm))
         t = format_time(dt.datetime.now(dt.UTC))
         stamps = [{"phase": p, "phaseTransitionTimestamp": t} for p in ("Pending", "Scheduling", "Scheduled",
                                                                         "Running")]
@@ -158,25 +153,33 @@ def running_vm(api: ApiClient, ns: str, name: str) -> Callable[[], Awaitable[Non
 # ---------------------------------------------------------------------------------------------
 # The raw-write floor
 # ---------------------------------------------------------------------------------------------
+async def listed_replicas(raw: Any, expected: int, floor: str) -> list[dict[str, Any]]:
+    """Every replica Secret as listed; raises unless there are `expected` of them."""
+    listed = await raw.list_secret_for_all_namespaces(label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}")
+    # The signing-key Secret carries the managed-by label too; replicas also carry the class annotation.
+    items: list[dict[str, Any]] = [s for s in listed.get("items") or []
+                                   if ANN_CLASS in ((s.get("metadata") or {}).get("annotations") or {})]
+    if len(items) != expected:
+        raise RuntimeError(f"{floor}: expected {expected} replicas, listed {len(items)}")
+    return items
+
+
+def replica_body(s: dict[str, Any], data: dict[str, Any], *, keep_version: bool) -> dict[str, Any]:
+    """A listed replica as a write body with `data`; `keep_version` guards a replace by its resourceVersion."""
+    meta = s["metadata"]
+    metadata = {"name": meta["name"], "namespace": meta["namespace"], "labels": meta.get("labels") or {},
+                "annotations": meta.get("annotations") or {}}
+    if keep_version:
+        metadata["resourceVersion"] = meta["resourceVersion"]
+    return {"apiVersion": "v1", "kind": "Secret", "type": s.get("type", "Opaque"), "data": data, "metadata": metadata}
+
+
 async def raw_write_floor(api: ApiClient, expected: int, token: bytes) -> tuple[float, int]:
     """Replace every replica with new content at the controller's concurrency; (seconds, writes)."""
     raw: Any = RawApi(kube_api.CoreV1Api(api))  # the thin client the controller uses, no controller logic
-    listed = await raw.list_secret_for_all_namespaces(label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}")
-    # The signing-key Secret carries the managed-by label too; replicas also carry the class annotation.
-    items = [s for s in listed.get("items") or []
-             if ANN_CLASS in ((s.get("metadata") or {}).get("annotations") or {})]
-    if len(items) != expected:
-        raise RuntimeError(f"floor: expected {expected} replicas, listed {len(items)}")
     new = base64.b64encode(token).decode()
-    bodies = []
-    for s in items:
-        data = dict(s.get("data") or {})
-        data["client_configuration_token.tok"] = new
-        meta = s["metadata"]
-        bodies.append({"apiVersion": "v1", "kind": "Secret", "type": s.get("type", "Opaque"), "data": data,
-                       "metadata": {"name": meta["name"], "namespace": meta["namespace"],
-                                    "labels": meta.get("labels") or {}, "annotations": meta.get("annotations") or {},
-                                    "resourceVersion": meta["resourceVersion"]}})
+    bodies = [replica_body(s, {**(s.get("data") or {}), "client_configuration_token.tok": new}, keep_version=True)
+              for s in await listed_replicas(raw, expected, "floor")]
 
     def put(b: dict[str, Any]) -> Any:
         return lambda: raw.replace_namespaced_secret(b["metadata"]["name"], b["metadata"]["namespace"], b)
@@ -189,18 +192,8 @@ async def raw_create_floor(api: ApiClient, expected: int) -> tuple[float, int]:
     """Delete every replica (untimed), then create them again from their listed content at the
     controller's concurrency: the cold start's baseline; (seconds, creates)."""
     raw: Any = RawApi(kube_api.CoreV1Api(api))  # the thin client the controller uses, no controller logic
-    listed = await raw.list_secret_for_all_namespaces(label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}")
-    items = [s for s in listed.get("items") or []
-             if ANN_CLASS in ((s.get("metadata") or {}).get("annotations") or {})]
-    if len(items) != expected:
-        raise RuntimeError(f"create floor: expected {expected} replicas, listed {len(items)}")
-    bodies = []
-    for s in items:
-        meta = s["metadata"]
-        bodies.append({"apiVersion": "v1", "kind": "Secret", "type": s.get("type", "Opaque"),
-                       "data": dict(s.get("data") or {}),
-                       "metadata": {"name": meta["name"], "namespace": meta["namespace"],
-                                    "labels": meta.get("labels") or {}, "annotations": meta.get("annotations") or {}}})
+    bodies = [replica_body(s, dict(s.get("data") or {}), keep_version=False)
+              for s in await listed_replicas(raw, expected, "create floor")]
 
     def delete(b: dict[str, Any]) -> Any:
         return lambda: raw.delete_namespaced_secret(b["metadata"]["name"], b["metadata"]["namespace"])
@@ -257,14 +250,10 @@ def _revision(s: Scrape) -> str:
 async def run(cp: ControlPlane, scale_name: str, build: ControllerBuild = THIS_TREE) -> str:
     scale = SCALES[scale_name]
     n = scale.namespaces
-    now = int(time.time())
-    token1 = fleet.fake_token(now + 86400 * 90, extra={"rotation": 1})
-    token2 = fleet.fake_token(now + 86400 * 180, extra={"rotation": 2})
-    token3 = fleet.fake_token(now + 86400 * 270, extra={"rotation": 3})
-    api = await make_client(cp.kubeconfig_path, SEED_CONCURRENCY + 8)
-    ctl: BenchController | None = None
+    token1, token2, token3 = fake_tokens(3)
     rows: list[list[str]] = []
-    try:
+    async with BenchRun() as bench:
+        api = await bench.client(cp.kubeconfig_path, SEED_CONCURRENCY + 8)
         await install_crds(api)
         progress(f"replication[{scale_name}]: seeding {n:,} tenants, {n:,} claims, "
                  f"{scale.unrelated_secrets:,} unrelated Secrets, {scale.vmis:,} VMs + VMIs")
@@ -276,8 +265,8 @@ async def run(cp: ControlPlane, scale_name: str, build: ControllerBuild = THIS_T
         cp_pids = {k: v for k, v in cp.pids.items() if k in ("kube-apiserver", "etcd")}
 
         # -- cold start ---------------------------------------------------------------------
-        ctl = BenchController(cp.kubeconfig_path, args=["--resync-seconds", str(scale.resync_seconds),
-                                                        *CONTROLLER_ARGS], build=build)
+        ctl = bench.hold(BenchController(cp.kubeconfig_path, args=["--resync-seconds", str(scale.resync_seconds),
+                                                                   *CONTROLLER_ARGS], build=build))
         cpu0 = cpu_seconds(cp_pids)
         progress("cold start: launching the controller")
         await ctl.start()
@@ -450,12 +439,3 @@ async def run(cp: ControlPlane, scale_name: str, build: ControllerBuild = THIS_T
         ]
         return format_table(f"Replication benchmark ({scale_name})", ["metric", "measured", "baseline / goal",
                                                                       "notes"], rows)
-    except BaseException:
-        if ctl is not None and ctl.log_tail():
-            progress("controller log tail:\n" + ctl.log_tail())
-        raise
-    finally:
-        if ctl is not None:
-            await ctl.close()
-        with contextlib.suppress(Exception):
-            await api.close()

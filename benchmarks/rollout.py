@@ -42,14 +42,15 @@ from benchmarks.common import (
     SOURCE_NS,
     THIS_TREE,
     BenchController,
+    BenchRun,
     ControllerBuild,
     cpu_seconds,
+    fake_tokens,
     fmt_counts,
     fmt_num,
     fmt_ratio,
     fmt_seconds,
     format_table,
-    make_client,
     progress,
     ratio,
     rotate_source,
@@ -552,22 +553,20 @@ def safe_rows(safe: Phase, one: Phase, *, vms: int, namespaces: int, limit: int)
 async def run(cp: ControlPlane, scale_name: str, build: ControllerBuild = THIS_TREE) -> str:
     scale = SCALES[scale_name]
     v, nss = scale.vmis, scale.namespaces
-    now = int(time.time())
-    tokens = [fleet.fake_token(now + 86400 * 90 * (i + 1), extra={"rotation": i + 1}) for i in range(3)]
-    api = await make_client(cp.kubeconfig_path, SEED_CONCURRENCY + 8)
-    sim_api = await make_client(cp.kubeconfig_path, 128)
-    sim: KubevirtSimulator | None = None
-    proxy: CountingProxy | None = None
-    ctl: BenchController | None = None
-    try:
+    tokens = fake_tokens(3)
+    async with BenchRun() as bench:
+        api = await bench.client(cp.kubeconfig_path, SEED_CONCURRENCY + 8)
+        sim_api = await bench.client(cp.kubeconfig_path, 128)
         await install_crds(api)
         progress(f"rollout[{scale_name}]: seeding {nss:,} tenants with claims")
         names = await seed(api, scale, tokens[0])
         sim = KubevirtSimulator(sim_api, ready_delay=READY_DELAY)
+        bench.on_exit(sim.stop)
         await sim.start()
         proxy = CountingProxy(sim, upstream=cp.server, ca_path=str(cp.ca_path), token=cp.admin_token)
+        bench.on_exit(proxy.stop)
         await proxy.start()
-        ctl = first = BenchController(proxy.kubeconfig_path, args=controller_args(ONE_STEP), build=build)
+        first = bench.hold(BenchController(proxy.kubeconfig_path, args=controller_args(ONE_STEP), build=build))
         await first.start()
         progress("waiting for the replicas")
 
@@ -601,7 +600,7 @@ async def run(cp: ControlPlane, scale_name: str, build: ControllerBuild = THIS_T
         await first.close()
 
         # -- 2. a safe rotation with the shipped defaults, same fleet and limits ---------------
-        ctl = second = BenchController(proxy.kubeconfig_path, args=controller_args(SAFE), build=build)
+        second = bench.hold(BenchController(proxy.kubeconfig_path, args=controller_args(SAFE), build=build))
         await second.start()
         progress("safe rotation: waiting for the second controller to be steady on the fleet")
         await wait_steady(second, namespaces=nss, vms=v, within=scale.timeout)
@@ -625,17 +624,3 @@ async def run(cp: ControlPlane, scale_name: str, build: ControllerBuild = THIS_T
         ]
         return format_table(f"Rollout benchmark ({scale_name})", ["metric", "measured", "baseline / goal", "notes"],
                             rows)
-    except BaseException:
-        if ctl is not None and ctl.log_tail():
-            progress("controller log tail:\n" + ctl.log_tail())
-        raise
-    finally:
-        if ctl is not None:
-            await ctl.close()
-        if proxy is not None:
-            await proxy.stop()
-        if sim is not None:
-            await sim.stop()
-        for c in (api, sim_api):
-            with contextlib.suppress(Exception):
-                await c.close()

@@ -8,7 +8,6 @@ current reconcile passes finish their writes, release the Lease, then close the 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import os
 import signal
@@ -24,11 +23,13 @@ from licensectl.controllers.guests import GuestStore
 from licensectl.controllers.replication_loop import CONFLICT_RECHECK_SECONDS, ReplicationController
 from licensectl.controllers.rollout_loop import RolloutController, vmi_object
 from licensectl.controllers.rotation_loop import RotationController
+from licensectl.controllers.runner import IDLE, Result, TaskRunner, reconcile_loop
 from licensectl.controllers.settings import tenant_settings
 from licensectl.core.delivery import Delivery, DeliveryView, plan_delivery, wanted_replicas, wanted_volumes
 from licensectl.core.entitlement import customer_tenant
 from licensectl.core.guest_report import GuestState
 from licensectl.core.model import ANN_REVISION, DOMAIN, ObjectRef, Vmi
+from licensectl.core.reasons import Reason
 from licensectl.core.render import RenderedLicense
 from licensectl.core.replication import SourceRevisions
 from licensectl.kube import client as kclient
@@ -57,6 +58,12 @@ LEADER_LABEL = f"{DOMAIN}/leader"
 COALESCE_SECONDS = {"replication": 0.05, "rollout": 0.5}
 Clock = Callable[[], dt.datetime]
 
+# Why a pass asks to run again soon rather than at the next event or resync.
+WAIT_FOR_CACHES = Result.after(0.2)  # the core caches have not completed their first LIST
+NO_CREDENTIAL_YET = Result.after(1.0)  # no signing key: replicas written now would be unusable for reports
+WAIT_FOR_ROLLOUT_CACHES = Result.after(0.5)  # the rollout cannot plan yet (KubeVirt caches not synced)
+WAIT_FOR_OWN_WRITES = Result.after(0.2)  # the watch cache has not shown the last pass's VM writes yet
+
 
 class App:
     def __init__(self, settings: config.Settings, *, api_client: AnyClient | None = None,
@@ -73,8 +80,7 @@ class App:
         self.guests = GuestStore(settings.report_interval_seconds)
         self._repl_trigger = asyncio.Event()
         self._roll_trigger = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
-        self._background: set[asyncio.Task[None]] = set()
+        self.tasks = TaskRunner()
         self._runners: list[web.AppRunner] = []
         self._stopping = False
         self._reports_open = False
@@ -175,11 +181,11 @@ class App:
                 namespace=s.namespace, name=s.lease_name, identity=self.identity,
                 lease_duration=s.lease_duration_seconds, renew_deadline=s.renew_deadline_seconds,
                 retry_period=s.retry_period_seconds), on_change=self._leadership_changed, wall=self.clock)
-            self._tasks.append(asyncio.create_task(self.elector.run(), name="leader-election"))
+            self.tasks.start_daemon("leader-election", self.elector.run())
         else:
             self.guests.start_receiving(self.clock())
-        self._tasks.append(asyncio.create_task(self._loop("replication", self._repl_trigger, self._replicate)))
-        self._tasks.append(asyncio.create_task(self._loop("rollout", self._roll_trigger, self._roll)))
+        self.tasks.start_loop("replication", self._loop("replication", self._repl_trigger, self._replicate))
+        self.tasks.start_loop("rollout", self._loop("rollout", self._roll_trigger, self._roll))
         log.info("licensectl started", version=__version__, identity=self.identity, metrics_port=self.metrics_port,
                  reports_port=self.reports_port, leader_elect=s.leader_elect, dry_run=s.dry_run)
 
@@ -193,15 +199,7 @@ class App:
             await asyncio.to_thread(self.webhook.stop)
         self._repl_trigger.set()
         self._roll_trigger.set()
-        loops = [t for t in self._tasks if t.get_name() != "leader-election"]
-        _, pending = await asyncio.wait(loops, timeout=30) if loops else (set(), set())
-        for t in pending:
-            t.cancel()
-        for t in self._tasks:
-            if t.get_name() == "leader-election":
-                t.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await self.tasks.stop()  # the passes finish (and the pod label lands), then the elector is cancelled
         if self.elector is not None:
             await self.elector.release()
             await self._label_pod(False)
@@ -215,61 +213,38 @@ class App:
         log.info("licensectl stopped")
 
     # -- loops --------------------------------------------------------------------------------------
-    async def _loop(self, name: str, trigger: asyncio.Event, step: Callable[[], Awaitable[float | None]]) -> None:
-        resync = self.settings.resync_seconds
-        failures = 0
-        loop = asyncio.get_running_loop()
-        while not self._stopping:
-            wait: float | None
-            started = loop.time()
-            try:
-                wait = await step()
-                failures = 0
-            except Exception as e:
-                failures += 1
-                wait = min(30.0, 0.5 * 2 ** min(failures, 6))
-                log.warning("reconcile failed", loop=name, error=type(e).__name__, status=getattr(e, "status", None),
-                            retry_in=wait)
-            if self._stopping:
-                return
-            timeout = resync if wait is None else max(0.05, min(wait, resync))
-            triggered = False
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(trigger.wait(), timeout)
-                triggered = True
-            trigger.clear()
-            # Coalesce bursts of watch events into one pass (docs/design.md#webhook-thread): after an
-            # event the whole window stays idle, however long the pass took. A timed wakeup (a settle
-            # period ending, a re-issue due) has nothing to coalesce: it only keeps passes a window apart.
-            window = COALESCE_SECONDS.get(name, 0.05)
-            await asyncio.sleep(window if triggered else max(0.0, window - (loop.time() - started)))
+    async def _loop(self, name: str, trigger: asyncio.Event, step: Callable[[], Awaitable[Result]]) -> None:
+        await reconcile_loop(name, step, trigger=trigger, resync=self.settings.resync_seconds,
+                             coalesce=COALESCE_SECONDS.get(name, 0.05), stopping=lambda: self._stopping)
 
-    async def _replicate(self) -> float | None:
+    async def _replicate(self) -> Result:
         if not self.caches.core_synced():
-            return 0.2
+            return WAIT_FOR_CACHES
         leader = self.is_leader
         if self.keys.keyring is None or leader:
             await self.keys.refresh(create=leader)
         if self.keys.keyring is None and not self.settings.dry_run:
-            return 1.0  # no credential to write yet: replicas would be unusable for reports
+            return NO_CREDENTIAL_YET
         await self.replication.reconcile(leader=leader)
         await self.rotation.reconcile(leader=leader)
+        # The deletion cap frees up, or a foreign Secret holding a replica's name is due a re-check.
         waits = [w for w in (self.replication.retry_after,
                              CONFLICT_RECHECK_SECONDS if self.replication.status.conflicts else None) if w]
-        return min(waits) if waits else None
+        return Result.after(min(waits)) if waits else IDLE
 
-    async def _roll(self) -> float | None:
+    async def _roll(self) -> Result:
         plan = await self.rollout.reconcile(leader=self.is_leader)
         if plan is None:
-            return 0.5
+            return WAIT_FOR_ROLLOUT_CACHES
         # The rotation reads what the rollout just decided (docs/design.md#safe-rotation).
         await self.rotation.reconcile(leader=self.is_leader)
         if self.rollout.awaiting_own_writes:
-            return 0.2
+            return WAIT_FOR_OWN_WRITES
+        # A settle period ends, a restart is due a re-issue, or a rotation wave is due its analysis.
         wakeups = [t for t in (plan.next_wakeup, self.rotation.next_check) if t is not None]
         if not wakeups:
-            return None
-        return max(0.1, (min(wakeups) - self.clock()).total_seconds())
+            return IDLE
+        return Result.after(max(0.1, (min(wakeups) - self.clock()).total_seconds()))
 
     def _rotations(self) -> Mapping[ObjectRef, SourceRevisions] | None:
         """What replication renders from; the revision stores are a core cache, synced before any pass."""
@@ -284,7 +259,7 @@ class App:
         self._roll_trigger.set()
         self.tls.wake()  # a new leader renews the certificate and the webhook caBundle if due
         if not self._stopping:
-            self._tasks.append(asyncio.create_task(self._label_pod(leader), name="label-pod"))
+            self.tasks.spawn("label-pod", self._label_pod(leader))
 
     async def _label_pod(self, leader: bool) -> None:
         """The reports Service selects the leader's pod by this label (see docs/operations.md)."""
@@ -334,11 +309,9 @@ class App:
     def _not_delivered_events(self, a: Admission) -> None:
         assert a.delivery is not None
         for claim, reason in a.delivery.skipped:
-            task = asyncio.create_task(self.events.emit(
-                vmi_object(a.namespace, a.name), "Warning", "LicenseNotDelivered",
+            self.tasks.spawn("admission-event", self.events.emit(
+                vmi_object(a.namespace, a.name), "Warning", Reason.LICENSE_NOT_DELIVERED,
                 f"GPU claim {claim}: no license volume added ({reason.value}); the VMI was admitted unchanged"))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
 
     # -- reports ------------------------------------------------------------------------------------
     def _credential_for(self, namespace: str) -> str:
@@ -407,7 +380,7 @@ class App:
         return b"" if self.settings.reports_plain_http else self.tls.ca_bundle
 
     def healthy(self) -> bool:
-        return not self._stopping and all(t.done() is False for t in self._tasks if t.get_name() != "label-pod")
+        return not self._stopping and self.tasks.healthy()
 
     def _samples(self) -> list[GaugeSample]:
         now = self.clock()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +18,7 @@ from typing import Any
 from licensectl import config, logs
 from licensectl.controllers.settings import rotation_settings, tenant_settings
 from licensectl.core import tokeninfo
+from licensectl.core.entitlement import ProblemKind
 from licensectl.core.model import ANN_REVISION, ANN_SOURCE_NAME, ANN_SOURCE_NAMESPACE, ObjectRef, ReplicaSecret
 from licensectl.core.ports import (
     EventSink,
@@ -30,13 +31,23 @@ from licensectl.core.ports import (
     WallClock,
     WriteResult,
 )
-from licensectl.core.render import DesiredReplica, SourceProblem
+from licensectl.core.reasons import Reason
+from licensectl.core.render import DesiredReplica, ReplicaState, SourceProblem
 from licensectl.core.replication import ReplicationInputs, ReplicationPlan, SourceRevisions, plan_replication
 from licensectl.metrics import GaugeSample, Metrics
 
 log = logs.get(__name__)
 
 CONFLICT_RECHECK_SECONDS = 60.0
+
+# The Event reason of each tenant problem is its kind in UpperCamelCase (`missing_parent` ->
+# `MissingParent`); a kind without a Reason member fails here, at import, not mid-reconcile.
+PROBLEM_REASONS: Mapping[ProblemKind, Reason] = {
+    kind: Reason("".join(part.capitalize() for part in kind.value.split("_"))) for kind in ProblemKind}
+# Label values of the metrics that export one series per enum value, zeros included, so a new
+# value is exported as soon as the enum has it: `replicas{state}` and `tenant_problems{kind}`.
+REPLICA_STATES: tuple[str, ...] = tuple(s.value for s in ReplicaState)
+TENANT_PROBLEM_KINDS: tuple[str, ...] = tuple(k.value for k in ProblemKind)
 
 
 class DeletionBudget:
@@ -250,7 +261,7 @@ class ReplicationController:
         if res is WriteResult.CONFLICT:
             self.status.conflicts[(d.namespace, d.name)] = self._monotonic()
             self.metrics.conflicts_total.inc()
-            await self.events.emit(obj, "Warning", "ReplicaConflict",
+            await self.events.emit(obj, "Warning", Reason.REPLICA_CONFLICT,
                                    f"Secret {d.namespace}/{d.name} exists but is not managed by licensectl; "
                                    f"left untouched. Rename or delete it to let class {d.class_name} replicate.")
         elif res is WriteResult.CREATED:
@@ -261,7 +272,7 @@ class ReplicationController:
                    d.class_name, d.revision)
             self._rotated[key] = self._rotated.get(key, 0) + 1
         elif res is WriteResult.UPDATED:
-            await self.events.emit(obj, "Normal", "ReplicaReverted",
+            await self.events.emit(obj, "Normal", Reason.REPLICA_REVERTED,
                                    f"License replica for class {d.class_name} reverted to the desired content "
                                    f"(revision {d.revision[:12]})")
 
@@ -269,7 +280,7 @@ class ReplicationController:
         """One Event per rotated (source, class) per pass, on the source Secret."""
         for (ns, name, class_name, revision), n in sorted(self._rotated.items()):
             if ns and name:
-                await self.events.emit(secret_object(ns, name), "Normal", "LicenseRotated",
+                await self.events.emit(secret_object(ns, name), "Normal", Reason.LICENSE_ROTATED,
                                        f"License revision {revision[:12]} of class {class_name} written to "
                                        f"{n} replica{'s' if n != 1 else ''}")
 
@@ -278,7 +289,7 @@ class ReplicationController:
             res = await self.writer.delete(r.namespace, r.name, r.uid)
         self.metrics.replica_writes.labels("delete", res.value).inc()
         if res is WriteResult.DELETED:
-            await self.events.emit(namespace_object(r.namespace), "Normal", "ReplicaDeleted",
+            await self.events.emit(namespace_object(r.namespace), "Normal", Reason.REPLICA_DELETED,
                                    f"License replica {r.name} deleted: namespace is no longer entitled")
 
     async def _deletion_cap_events(self, deferred: Iterable[ReplicaSecret]) -> None:
@@ -289,7 +300,7 @@ class ReplicationController:
         for (ns, name), n in sorted(by_source.items()):
             if not ns or not name:
                 continue
-            await self.events.emit(secret_object(ns, name), "Warning", "DeletionCapHit",
+            await self.events.emit(secret_object(ns, name), "Warning", Reason.DELETION_CAP_HIT,
                                    f"{n} replica deletions deferred by the cap of "
                                    f"{self.settings.deletions_per_minute}/min; they continue automatically")
 
@@ -299,7 +310,8 @@ class ReplicationController:
         await self._report_labelled_conflicts(plan)
         await self._report_token_formats()
         for p in plan.tenant_problems:
-            await self.events.emit(self._problem_object(p.kind, p.ref), "Warning", _camel(p.kind), p.message)
+            await self.events.emit(self._problem_object(p.kind, p.ref), "Warning", PROBLEM_REASONS[p.kind],
+                                   p.message)
         for class_name, sp in sorted(plan.source_problems.items()):
             await self._source_problem_events(class_name, sp)
 
@@ -321,7 +333,8 @@ class ReplicationController:
             why = ("carries the label app.kubernetes.io/managed-by=licensectl but not licensectl's annotations"
                    if not existing.owned else "is a licensectl replica of another GPU class")
             log.warning("replica conflict", namespace=key[0], name=key[1], labelled=True)
-            await self.events.emit(secret_object(key[0], key[1], existing.uid), "Warning", "ReplicaConflict",
+            await self.events.emit(secret_object(key[0], key[1], existing.uid), "Warning",
+                                   Reason.REPLICA_CONFLICT,
                                    f"Secret {key[0]}/{key[1]} {why}; left untouched. Rename or delete it "
                                    f"to let licensectl replicate.")
         self._reported_conflicts = seen
@@ -341,7 +354,8 @@ class ReplicationController:
                     else "is a JWT without a usable exp claim")
             log.warning("license token expiry unknown", source_namespace=ref.namespace, source_name=ref.name,
                         format=fmt.value)
-            await self.events.emit(secret_object(ref.namespace, ref.name), "Warning", "LicenseTokenUnreadable",
+            await self.events.emit(secret_object(ref.namespace, ref.name), "Warning",
+                                   Reason.LICENSE_TOKEN_UNREADABLE,
                                    f"Token in Secret {ref.namespace}/{ref.name} {what}: delivered unchanged, "
                                    f"but its expiry is unknown, so no expiry alert can fire for it")
 
@@ -355,10 +369,10 @@ class ReplicationController:
     async def _source_problem_events(self, class_name: str, sp: SourceProblem) -> None:
         msg = f"GPUClass {class_name}: {sp.message}; existing replicas kept, no rollout"
         await self.events.emit(InvolvedObject(self._class_api_version, "GPUClass", "", class_name),
-                               "Warning", "LicenseSourceInvalid", msg)
+                               "Warning", Reason.LICENSE_SOURCE_INVALID, msg)
         if sp.ref.namespace:
-            await self.events.emit(secret_object(sp.ref.namespace, sp.ref.name), "Warning", "LicenseSourceInvalid",
-                                   msg)
+            await self.events.emit(secret_object(sp.ref.namespace, sp.ref.name), "Warning",
+                                   Reason.LICENSE_SOURCE_INVALID, msg)
 
     def _update_token_expiry(self, plan: ReplicationPlan) -> None:
         out: dict[ObjectRef, dt.datetime | None] = {}
@@ -389,8 +403,9 @@ class ReplicationController:
         for ref, n in sorted(plan.entitled_per_source().items(), key=lambda kv: str(kv[0])):
             yield GaugeSample("entitled_namespaces", (("source_namespace", ref.namespace), ("source_name", ref.name)),
                               float(n))
-        for state, n in plan.state_counts().items():
-            yield GaugeSample("replicas", (("state", state),), float(n))
+        states = Counter(plan.states.values())
+        for state in REPLICA_STATES:
+            yield GaugeSample("replicas", (("state", state),), float(states.get(state, 0)))
         classes = {k[1]: v for k, v in self.caches.classes.snapshot().items()}
         for class_name in sorted(set(plan.licenses) | set(plan.source_problems)):
             gc = classes.get(class_name)
@@ -417,7 +432,7 @@ class ReplicationController:
         kinds: dict[str, int] = {}
         for p in plan.tenant_problems:
             kinds[p.kind.value] = kinds.get(p.kind.value, 0) + 1
-        for kind in ("cycle", "missing_parent", "link_mismatch", "unknown_class", "invalid_class"):
+        for kind in TENANT_PROBLEM_KINDS:
             yield GaugeSample("tenant_problems", (("kind", kind),), float(kinds.get(kind, 0)))
         yield GaugeSample("deletions_deferred", (), float(self.status.deferred_deletions))
 
@@ -441,6 +456,3 @@ class ReplicationController:
             "token_expiry": {str(k): (v.isoformat() if v else None) for k, v in self.status.token_expiry.items()},
         }
 
-
-def _camel(s: str) -> str:
-    return "".join(part.capitalize() for part in s.split("_"))

@@ -28,7 +28,9 @@ from licensectl.core.ports import (
     RolloutCaches,
     WallClock,
 )
+from licensectl.core.reasons import Reason
 from licensectl.core.rollout import (
+    PauseReason,
     Phase,
     PlanMemo,
     RecordResult,
@@ -49,6 +51,18 @@ WantedVolumes = Callable[[list[Vmi]], Mapping[tuple[str, str], tuple[str, ...]]]
 
 EXPECTATION_TIMEOUT = 15.0
 ACT_CONCURRENCY = 16
+
+
+def _bucket(state: VmiState) -> str:
+    """Metric buckets: a VMI restarted and done for the current revision is simply current."""
+    return "current" if state is VmiState.DONE else state.value
+
+
+# Label values of `rollout_vmis{state}` (plus "overdue", a count across states) and
+# `rollout_paused{reason}`, derived from the enums so a new value is exported with its zeros:
+# the VMI states in enum order with DONE folded into current, the pause reasons alphabetically.
+ROLLOUT_VMI_STATES: tuple[str, ...] = tuple(dict.fromkeys(_bucket(s) for s in VmiState))
+PAUSE_REASONS: tuple[str, ...] = tuple(sorted(r.value for r in PauseReason))
 
 
 def vm_object(namespace: str, name: str, uid: str = "") -> InvolvedObject:
@@ -176,11 +190,11 @@ class RolloutController:
                              *(bounded(self._record(rec)) for rec in plan.results))
         for (ns, vmi), st in plan.vmi_states.items():
             if st.state is VmiState.BLOCKED:
-                await self.events.emit(vmi_object(ns, vmi), "Warning", "RestartBlocked",
+                await self.events.emit(vmi_object(ns, vmi), "Warning", Reason.RESTART_BLOCKED,
                                        f"VMI runs license revision older than {st.revision[:12]} but cannot be "
                                        f"restarted by licensectl: {st.reason or 'no owning VirtualMachine'}")
             if st.missing_volume:
-                await self.events.emit(vmi_object(ns, vmi), "Warning", "LicenseVolumeMissing",
+                await self.events.emit(vmi_object(ns, vmi), "Warning", Reason.LICENSE_VOLUME_MISSING,
                                        f"VMI of an entitled vGPU claim runs without its license volume "
                                        f"({st.replica}): {st.state.value}, {st.reason}")
 
@@ -196,7 +210,7 @@ class RolloutController:
         # A done restart is routine: counted in licensectl_restarts_total, no Event
         # (docs/design.md#event-policy); a failed one is where a person must look.
         if rec.result != "done":
-            await self.events.emit(vm_object(rec.namespace, rec.vm), "Warning", "RestartFailed",
+            await self.events.emit(vm_object(rec.namespace, rec.vm), "Warning", Reason.RESTART_FAILED,
                                    f"VMI did not come back done within {self.settings.restart_timeout_seconds:g}s "
                                    f"after the restart for revision {rec.revision[:12]}")
 
@@ -216,7 +230,7 @@ class RolloutController:
         if res in (RestartResult.ISSUED, RestartResult.FALLBACK_DELETE):
             self._mark_progress(r.namespace, r.vm)  # routine: counted in licensectl_restarts_total, no Event
         elif res is RestartResult.UNSUPPORTED:
-            await self.events.emit(vm_object(r.namespace, r.vm), "Warning", "RestartFailed",
+            await self.events.emit(vm_object(r.namespace, r.vm), "Warning", Reason.RESTART_FAILED,
                                    "The cluster has no virtualmachines/restart subresource and the delete "
                                    "fallback is off (or the VM's runStrategy is not Always)")
 
@@ -254,13 +268,13 @@ class RolloutController:
             rev = st.revisions[-1][:12] if st.revisions else ""
             if st.phase is Phase.PROGRESSING and before in (None, Phase.IDLE, Phase.SETTLING, Phase.COMPLETE):
                 stale = st.counts.get(VmiState.STALE, 0)
-                await self.events.emit(obj, "Normal", "RolloutStarted",
+                await self.events.emit(obj, "Normal", Reason.ROLLOUT_STARTED,
                                        f"Rolling out license revision {rev}: {stale} of {st.affected} VMIs to "
                                        f"restart (maxUnavailable {st.max_unavailable})")
             elif st.phase is Phase.PAUSED:
-                await self.events.emit(obj, "Warning", "RolloutPaused", st.message or "rollout paused")
+                await self.events.emit(obj, "Warning", Reason.ROLLOUT_PAUSED, st.message or "rollout paused")
             elif st.phase is Phase.COMPLETE and before in (Phase.PROGRESSING, Phase.PAUSED, Phase.SETTLING):
-                await self.events.emit(obj, "Normal", "RolloutCompleted", f"License revision {rev} rolled out")
+                await self.events.emit(obj, "Normal", Reason.ROLLOUT_COMPLETED, f"License revision {rev} rolled out")
                 self._observe_duration(ref, now)
 
     def _observe_duration(self, ref: ObjectRef, completed: dt.datetime) -> None:
@@ -285,13 +299,13 @@ class RolloutController:
             return
         for ref, st in sorted(plan.sources.items(), key=lambda kv: str(kv[0])):
             labels = (("source_namespace", ref.namespace), ("source_name", ref.name))
-            for state in ("current", "stale", "restarting", "failed", "blocked", "manual"):
+            for state in ROLLOUT_VMI_STATES:
                 n = sum(v for k, v in st.counts.items() if _bucket(k) == state)
                 yield GaugeSample("rollout_vmis", (*labels, ("state", state)), float(n))
             yield GaugeSample("rollout_vmis", (*labels, ("state", "overdue")), float(st.overdue))
             active = st.phase in (Phase.SETTLING, Phase.PROGRESSING, Phase.PAUSED)
             yield GaugeSample("rollout_in_progress", labels, 1.0 if active else 0.0)
-            for reason in ("failures", "manual"):
+            for reason in PAUSE_REASONS:
                 paused = st.phase is Phase.PAUSED and st.pause_reason is not None and st.pause_reason.value == reason
                 yield GaugeSample("rollout_paused", (*labels, ("reason", reason)), 1.0 if paused else 0.0)
             at = self._progress_at.get(ref)
@@ -335,8 +349,3 @@ def rollout_started_at(replicas: Iterable[ReplicaRevision], source: ObjectRef) -
         return None
     newest = max(mine, key=lambda r: (r.revision_time, r.revision)).revision
     return newest, min(r.revision_time for r in mine if r.revision == newest)
-
-
-def _bucket(state: VmiState) -> str:
-    """Metric buckets: a VMI restarted and done for the current revision is simply current."""
-    return "current" if state is VmiState.DONE else state.value

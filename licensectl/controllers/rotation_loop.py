@@ -25,6 +25,7 @@ from licensectl.core.model import (
     source_of,
 )
 from licensectl.core.ports import EventSink, InvolvedObject, WallClock
+from licensectl.core.reasons import Reason
 from licensectl.core.replication import ReplicationPlan, SourceRevisions
 from licensectl.core.rollout import RolloutPlan, SourceControl, VmiState
 from licensectl.core.rotation import (
@@ -220,7 +221,7 @@ class RotationController:
         if key in self._invalid:
             return
         self._invalid.add(key)
-        await self.events.emit(source_object(ref), "Warning", "RevisionStoreInvalid",
+        await self.events.emit(source_object(ref), "Warning", Reason.REVISION_STORE_INVALID,
                                f"Revision store {store.namespace}/{store.name} holds no readable rotation record; "
                                "replicas of this source are left as they are. Delete the store to start over "
                                "from the source's current revision.")

@@ -107,7 +107,7 @@ class MonotonicClock(Protocol):
 
 
 class CacheView(Protocol[T_co]):
-    """Read side of one watch cache (kube/watch.py `Informer`)."""
+    """Read side of one watch cache (kube/watch/informer.py `Informer`)."""
 
     @property
     def name(self) -> str: ...

@@ -18,6 +18,7 @@ from licensectl.core.render import (
     DesiredReplica,
     RenderedLicense,
     ReplicaAction,
+    ReplicaState,
     SourceProblem,
     render_license,
     render_replica,
@@ -92,7 +93,7 @@ class ReplicationPlan:
 
     def state_counts(self) -> Mapping[str, int]:
         c = Counter(self.states.values())
-        return {s: c.get(s, 0) for s in ("in_sync", "drifted", "missing", "conflict")}
+        return {s.value: c.get(s.value, 0) for s in ReplicaState}
 
 
 def plan_replication(inp: ReplicationInputs) -> ReplicationPlan:

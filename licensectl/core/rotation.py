@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from licensectl.core.model import DOMAIN, u64
+from licensectl.core.reasons import Reason
 from licensectl.core.timecodec import annotation_time, format_micro_time
 
 # Record annotations on the revision store Secret.
@@ -291,7 +292,7 @@ class SourceView:
 @dataclass(frozen=True, slots=True)
 class RotationEvent:
     type: str  # Normal | Warning
-    reason: str
+    reason: Reason
     message: str
 
 
@@ -375,21 +376,21 @@ def _fresh(record: RotationRecord, candidate: str, view: SourceView, st: Rotatio
     if st.canary.none:  # no canary configured: straight to the first step
         rec = replace(record, candidate=candidate, phase=RotationPhase.PROMOTING, wave=1, wave_started_at=now,
                       canary=(), evidence=evidence, reason="", acted_at=now)
-        return Decision(rec, (RotationEvent("Normal", "RotationStarted",
+        return Decision(rec, (RotationEvent("Normal", Reason.ROTATION_STARTED,
                                             f"Candidate revision {candidate[:12]} ({how}): no canary, step 1 of "
                                             f"{len(st.steps)} ({st.steps[0]:g}% of namespaces); stable "
                                             f"{record.stable[:12]}"),))
     rec = replace(record, candidate=candidate, phase=RotationPhase.CANARY, wave=0, wave_started_at=now,
                   canary=canary, evidence=evidence, reason="", acted_at=now)
-    events = [RotationEvent("Normal", "RotationStarted",
+    events = [RotationEvent("Normal", Reason.ROTATION_STARTED,
                             f"Candidate revision {candidate[:12]} ({how}): canary in {len(canary)} namespace(s) "
                             f"{', '.join(canary[:5])}{' ...' if len(canary) > 5 else ''}; stable {record.stable[:12]}")]
     if not canary:
-        events.append(RotationEvent("Warning", "CanaryEmpty",
+        events.append(RotationEvent("Warning", Reason.CANARY_EMPTY,
                                     "No VM fits the canary (--canary names no entitled namespace with VMs, "
                                     "or there are no VMs): the candidate goes on to step 1 unanalysed"))
     elif not evidence:
-        events.append(RotationEvent("Warning", "NoGuestEvidence",
+        events.append(RotationEvent("Warning", Reason.NO_GUEST_EVIDENCE,
                                     "No guest of this source has ever reported: the canary is judged on "
                                     "VMI readiness alone"))
     return Decision(rec, tuple(events))
@@ -429,7 +430,7 @@ def decide(record: RotationRecord | None, view: SourceView, *, st: RotationSetti
     if live is not None and live == record.stable and record.phase is not RotationPhase.STABLE:
         return Decision(replace(record, phase=RotationPhase.STABLE, candidate="", wave=0, canary=(),
                                 wave_started_at=None, reason="", acted_at=now),
-                        (RotationEvent("Normal", "CandidateWithdrawn",
+                        (RotationEvent("Normal", Reason.CANDIDATE_WITHDRAWN,
                                        f"The source is back on stable revision {record.stable[:12]}: "
                                        f"candidate {record.candidate[:12]} withdrawn"),))
 
@@ -440,7 +441,7 @@ def decide(record: RotationRecord | None, view: SourceView, *, st: RotationSetti
             RotationPhase.CANARY, RotationPhase.PROMOTING, RotationPhase.PROMOTED):
         return Decision(replace(record, phase=RotationPhase.UNDONE, reason="undone by the hoster",
                                 acted_at=ctl.undo_at),
-                        (RotationEvent("Warning", "RolloutUndone",
+                        (RotationEvent("Warning", Reason.ROLLOUT_UNDONE,
                                        f"Candidate revision {record.candidate[:12]} undone: every namespace "
                                        f"returns to stable revision {record.stable[:12]}"),))
     if ctl.retry_at is not None and (acted is None or ctl.retry_at > acted) and record.phase in REJECTED:
@@ -459,12 +460,12 @@ def decide(record: RotationRecord | None, view: SourceView, *, st: RotationSetti
     if ws.pending == 0 and ws.proven == ws.capable and view.evidence_ready:
         if record.wave >= len(st.steps):
             return Decision(replace(record, phase=RotationPhase.PROMOTED, reason=""),
-                            (RotationEvent("Normal", "RotationPromoted",
+                            (RotationEvent("Normal", Reason.ROTATION_PROMOTED,
                                            f"Candidate revision {record.candidate[:12]} runs everywhere "
                                            f"({ws.proven} guest(s) proved licensed in the last step)"),))
         nxt = record.wave + 1
         return Decision(replace(record, phase=RotationPhase.PROMOTING, wave=nxt, wave_started_at=now),
-                        (RotationEvent("Normal", "RotationStepStarted",
+                        (RotationEvent("Normal", Reason.ROTATION_STEP_STARTED,
                                        f"{wave_name} passed ({ws.proven} of {ws.capable} reporting guest(s) "
                                        f"licensed); step {nxt} of {len(st.steps)}: {st.steps[nxt - 1]:g}% of "
                                        f"namespaces get candidate {record.candidate[:12]}"),))
@@ -478,6 +479,6 @@ def _abort(record: RotationRecord, why: str, now: dt.datetime) -> Decision:
     """Aborted; hoster actions issued before now are spent (a retry typed during the canary must not
     restart the candidate the moment it is aborted)."""
     return Decision(replace(record, phase=RotationPhase.ABORTED, reason=why, acted_at=now),
-                    (RotationEvent("Warning", "RolloutAborted",
+                    (RotationEvent("Warning", Reason.ROLLOUT_ABORTED,
                                    f"Candidate revision {record.candidate[:12]} aborted, every namespace returns "
                                    f"to stable {record.stable[:12]}: {why}"),))

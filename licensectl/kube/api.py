@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote, urlencode
 
 import aiohttp
+
+T = TypeVar("T")
 
 AuthHeaders = Callable[[], Awaitable[Mapping[str, str]]]
 Timeout = float | tuple[float, float] | aiohttp.ClientTimeout | None
@@ -60,6 +62,22 @@ class ApiException(Exception):
         self.status = status
         self.reason = reason or ""
         self.headers = headers
+
+
+async def absent_on_404(call: Awaitable[T]) -> T | None:
+    """Await `call`; None when the apiserver answers 404, meaning the object is not there.
+
+    For reads, deletes and patches whose caller treats "not found" as a state, not a failure; any
+    other error is raised. Only for calls that never return None themselves (a `RawApi` call returns
+    a dict), so None means exactly "absent". Where 404 means something else (the namespace is gone,
+    a subresource is missing, the object changed) the call site keeps its own `except`.
+    """
+    try:
+        return await call
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
 
 
 def query_of(kwargs: Mapping[str, Any]) -> list[tuple[str, str]]:

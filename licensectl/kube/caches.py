@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from licensectl import config, logs
@@ -28,6 +28,7 @@ from licensectl.core.model import (
     Vm,
     Vmi,
 )
+from licensectl.core.ports import CacheView
 from licensectl.kube import contract, projections
 from licensectl.kube.api import AnyClient, CoreV1Api, CustomObjectsApi
 from licensectl.kube.watch import Informer, InformerHooks, shared_name_key
@@ -37,7 +38,30 @@ log = logs.get(__name__)
 OnChange = Callable[[str], None]
 
 
-class Caches:
+class CacheHealth:
+    """When the loops may trust a set of watch caches, decided in one place: for the real caches
+    below and for any stand-in that reuses this (the unit tests' in-memory caches), so the two
+    cannot come to judge the same state differently."""
+
+    vms: CacheView[Any] | None
+    vmis: CacheView[Any] | None
+
+    @property
+    def core(self) -> Sequence[CacheView[Any]]:
+        """The caches whose completeness every deletion depends on."""
+        raise NotImplementedError
+
+    def core_synced(self) -> bool:
+        return all(c.synced for c in self.core)
+
+    def core_healthy(self) -> bool:
+        return all(c.synced and c.healthy for c in self.core)
+
+    def kubevirt_healthy(self) -> bool:
+        return all(c is not None and c.synced and c.healthy for c in (self.vms, self.vmis))
+
+
+class Caches(CacheHealth):
     def __init__(self, api_client: AnyClient, settings: config.Settings, *, on_change: OnChange,
                  hooks: InformerHooks | None = None, with_kubevirt: bool = True) -> None:
         self._core = CoreV1Api(api_client)
@@ -100,15 +124,6 @@ class Caches:
                 await t
         self._tasks.clear()
         self._source_tasks.clear()
-
-    def core_synced(self) -> bool:
-        return all(i.synced for i in self.core)
-
-    def core_healthy(self) -> bool:
-        return all(i.synced and i.healthy for i in self.core)
-
-    def kubevirt_healthy(self) -> bool:
-        return all(i is not None and i.synced and i.healthy for i in (self.vms, self.vmis))
 
     def ensure_sources(self, wanted: Iterable[ObjectRef]) -> None:
         """Start a field-selected watch for every wanted source; stop the ones no class names now."""

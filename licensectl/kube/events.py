@@ -19,7 +19,7 @@ from typing import Any
 from licensectl import logs
 from licensectl.core.ports import InvolvedObject
 from licensectl.core.timecodec import format_time
-from licensectl.kube.api import ApiException, CoreV1Api
+from licensectl.kube.api import ApiException, CoreV1Api, absent_on_404
 from licensectl.kube.raw import RawApi
 
 log = logs.get(__name__)
@@ -101,12 +101,9 @@ class EventRecorder:
         count = self._counts.get(name, 0) + 1
         self._counts[name] = count
         if count > 1:
-            try:
-                await self._api.patch_namespaced_event(name, ns, {"count": count, "lastTimestamp": ts})
+            bump = {"count": count, "lastTimestamp": ts}
+            if await absent_on_404(self._api.patch_namespaced_event(name, ns, bump)) is not None:
                 return
-            except ApiException as e:
-                if e.status != 404:
-                    raise
             self._counts[name] = count = 1
         body = {
             "apiVersion": "v1", "kind": "Event",

@@ -14,7 +14,7 @@ from urllib.parse import quote
 
 from licensectl import logs
 from licensectl.core.ports import RestartResult
-from licensectl.kube.api import AnyClient, ApiException, CustomObjectsApi, as_kube
+from licensectl.kube.api import AnyClient, ApiException, CustomObjectsApi, absent_on_404, as_kube
 from licensectl.kube.raw import RawApi, checked
 
 log = logs.get(__name__)
@@ -78,26 +78,18 @@ class KubevirtClient:
         UID). The rollout compares this with the VMI its plan targeted, so a plan made from a lagging
         watch cache (e.g. a re-issue while the VMI watch was cut) never restarts the VMI that already
         replaced the target: a second restart."""
-        try:
-            vmi = await self._custom.get_namespaced_custom_object(KUBEVIRT_GROUP, KUBEVIRT_VERSION, namespace,
-                                                                  "virtualmachineinstances", name)
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
+        vmi = await absent_on_404(self._custom.get_namespaced_custom_object(
+            KUBEVIRT_GROUP, KUBEVIRT_VERSION, namespace, "virtualmachineinstances", name))
+        if vmi is None:
+            return None
         meta = vmi.get("metadata") or {}
         uid = meta.get("uid")
         return str(uid) if uid and not meta.get("deletionTimestamp") else None
 
     async def _vm_exists(self, namespace: str, vm: str) -> bool:
-        try:
-            await self._custom.get_namespaced_custom_object(KUBEVIRT_GROUP, KUBEVIRT_VERSION, namespace,
-                                                            "virtualmachines", vm)
-            return True
-        except ApiException as e:
-            if e.status == 404:
-                return False
-            raise
+        found = await absent_on_404(self._custom.get_namespaced_custom_object(
+            KUBEVIRT_GROUP, KUBEVIRT_VERSION, namespace, "virtualmachines", vm))
+        return found is not None
 
     async def _delete_vmi(self, namespace: str, name: str, uid: str) -> RestartResult:
         """Delete exactly the VMI that was planned (uid precondition); its VM (Always) recreates it."""

@@ -21,7 +21,7 @@ from typing import Any
 from licensectl import logs
 from licensectl.core.ports import LeaseBackend, MonotonicClock, WallClock
 from licensectl.core.timecodec import format_micro_time
-from licensectl.kube.api import AnyClient, ApiException, CoordinationV1Api
+from licensectl.kube.api import AnyClient, ApiException, CoordinationV1Api, absent_on_404
 from licensectl.kube.raw import RawApi
 
 log = logs.get(__name__)
@@ -44,13 +44,8 @@ class ApiLeaseBackend:
         self._api: Any = RawApi(CoordinationV1Api(api_client))
 
     async def read(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            obj: dict[str, Any] = await self._api.read_namespaced_lease(name, namespace)
-            return obj
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
+        obj: dict[str, Any] | None = await absent_on_404(self._api.read_namespaced_lease(name, namespace))
+        return obj
 
     async def create(self, namespace: str, body: dict[str, Any]) -> bool:
         try:

@@ -31,7 +31,8 @@ from licensectl import config, logs
 from licensectl.core import certs
 from licensectl.core.model import ANN_TLS, MODE_SELF_MANAGED, TLSSecret
 from licensectl.core.ports import EventSink, InvolvedObject
-from licensectl.kube.api import AdmissionregistrationV1Api, AnyClient, ApiException, CoreV1Api
+from licensectl.core.reasons import Reason
+from licensectl.kube.api import AdmissionregistrationV1Api, AnyClient, ApiException, CoreV1Api, absent_on_404
 from licensectl.kube.projections import tls_secret_from
 from licensectl.kube.raw import RawApi
 from licensectl.kube.watch import Informer
@@ -309,7 +310,7 @@ class ServingTLS:
         self._set_error(msg, once_key=f"foreign:{secret.uid}", result=FOREIGN)
         if first and self._events is not None:
             await self._events.emit(InvolvedObject("v1", "Secret", self.namespace, self.secret_name, secret.uid),
-                                    "Warning", "ForeignTLSSecret", msg)
+                                    "Warning", Reason.FOREIGN_TLS_SECRET, msg)
 
     def _set_error(self, message: str, *, once_key: str | None = None, result: str | None = None) -> None:
         self.error = message
@@ -387,16 +388,13 @@ class ServingTLS:
         name = self.settings.webhook_configuration
         if not name or not ca_pem or self._dry_run:
             return
-        try:
-            mwc = await self._admission.read_mutating_webhook_configuration(name)
-        except ApiException as e:
-            if e.status == 404:
-                if "mwc-absent" not in self._logged:
-                    self._logged.add("mwc-absent")
-                    log.info("MutatingWebhookConfiguration not found; will set its caBundle once it exists",
-                             name=name)
-                return
-            raise
+        mwc = await absent_on_404(self._admission.read_mutating_webhook_configuration(name))
+        if mwc is None:
+            if "mwc-absent" not in self._logged:
+                self._logged.add("mwc-absent")
+                log.info("MutatingWebhookConfiguration not found; will set its caBundle once it exists",
+                         name=name)
+            return
         self._logged.discard("mwc-absent")
         patch = ca_bundle_patch(mwc, ca_pem)
         if not patch:

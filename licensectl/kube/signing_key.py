@@ -15,7 +15,7 @@ from typing import Any
 from licensectl import logs
 from licensectl.core.credentials import KeyRing, keyring_from_secret_data, keyring_to_secret_data, new_signing_key
 from licensectl.core.model import MANAGED_BY_LABEL, MANAGED_BY_VALUE
-from licensectl.kube.api import AnyClient, ApiException, CoreV1Api
+from licensectl.kube.api import AnyClient, ApiException, CoreV1Api, absent_on_404
 from licensectl.kube.raw import RawApi
 
 log = logs.get(__name__)
@@ -35,13 +35,9 @@ class SigningKeyStore:
         self.error: str | None = None
 
     async def _read(self) -> dict[str, Any] | None:
-        try:
-            obj: dict[str, Any] = await self._api.read_namespaced_secret(SECRET_NAME, self.namespace)
-            return obj
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
+        obj: dict[str, Any] | None = await absent_on_404(
+            self._api.read_namespaced_secret(SECRET_NAME, self.namespace))
+        return obj
 
     async def refresh(self, *, create: bool) -> KeyRing | None:
         """Load the key; create it when absent and `create` (the leader). Keeps the last good key on errors."""

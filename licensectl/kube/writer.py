@@ -15,7 +15,7 @@ from typing import Any
 from licensectl import logs
 from licensectl.core.model import ANN_CLASS, MANAGED_BY_LABEL, MANAGED_BY_VALUE
 from licensectl.core.ports import ObservedMeta, SecretBody, WriteResult
-from licensectl.kube.api import ApiException, CoreV1Api
+from licensectl.kube.api import ApiException, CoreV1Api, absent_on_404
 from licensectl.kube.raw import RawApi
 
 log = logs.get(__name__)
@@ -53,13 +53,8 @@ class SecretWriter:
         self._retries = retries
 
     async def _read(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            raw: dict[str, Any] = await self._api.read_namespaced_secret(name, namespace)
-            return raw
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
+        raw: dict[str, Any] | None = await absent_on_404(self._api.read_namespaced_secret(name, namespace))
+        return raw
 
     async def create(self, want: SecretBody) -> WriteResult:
         if self._dry_run:
@@ -127,11 +122,10 @@ class SecretWriter:
             body = {"apiVersion": "v1", "kind": "DeleteOptions",
                     "preconditions": {"uid": uid, "resourceVersion": meta.get("resourceVersion")}}
             try:
-                await self._api.delete_namespaced_secret(name, namespace, body=body)
+                if await absent_on_404(self._api.delete_namespaced_secret(name, namespace, body=body)) is None:
+                    return WriteResult.GONE
                 return WriteResult.DELETED
             except ApiException as e:
-                if e.status == 404:
-                    return WriteResult.GONE
                 if e.status != 409:
                     raise
         return WriteResult.ERROR

@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import datetime as dt
 import functools
-import json
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -65,6 +64,7 @@ from licensectl_dev.devcluster.vm_semantics import (
     run_strategy,
     trim_first_request_needed,
     uid_of,
+    vmi_from_vm,
 )
 
 log = structlog.get_logger(__name__)
@@ -452,28 +452,7 @@ class KubevirtSimulator:
     async def _start_vmi(self, vm: Obj) -> None:
         """vm.go setupVMIFromVM + startVMI."""
         ns, name = key_of(vm)
-        tmpl = (vm.get("spec") or {}).get("template") or {}
-        tmeta = dict(tmpl.get("metadata") or {})
-        spec = json.loads(json.dumps(tmpl.get("spec") or {}))
-        domain = spec.setdefault("domain", {})
-        fw = domain.setdefault("firmware", {})
-        fw.setdefault("uuid", firmware_uuid(name))
-        finalizers = [STOP_FINALIZER] if self.stop_delay > 0 else []
-        metadata: dict[str, Any] = {
-            "name": name,
-            "namespace": ns,
-            "labels": tmeta.get("labels") or {},
-            "annotations": {**(tmeta.get("annotations") or {}),
-                            "kubevirt.io/vm-generation": str(vm["metadata"].get("generation", 1))},
-            "ownerReferences": [{
-                "apiVersion": f"{GROUP}/{VERSION}", "kind": "VirtualMachine", "name": name,
-                "uid": uid_of(vm), "controller": True, "blockOwnerDeletion": True,
-            }],
-        }
-        if finalizers:
-            metadata["finalizers"] = finalizers
-        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "VirtualMachineInstance",
-                "metadata": metadata, "spec": spec}
+        body = vmi_from_vm(vm, finalizers=[STOP_FINALIZER] if self.stop_delay > 0 else [])
         try:
             created = await self._co.create_namespaced_custom_object(GROUP, VERSION, ns, VMI_PLURAL, body)
         except ApiException as e:

@@ -7,12 +7,15 @@ Upstream (kubevirt/kubevirt):
 - pkg/virt-controller/watch/vm/firmware.go: a missing `spec.template.spec.domain.firmware.uuid` is
   uuid5(6a1a24a1-4061-4607-8bf4-a3963d0c5895, vm name), so the guest's SMBIOS UUID is stable across
   restarts of the same VM.
+- pkg/virt-controller/watch/vm/vm.go `setupVMIFromVM`: the VMI a VM's template makes.
 - pkg/virt-api/rest/lifecycle.go `getChangeRequestJson`: the JSON patch a restart applies.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from licensectl.kube.watch import Key
@@ -35,7 +38,7 @@ __all__ = [
     "STOP_FINALIZER", "SUBRESOURCE_GROUP", "VERSION", "VMI_PLURAL", "VM_PLURAL", "Key", "Obj",
     "change_request_patch", "change_requests", "controller_uid", "firmware_uuid", "has_start_request",
     "has_stop_request_for", "is_deleting", "is_final", "is_ready", "key_of", "run_strategy",
-    "trim_first_request_needed", "uid_of",
+    "trim_first_request_needed", "uid_of", "vmi_from_vm",
 ]
 
 
@@ -83,6 +86,36 @@ def is_ready(vmi: Obj) -> bool:
         if c.get("type") == "Ready":
             return bool(c.get("status") == "True")
     return False
+
+
+def vmi_from_vm(vm: Obj, *, finalizers: Sequence[str] = ()) -> Obj:
+    """The VMI virt-controller creates for `vm` (vm.go setupVMIFromVM): the template's labels and spec,
+    its annotations plus the VM generation it came from, owned by the VM, the firmware UUID filled in.
+
+    One shape for the simulator's virt-controller and for callers that write running VMIs directly,
+    so the controller under test sees the same objects either way.
+    """
+    ns, name = key_of(vm)
+    tmpl = (vm.get("spec") or {}).get("template") or {}
+    tmeta = dict(tmpl.get("metadata") or {})
+    spec = json.loads(json.dumps(tmpl.get("spec") or {}))  # a deep copy: the VM's template stays as it is
+    domain = spec.setdefault("domain", {})
+    fw = domain.setdefault("firmware", {})
+    fw.setdefault("uuid", firmware_uuid(name))
+    metadata: Obj = {
+        "name": name,
+        "namespace": ns,
+        "labels": tmeta.get("labels") or {},
+        "annotations": {**(tmeta.get("annotations") or {}),
+                        "kubevirt.io/vm-generation": str(vm["metadata"].get("generation", 1))},
+        "ownerReferences": [{
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "VirtualMachine", "name": name,
+            "uid": uid_of(vm), "controller": True, "blockOwnerDeletion": True,
+        }],
+    }
+    if finalizers:
+        metadata["finalizers"] = list(finalizers)
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "VirtualMachineInstance", "metadata": metadata, "spec": spec}
 
 
 def change_requests(vm: Obj) -> list[dict[str, Any]]:

@@ -23,6 +23,7 @@ from licensectl.core.ports import InvolvedObject, ObservedMeta, RestartResult, S
 from licensectl.core.timecodec import to_epoch_us
 from licensectl.kube import projections
 from licensectl.kube.api import ApiException
+from licensectl.kube.caches import CacheHealth
 from licensectl.kube.writer import is_owned, merged_body
 
 if TYPE_CHECKING:
@@ -88,8 +89,9 @@ class MemoryCache(Generic[T]):
         self._items.pop(key, None)
 
 
-class MemoryCaches:
-    """The caches both loops read (`ReplicationCaches` and `RolloutCaches`).
+class MemoryCaches(CacheHealth):
+    """The caches both loops read (`ReplicationCaches` and `RolloutCaches`); when they count as synced
+    and healthy is decided by the real caches' own `CacheHealth`.
 
     `source_secrets` is what exists in the cluster; a source is visible to the loop (synced, the
     Secret or None) only once `ensure_sources` asked for it, as with the real per-source watches.
@@ -112,15 +114,6 @@ class MemoryCaches:
     @property
     def all(self) -> list[MemoryCache[Any]]:
         return self.core + [c for c in (self.vms, self.vmis) if c is not None]
-
-    def core_synced(self) -> bool:
-        return all(c.synced for c in self.core)
-
-    def core_healthy(self) -> bool:
-        return all(c.synced and c.healthy for c in self.core)
-
-    def kubevirt_healthy(self) -> bool:
-        return all(c is not None and c.synced and c.healthy for c in (self.vms, self.vmis))
 
     def ensure_sources(self, wanted: Iterable[ObjectRef]) -> None:
         self.watched = set(wanted)

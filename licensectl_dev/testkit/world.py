@@ -99,16 +99,20 @@ class World:
         """What the `licensectl` command needs to find this world's controller and tenant tree."""
         return {"LICENSECTL_NAMESPACE": self.controller_ns, "LICENSECTL_ROOT_TENANT": self.root_name}
 
-    async def replica_revision(self, ns: str) -> str | None:
-        """The revision annotation of the replica in `ns` (None when there is none)."""
+    async def replica_annotations(self, ns: str) -> dict[str, str] | None:
+        """The annotations of the replica in `ns` (None when there is no replica)."""
         try:
             s = await CoreV1Api(self.api).read_namespaced_secret(self.replica, ns)
         except ApiException as e:
             if e.status == 404:
                 return None
             raise
-        rev: str | None = (s.metadata.annotations or {}).get(ANN_REVISION)
-        return rev
+        return dict(s.metadata.annotations or {})
+
+    async def replica_revision(self, ns: str) -> str | None:
+        """The revision annotation of the replica in `ns` (None when there is none)."""
+        annotations = await self.replica_annotations(ns)
+        return annotations.get(ANN_REVISION) if annotations is not None else None
 
     async def teardown(self, *extra_namespaces: str) -> None:
         """Delete everything the builder made (for callers without fixtures doing it)."""

@@ -324,7 +324,7 @@ def test_chart_and_manifests_render_the_same_objects(helm: Helm, build: Path, va
 def test_chart_reads_alerts_dashboard_rbac_and_crds_from_their_one_file() -> None:
     """files/ holds links to the single sources, not copies."""
     files = CHART / "files"
-    crds = ROOT / "licensectl" / "devcluster" / "crds"
+    crds = ROOT / "licensectl_dev" / "devcluster" / "crds"
     components = ROOT / "manifests" / "components"
     expected = {
         "rbac.yaml": ROOT / "manifests" / "base" / "rbac.yaml",

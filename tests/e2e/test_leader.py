@@ -26,6 +26,12 @@ from .support import (
 # Starts `licensectl run` processes itself: cluster tier even if its fixtures change.
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.cluster]
 
+# Short: a crashed leader's Lease expires within seconds, so the takeover is timed against its duration.
+CRASH_LEASE = {"lease_duration_seconds": 3, "renew_deadline_seconds": 2, "retry_period_seconds": 0.5}
+# Long: a takeover by expiry would take 15 s; a released Lease is taken within a retry.
+HANDOVER_LEASE = {"lease_duration_seconds": 15, "renew_deadline_seconds": 10, "retry_period_seconds": 0.5}
+
+
 async def probe_loop(guest: SimulatedGuest, stop: asyncio.Event) -> None:
     """The guest's systemd timer: one probe run per report interval."""
     while not stop.is_set():
@@ -36,10 +42,9 @@ async def probe_loop(guest: SimulatedGuest, stop: asyncio.Event) -> None:
 
 async def test_standby_stays_read_only_then_takes_over_a_rollout_after_the_leader_crashes(
         api_client: ApiClient, rig: Rig) -> None:
-    lease = {"lease_duration_seconds": 3, "renew_deadline_seconds": 2, "retry_period_seconds": 0.5}
     kv, fl = rig.kv, rig.fleet
     async with controllers() as started:
-        a, b, vms = await rig.leader_and_standby(started, **lease)
+        a, b, vms = await rig.leader_and_standby(started, **CRASH_LEASE)
         assert await leader_pods(api_client, fl.controller_ns) == ["licensectl-a"]
 
         # The leader takes guest reports (through the Service); the standby refuses them with 503.
@@ -85,7 +90,7 @@ async def test_standby_stays_read_only_then_takes_over_a_rollout_after_the_leade
                 assert await lease_holder(api_client, fl.controller_ns) == "licensectl-a"  # a crash releases nothing
                 await b.wait_metric("licensectl_leader", 1, timeout=15)
                 takeover = time.monotonic() - killed
-                assert takeover < lease["lease_duration_seconds"] + 2.0, takeover
+                assert takeover < CRASH_LEASE["lease_duration_seconds"] + 2.0, takeover
                 assert await lease_holder(api_client, fl.controller_ns) == "licensectl-b"
                 leader_at = time.monotonic()
                 # Guest metrics recover on the new leader with the guest's next report.
@@ -95,7 +100,7 @@ async def test_standby_stays_read_only_then_takes_over_a_rollout_after_the_leade
 
                 # The pod's container restarts: the old leader comes back as a standby and drops its
                 # stale leader label, so the reports Service selects only the new leader.
-                a2 = await rig.controller(started, "licensectl-a", **lease)
+                a2 = await rig.controller(started, "licensectl-a", **CRASH_LEASE)
                 await a2.wait_metric("licensectl_ready", 1)
                 await eventually(lambda: _leaders_are(api_client, fl.controller_ns, ["licensectl-b"]), timeout=15,
                                  what="only the new leader's pod carries the leader label")
@@ -135,11 +140,9 @@ async def _watch_holders(api: ApiClient, ns: str, out: list[tuple[float, str]], 
 
 async def test_sigterm_finishes_writes_releases_the_lease_and_the_standby_takes_over_at_once(
         api_client: ApiClient, rig: Rig) -> None:
-    # A long lease: a takeover by expiry would take 15 s; a released Lease is taken within a retry.
-    lease = {"lease_duration_seconds": 15, "renew_deadline_seconds": 10, "retry_period_seconds": 0.5}
     kv, fl = rig.kv, rig.fleet
     async with controllers() as started:
-        a, b, vms = await rig.leader_and_standby(started, **lease)
+        a, b, vms = await rig.leader_and_standby(started, **HANDOVER_LEASE)
 
         holders: list[tuple[float, str]] = []
         watching = asyncio.Event()

@@ -33,6 +33,11 @@ def settings_for(kubeconfig: Path, namespace: str, **overrides: Any) -> config.S
     return dataclasses.replace(base, **overrides)
 
 
+def world_settings(world: World, kubeconfig: Path, **overrides: Any) -> config.Settings:
+    """`settings_for` a controller of `world`: its namespace and its tenant root."""
+    return settings_for(kubeconfig, world.controller_ns, root_tenant=world.root_name, **overrides)
+
+
 @contextlib.asynccontextmanager
 async def running_app(settings: config.Settings, *, register_webhook: bool = True, **kw: Any) -> AsyncIterator[App]:
     """An App that the apiserver calls for VMI admission, as in a cluster: its webhook is

@@ -36,9 +36,9 @@ from .support import (
     read_secret,
     running_app,
     secret_bytes,
-    settings_for,
     unique,
     wait_event,
+    world_settings,
 )
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -49,7 +49,7 @@ class Env(World):
     kubeconfig: Path = Path()
 
     def settings(self, **kw: Any) -> Any:
-        return settings_for(self.kubeconfig, self.controller_ns, root_tenant=self.root_name, **kw)
+        return world_settings(self, self.kubeconfig, **kw)
 
     async def claimed(self, n: int) -> list[str]:
         """`n` vGPU tenants under the root, each with a GPUClaim of the class."""

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import datetime as dt
 import json
-import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -19,12 +17,10 @@ from licensectl.core.model import (
     ANN_RESTART_POLICY,
     ANN_RESTART_RESULT,
     ANN_RESTART_REVISION,
-    ANN_REVISION,
     ANN_REVISION_TIME,
     ANN_ROLLOUT_PAUSED,
     ANN_ROLLOUT_RESUMED_AT,
 )
-from licensectl.core.render import replica_name
 from licensectl.core.timecodec import format_micro_time, parse_time
 from licensectl_dev.devcluster import fleet
 from licensectl_dev.devcluster.vm_semantics import ANN_BOOT
@@ -32,39 +28,30 @@ from licensectl_dev.testkit.process import run_licensectl
 
 from ..conftest import KubevirtEnv
 from .support import (
+    World,
     events_for,
     eventually,
     make_world,
     metric,
-    read_secret,
     running_app,
-    settings_for,
     wait_event,
+    world_settings,
 )
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
 @dataclass
-class Fleet:
-    api: ApiClient
-    kv: KubevirtEnv
-    controller_ns: str
-    source_ns: str
-    root: dict[str, Any]
-    root_name: str
-    cls: str
-    tenants: list[str]
+class Fleet(World):
+    """The world with its tenants and the KubeVirt simulator the rollouts restart VMs on."""
+
+    kv: KubevirtEnv = field(kw_only=True)
 
     def settings(self, **kw: Any) -> Any:
         base: dict[str, Any] = {"max_unavailable": "2", "max_per_namespace": 1, "restart_timeout_seconds": 30.0,
                                 "log_level": "info"}
         base.update(kw)
-        return settings_for(self.kv.kubeconfig_path, self.controller_ns, root_tenant=self.root_name, **base)
-
-    @property
-    def replica(self) -> str:
-        return replica_name(self.cls)
+        return world_settings(self, self.kv.kubeconfig_path, **base)
 
     async def vm(self, ns: str, name: str, **kw: Any) -> None:
         # No license volume in the VM: the admission webhook adds it (the App registers it).
@@ -86,27 +73,15 @@ class Fleet:
         conds = (vmi.get("status") or {}).get("conditions") or []
         return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
 
-    async def rotate(self, n: int) -> bytes:
-        """The hoster's rotation: patch the token in place (annotations such as the pause switch stay)."""
-        token = fleet.fake_token(int(time.time()) + 86400 * 200, extra={"rotation": n})
-        await CoreV1Api(self.api).patch_namespaced_secret("nls-token", self.source_ns, {"data": {
-            "client_configuration_token.tok": base64.b64encode(token).decode()}})
-        return token
-
-    async def replica_revision(self, ns: str) -> str | None:
-        s = await read_secret(self.api, ns, self.replica)
-        return s.metadata.annotations.get(ANN_REVISION) if s is not None else None
-
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def rig(api_client: ApiClient, kubevirt: KubevirtEnv, namespace_factory: Any, cleanup: Any
               ) -> AsyncIterator[Fleet]:
     w = await make_world(api_client, namespace_factory, cleanup, token_days=1)
-    tenants = []
+    f = Fleet(**vars(w), kv=kubevirt)
     for _ in range(3):
-        tenants.append((await w.tenant())["metadata"]["name"])
-        await fleet.create_claim(api_client, tenants[-1], "gpu", class_name=w.cls)
-    yield Fleet(api_client, kubevirt, w.controller_ns, w.source_ns, w.root, w.root_name, w.cls, tenants)
+        await f.tenant(claim=True)
+    yield f
 
 
 async def boot_fleet(f: Fleet, per_tenant: int) -> list[tuple[str, str]]:
@@ -210,8 +185,8 @@ async def test_rotation_restarts_each_stale_vmi_once_within_limits(rig: Fleet) -
 
 
 async def _revision_time(f: Fleet, ns: str) -> dt.datetime:
-    s = await read_secret(f.api, ns, f.replica)
-    when = parse_time(s.metadata.annotations.get(ANN_REVISION_TIME)) if s is not None else None
+    annotations = await f.replica_annotations(ns)
+    when = parse_time(annotations.get(ANN_REVISION_TIME)) if annotations is not None else None
     assert when is not None
     return when
 

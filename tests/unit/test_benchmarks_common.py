@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import base64
+import itertools
+import json
+
 import pytest
 
 from benchmarks.common import (
+    fake_tokens,
     fmt_mib,
     fmt_num,
     fmt_ratio,
@@ -135,3 +140,9 @@ def test_recovered_only_when_every_informer_is_synced_and_the_controller_ready()
     assert not informers_recovered(parse_metrics(_scrape({"namespaces": 1, "secrets": 0}, 1)))
     assert not informers_recovered(parse_metrics(_scrape({"namespaces": 1}, 0)))
     assert not informers_recovered(parse_metrics(_scrape({}, 1)))  # no informer reported yet
+
+
+def test_fake_tokens_expire_90_days_apart_and_name_their_rotation() -> None:
+    payloads = [json.loads(base64.urlsafe_b64decode(t.split(b".")[1] + b"==")) for t in fake_tokens(3)]
+    assert [p["rotation"] for p in payloads] == [1, 2, 3]
+    assert [b["exp"] - a["exp"] for a, b in itertools.pairwise(payloads)] == [86400 * 90, 86400 * 90]

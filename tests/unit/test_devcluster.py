@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from licensectl_dev.devcluster import fleet
 from licensectl_dev.devcluster.controlplane import (
     BINARIES,
     ETCD_VERSION,
@@ -32,6 +33,7 @@ from licensectl_dev.devcluster.vm_semantics import (
     firmware_uuid,
     run_strategy,
     trim_first_request_needed,
+    vmi_from_vm,
 )
 
 from .test_watch_unit import FakeApi, FakeResp, ev, obj, page
@@ -125,6 +127,23 @@ def test_firmware_uuid_is_stable_per_vm_name_and_sha1_based() -> None:
     a = firmware_uuid("vm-a")
     assert a == firmware_uuid("vm-a") != firmware_uuid("vm-b")
     assert uuid.UUID(a).version == 5
+
+
+def test_vmi_from_vm_is_the_template_owned_by_its_vm_with_the_firmware_uuid_filled_in() -> None:
+    vm = fleet.vm_body("t1", "vm0", license_secret="replica", annotations={"on-the-vm": "only"})
+    vm["metadata"] |= {"uid": "uid-1", "generation": 2}
+    vm["spec"]["template"]["metadata"]["annotations"] = {"from": "template"}
+    vmi = vmi_from_vm(vm)
+    assert vmi["apiVersion"] == "kubevirt.io/v1" and vmi["kind"] == "VirtualMachineInstance"
+    assert vmi["metadata"] == {
+        "name": "vm0", "namespace": "t1", "labels": {"kubevirt.io/vm": "vm0"},
+        "annotations": {"from": "template", "kubevirt.io/vm-generation": "2"},
+        "ownerReferences": [{"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "name": "vm0",
+                             "uid": "uid-1", "controller": True, "blockOwnerDeletion": True}]}
+    assert vmi["spec"]["domain"]["firmware"] == {"uuid": firmware_uuid("vm0")}
+    assert vmi["spec"]["volumes"] == vm["spec"]["template"]["spec"]["volumes"]
+    assert "firmware" not in vm["spec"]["template"]["spec"]["domain"]  # the VM's template is left alone
+    assert vmi_from_vm(vm, finalizers=["stop"])["metadata"]["finalizers"] == ["stop"]
 
 
 def test_run_strategy_prefers_run_strategy_then_legacy_running() -> None:

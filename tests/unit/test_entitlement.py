@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import random
-import time
 from collections.abc import Iterable, Mapping
 
 import pytest
@@ -375,7 +374,8 @@ def test_random_tree_matches_naive_oracle(tree: tuple[list[int | None], list[boo
 
 # --- scale ------------------------------------------------------------------------------------
 
-def test_five_thousand_namespaces_and_claims_in_well_under_a_second() -> None:
+def test_five_thousand_namespaces_and_claims() -> None:
+    """A bushy tree at the benchmarks' scale is decided whole (its time is measured in benchmarks/, not here)."""
     namespaces: dict[str, Namespace] = {ROOT: ns(ROOT)}
     frontier = [ROOT]
     i = 0
@@ -387,8 +387,6 @@ def test_five_thousand_namespaces_and_claims_in_well_under_a_second() -> None:
         if child.count("-") < 6:
             frontier.append(child)
     claims = claims_for(namespaces)
-    start = time.perf_counter()
     r = run(namespaces, claims)
-    elapsed = time.perf_counter() - start
     assert len(r.entitled) == 5000
-    assert elapsed < 0.5, elapsed
+    assert r.problems == ()

@@ -22,15 +22,12 @@ from licensectl.core.guest_report import (
     SMI_FAILED,
     SMI_MISSING,
     SMI_OK,
-    GpuLicense,
-    GriddEvent,
-    GriddEventKind,
-    GuestReport,
-    GuestState,
-    LicenseState,
     ReportError,
     ReportLimits,
+    envelope,
     evaluate,
+    evaluation,
+    gridd_log,
     parse_report,
     render_report,
     scan_gridd_log,
@@ -115,7 +112,7 @@ HEADER_LIMITS = st.sampled_from(LIMITS_AROUND)
 @given(st.lists(LINE_VARIANTS, max_size=10), HEADER_LIMITS)
 def test_probe_header_match_agrees_with_the_line_loop(lines: list[str], limits: ReportLimits) -> None:
     text = "\n".join([*lines, "--- end", ""])
-    assert outcome(gr._headers, text, limits) == outcome(gr._header_lines, text, limits)
+    assert outcome(envelope._headers, text, limits) == outcome(envelope._header_lines, text, limits)
 
 
 @pytest.mark.parametrize("limits", LIMITS_AROUND)
@@ -132,13 +129,13 @@ def test_probe_header_match_agrees_with_the_line_loop_one_line_off(limits: Repor
                     lines[at:at + 1] = [line] if how == "replace" else []
                 texts.append("\n".join([*lines, "--- end", ""]))
     for text in texts:
-        assert outcome(gr._headers, text, limits) == outcome(gr._header_lines, text, limits), text
+        assert outcome(envelope._headers, text, limits) == outcome(envelope._header_lines, text, limits), text
 
 
 def test_probe_header_match_is_taken_for_probe_output() -> None:
     text = "\n".join([*PROBE_LINES, "--- end", ""])
-    assert gr._PROBE_HEADER.match(text) is not None
-    assert gr._headers(text, DEFAULT_LIMITS) == gr._header_lines(text, DEFAULT_LIMITS)
+    assert envelope._PROBE_HEADER.match(text) is not None
+    assert envelope._headers(text, DEFAULT_LIMITS) == envelope._header_lines(text, DEFAULT_LIMITS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,19 +176,19 @@ SECTION_PIECES = st.sampled_from(["--- ", "---", "-", "end", "gridd-log", "nvidi
 @given(st.lists(SECTION_PIECES, max_size=20), st.integers(min_value=0, max_value=40))
 def test_section_scan_agrees_with_the_regex_scan(pieces: list[str], start: int) -> None:
     text = "".join(pieces)
-    assert outcome(gr._sections, text, start) == outcome(regex_sections, text, start)
+    assert outcome(envelope._sections, text, start) == outcome(regex_sections, text, start)
 
 
 @pytest.mark.parametrize("smi", [*SMI_FIXTURES, None])
 @pytest.mark.parametrize("log", [*LOG_FIXTURES, None])
 def test_section_scan_agrees_with_the_regex_scan_on_reports(smi: str | None, log: str | None) -> None:
     text = _body(smi, log, clock=T0).decode()
-    _, start = gr._header_lines(text, DEFAULT_LIMITS)
-    sections = gr._sections(text, start)
+    _, start = envelope._header_lines(text, DEFAULT_LIMITS)
+    sections = envelope._sections(text, start)
     assert sections == regex_sections(text, start)
     assert len(sections) == (smi is not None) + (log is not None)
     for cut in (len(text) - 1, len(text) - 9):  # truncated: no end marker, or cut inside it
-        assert outcome(gr._sections, text[:cut], start) == outcome(regex_sections, text[:cut], start)
+        assert outcome(envelope._sections, text[:cut], start) == outcome(regex_sections, text[:cut], start)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -212,7 +209,7 @@ MESSAGE_PIECES = st.sampled_from([
 @given(st.lists(MESSAGE_PIECES, max_size=6))
 def test_event_prefilter_keeps_every_recognised_message(pieces: list[str]) -> None:
     msg = "".join(pieces)
-    assert gr._classify(msg.strip()) is None or gr._EVENT_HINT.search(msg) is not None
+    assert gridd_log._classify(msg.strip()) is None or gridd_log._EVENT_HINT.search(msg) is not None
 
 
 SYSLOG_LINE = st.builds(
@@ -259,20 +256,20 @@ def test_a_yearless_time_is_placed_by_each_reference() -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def reference_evaluate(report: GuestReport, *, current_token_sha256: str | None, now: dt.datetime) -> GuestState:
+def reference_evaluate(report: gr.GuestReport, *, current_token_sha256: str | None, now: dt.datetime) -> gr.GuestState:
     """The previous evaluate, kept as the reference."""
-    states = [(gr._guest_gpu_state(g, now), g) for g in report.gpus]
-    worst_gpu: GpuLicense | None
+    states = [(evaluation._guest_gpu_state(g, now), g) for g in report.gpus]
+    worst_gpu: gr.GpuLicense | None
     if report.smi_status == SMI_MISSING:
-        worst_state, worst_gpu = LicenseState.DRIVER_MISSING, None
+        worst_state, worst_gpu = gr.LicenseState.DRIVER_MISSING, None
     elif states:
         worst_state, worst_gpu = max(states, key=lambda sg: SEVERITY[sg[0]])
     else:
-        worst_state, worst_gpu = LicenseState.UNKNOWN, None
+        worst_state, worst_gpu = gr.LicenseState.UNKNOWN, None
     reason = None
-    if worst_state is LicenseState.EXPIRED:
+    if worst_state is gr.LicenseState.EXPIRED:
         reason = gr.REASON_LEASE_EXPIRED
-    elif worst_state in (LicenseState.UNLICENSED, LicenseState.RESTRICTED, LicenseState.GRACE):
+    elif worst_state in (gr.LicenseState.UNLICENSED, gr.LicenseState.RESTRICTED, gr.LicenseState.GRACE):
         reason = unlicensed_reason(report.events)
     expiries = [g.expiry for g in report.gpus if g.expiry is not None]
     product = worst_gpu.product if worst_gpu is not None else None
@@ -280,7 +277,7 @@ def reference_evaluate(report: GuestReport, *, current_token_sha256: str | None,
         product = next((g.product for g in report.gpus if g.product), None)
     driver = next((g.driver_version for g in report.gpus if g.driver_version), None)
     last = report.events[-1] if report.events else None
-    return GuestState(
+    return gr.GuestState(
         uuid=report.uuid, hostname=report.hostname, state=worst_state, product=product,
         expiry=min(expiries) if expiries else None, driver_version=driver, gpu_count=len(report.gpus),
         grace=any(g.grace for g in report.gpus), token_sha256=report.token_sha256,
@@ -291,20 +288,20 @@ def reference_evaluate(report: GuestReport, *, current_token_sha256: str | None,
 
 EXPIRIES = st.one_of(st.none(), st.sampled_from([T0 - dt.timedelta(days=1), T0, T0 + dt.timedelta(days=1)]))
 GPUS = st.builds(
-    GpuLicense, product=st.sampled_from([None, "NVIDIA Virtual PC", "NVIDIA RTX Virtual Workstation"]),
-    state=st.sampled_from([LicenseState.LICENSED, LicenseState.UNLICENSED, LicenseState.RESTRICTED,
-                           LicenseState.UNKNOWN]),
+    gr.GpuLicense, product=st.sampled_from([None, "NVIDIA Virtual PC", "NVIDIA RTX Virtual Workstation"]),
+    state=st.sampled_from([gr.LicenseState.LICENSED, gr.LicenseState.UNLICENSED, gr.LicenseState.RESTRICTED,
+                           gr.LicenseState.UNKNOWN]),
     expiry=EXPIRIES, raw_status=st.just("x"), driver_version=st.sampled_from([None, "580.105.08", "570.1"]),
     grace=st.booleans())
-EVENTS = st.builds(GriddEvent, kind=st.sampled_from(list(GriddEventKind)), at=EXPIRIES, message=st.just("m"))
+EVENTS = st.builds(gr.GriddEvent, kind=st.sampled_from(list(gr.GriddEventKind)), at=EXPIRIES, message=st.just("m"))
 
 
 @settings(max_examples=300)
 @given(st.lists(GPUS, max_size=4), st.lists(EVENTS, max_size=4),
        st.sampled_from([None, SMI_OK, SMI_MISSING, SMI_FAILED]), st.sampled_from([None, SHA, SHA.upper(), "cd" * 32]))
-def test_evaluate_agrees_with_the_reference(gpus: list[GpuLicense], events: list[GriddEvent], smi: str | None,
+def test_evaluate_agrees_with_the_reference(gpus: list[gr.GpuLicense], events: list[gr.GriddEvent], smi: str | None,
                                             current: str | None) -> None:
-    report = GuestReport(format_version=2, uuid=UUID, hostname="vm-1", clock=T0, token_sha256=SHA,
+    report = gr.GuestReport(format_version=2, uuid=UUID, hostname="vm-1", clock=T0, token_sha256=SHA,
                          probe_version="1.1", smi_format=None, gpus=tuple(gpus), events=tuple(events), smi_status=smi)
     assert evaluate(report, current_token_sha256=current, now=T0) == reference_evaluate(
         report, current_token_sha256=current, now=T0)

@@ -209,6 +209,46 @@ async def test_a_refusal_carries_status_and_reason_never_the_body(recorder: tupl
     assert "xyz" not in str(err.value) and "c2VjcmV0" not in str(err.value)
 
 
+async def _answer(status: int) -> dict[str, Any]:
+    """A call that succeeds with an empty body (200) or fails with `status`."""
+    if status != 200:
+        raise kapi.ApiException(status, "Reason")
+    return {}
+
+
+async def test_absent_on_404_reads_not_found_as_none() -> None:
+    assert await kapi.absent_on_404(_answer(404)) is None
+    assert await kapi.absent_on_404(_answer(200)) == {}  # an empty body is found, not absent
+
+
+@pytest.mark.parametrize("status", [0, 403, 409, 410, 429, 500])
+async def test_absent_on_404_raises_every_other_error(status: int) -> None:
+    with pytest.raises(kapi.ApiException) as err:
+        await kapi.absent_on_404(_answer(status))
+    assert err.value.status == status
+
+
+async def test_absent_on_404_leaves_other_exceptions_alone() -> None:
+    async def refused() -> dict[str, Any]:
+        raise ConnectionRefusedError("apiserver down")
+
+    with pytest.raises(ConnectionRefusedError):
+        await kapi.absent_on_404(refused())
+
+
+async def test_absent_on_404_over_the_wire(recorder: tuple[Recorder, str]) -> None:
+    rec, url = recorder
+    async with aiohttp.ClientSession() as session:
+        core = RawApi(kapi.CoreV1Api(kapi.KubeClient(host=url, session=session)))
+        assert await kapi.absent_on_404(core.read_namespaced_secret("s", "ns")) == {"kind": "Thing", "ok": True}
+        rec.status = 404
+        assert await kapi.absent_on_404(core.read_namespaced_secret("s", "ns")) is None
+        rec.status = 500
+        with pytest.raises(kapi.ApiException):
+            await kapi.absent_on_404(core.read_namespaced_secret("s", "ns"))
+    assert [r["method"] for r in rec.seen] == ["GET", "GET", "GET"]
+
+
 async def test_a_library_client_is_borrowed_and_its_errors_keep_their_family(
         recorder: tuple[Recorder, str], tmp_path: Path) -> None:
     from kubernetes_asyncio.client import ApiException as LibraryApiException

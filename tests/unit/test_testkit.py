@@ -13,7 +13,9 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
+from licensectl.kube.caches import CacheHealth
 from licensectl_dev.testkit.controller import ControllerProcess
+from licensectl_dev.testkit.memory import MemoryCaches
 from licensectl_dev.testkit.metrics_text import Scrape, delta, delta_by_label, parse_metrics
 from licensectl_dev.testkit.poll import EventuallyTimeout, eventually
 from licensectl_dev.testkit.process import (
@@ -283,3 +285,17 @@ def test_a_controller_from_another_tree_imports_only_that_tree(tmp_path: Path) -
     assert c.process.env["PYTHONPATH"] == str(tmp_path / "old") and c.process.cwd == tmp_path / "old"
     here = ControllerProcess("kubeconfig", "ns", log_dir=tmp_path, tls_and_webhook=False)
     assert here.process.env.get("PYTHONPATH") != str(tmp_path / "old") and here.process.cwd == REPO_ROOT
+
+
+def test_the_in_memory_caches_judge_health_by_the_real_caches_rule() -> None:
+    assert isinstance(MemoryCaches(), CacheHealth)
+    caches = MemoryCaches()
+    assert caches.core_synced() and caches.core_healthy() and caches.kubevirt_healthy()
+    caches.claims.healthy = False  # a watch broke: still synced, no longer trusted for deletions
+    assert caches.core_synced() and not caches.core_healthy()
+    caches.replicas.synced = False
+    assert not caches.core_synced()
+    assert caches.vmis is not None
+    caches.vmis.healthy = False
+    assert not caches.kubevirt_healthy()
+    assert not MemoryCaches(with_kubevirt=False).kubevirt_healthy()

@@ -400,28 +400,28 @@ async def _sleeps_during(api: FakeApi, inf: w.Informer[Any], monkeypatch: pytest
     return slept
 
 
-async def test_a_long_outage_is_retried_at_the_short_ceiling(monkeypatch: pytest.MonkeyPatch) -> None:
+async def _sleeps_until_synced(failed_lists: list[Any], monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The backoff sleeps of an informer (production defaults) whose LIST answers each of
+    `failed_lists` in turn (an exception or a response) before one that succeeds."""
     api = FakeApi()
-    api.list_round([ConnectionRefusedError("apiserver down")])
-    for _ in range(40):  # 40 refused LISTs: a minute-long outage at the old schedule
-        api.list_round([ConnectionRefusedError("apiserver down")])
+    for failure in failed_lists:
+        api.list_round([failure])
     api.list_round([page([obj("a", "1")], "10")])
     api.watches.append(FakeResp(200, [], hang=api.release))
-    inf = w.Informer("test", api, name_projection)  # production defaults
-    slept = await _sleeps_during(api, inf, monkeypatch, lambda: inf.synced)
+    inf = w.Informer("test", api, name_projection)
+    return await _sleeps_during(api, inf, monkeypatch, lambda: inf.synced)
+
+
+async def test_a_long_outage_is_retried_at_the_short_ceiling(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 1 + 40 refused LISTs: a minute-long outage at the old schedule
+    slept = await _sleeps_until_synced([ConnectionRefusedError("apiserver down") for _ in range(41)], monkeypatch)
     assert len(slept) >= 40 and max(slept) <= w.RECOVERY_CAP
     assert all(s >= 0.25 for s in slept)  # still backing off, not spinning
 
 
 async def test_a_throttling_server_gets_the_long_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
-    api = FakeApi()
     throttled = FakeResp(429, [json.dumps({"kind": "Status", "code": 429, "reason": "TooManyRequests"}).encode()])
-    for _ in range(8):
-        api.list_round([throttled])
-    api.list_round([page([obj("a", "1")], "10")])
-    api.watches.append(FakeResp(200, [], hang=api.release))
-    inf = w.Informer("test", api, name_projection)
-    slept = await _sleeps_during(api, inf, monkeypatch, lambda: inf.synced)
+    slept = await _sleeps_until_synced([throttled] * 8, monkeypatch)
     assert max(slept) > w.RECOVERY_CAP  # 0.5 * 2**7 = 64, jittered into [15, 30]
 
 
@@ -438,13 +438,7 @@ def test_the_servers_retry_after_wins_over_the_schedule() -> None:
 
 
 async def test_a_restarting_apiserver_is_retried_when_it_says(monkeypatch: pytest.MonkeyPatch) -> None:
-    api = FakeApi()
     initializing = FakeResp(429, [json.dumps({"kind": "Status", "code": 429, "reason": "TooManyRequests"}).encode()])
     initializing.headers = {"Retry-After": "1"}  # type: ignore[attr-defined]
-    for _ in range(10):
-        api.list_round([initializing])
-    api.list_round([page([obj("a", "1")], "10")])
-    api.watches.append(FakeResp(200, [], hang=api.release))
-    inf = w.Informer("test", api, name_projection)
-    slept = await _sleeps_during(api, inf, monkeypatch, lambda: inf.synced)
+    slept = await _sleeps_until_synced([initializing] * 10, monkeypatch)
     assert len(slept) >= 10 and all(1.0 <= s <= 1.25 for s in slept)

@@ -4,9 +4,8 @@ Modelled on client-go's Reflector (kubernetes/kubernetes
 staging/src/k8s.io/client-go/tools/cache/reflector.go): a paged LIST builds a snapshot and yields a
 resourceVersion; a WATCH resumes from the last seen resourceVersion (bookmarks advance it without
 objects); "410 Gone" / "too old resource version" means the history is compacted and only a
-full relist can restore a correct cache; other failures reconnect with jittered backoff whose
-ceiling is short (a few seconds), so a healed apiserver is seen within seconds, and long only when
-the server itself asks to slow down (429) (docs/design.md#recovery-backoff).
+full relist can restore a correct cache; other failures reconnect with jittered backoff
+(`licensectl.kube.watch.backoff`).
 
 Safety contract the controller relies on before deleting anything:
 - `synced` is True only after a complete LIST (every page) of this run.
@@ -25,14 +24,24 @@ import asyncio
 import datetime as dt
 import json
 import random
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, Generic, TypeVar
 
 import structlog
+
+from licensectl.kube.watch import wire
+from licensectl.kube.watch.backoff import (
+    RECOVERY_CAP,
+    THROTTLED_CAP,
+    is_throttled,
+    parse_retry_after,
+    retry_after_of,
+    retry_delay,
+    watch_timeout_seconds,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -42,9 +51,6 @@ T = TypeVar("T")
 # namespace as needed). Called with list/watch keyword arguments and `_preload_content=False`; returns
 # the raw aiohttp response.
 ListFunc = Callable[..., Awaitable[Any]]
-Key = tuple[str, str]
-
-EVENT_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"})
 
 # Watch-restart reasons (metric label values).
 REASON_GONE = "gone"          # 410: history compacted, full relist
@@ -53,191 +59,6 @@ REASON_ERROR = "error"        # connection error, non-200 response, ERROR event 
 REASON_TOO_LONG = "line_too_long"
 
 
-class WatchEvent(NamedTuple):
-    type: str
-    object: Mapping[str, Any]
-
-
-class LineTooLong(Exception):
-    """A watch event exceeded the line bound: drop the connection rather than buffer without limit."""
-
-
-class Gone(Exception):
-    """410: the requested resourceVersion (or continue token) is no longer available."""
-
-
-class ApiError(Exception):
-    """Non-success HTTP status or ERROR event; carries code and the Status reason only."""
-
-    def __init__(self, code: int, reason: str, retry_after: float | None = None) -> None:
-        super().__init__(f"{code} {reason}")
-        self.code = code
-        self.reason = reason
-        self.retry_after = retry_after  # the server's Retry-After (seconds), with a 429 or 503
-
-
-# ---------------------------------------------------------------------------------------------
-# Pure helpers
-# ---------------------------------------------------------------------------------------------
-def backoff_delay(attempt: int, rnd: float, *, base: float = 0.5, cap: float = 30.0) -> float:
-    """Jittered exponential backoff: in [d/2, d] with d = min(cap, base * 2**attempt).
-
-    `rnd` is a uniform draw in [0, 1) passed in, so the schedule is testable.
-    """
-    exp = min(max(attempt, 0), 62)
-    d = min(cap, base * (2.0**exp))
-    r = min(max(rnd, 0.0), 1.0)
-    return d * (0.5 + 0.5 * r)
-
-
-# Backoff ceilings: short for a server that is down or failing (an attempt costs it nothing or
-# little, and a healed server must be seen within seconds), long for a server that throttles (429).
-RECOVERY_CAP = 2.0
-THROTTLED_CAP = 30.0
-MIN_RETRY_AFTER = 0.2  # "Retry-After: 0" must not become a busy loop
-
-
-def retry_delay(attempt: int, rnd: float, *, throttled: bool, base: float = 0.5, cap: float = RECOVERY_CAP,
-                throttled_cap: float = THROTTLED_CAP, retry_after: float | None = None) -> float:
-    """The informer's backoff schedule: jittered exponential up to `cap`, or up to `throttled_cap`
-    when the last failure was a 429 (the apiserver's priority and fairness shedding load). A
-    Retry-After the server sent wins (a restarted apiserver answers 429 "storage is initializing"
-    with Retry-After: 1 until its watch cache is filled), jittered up by at most a quarter."""
-    if retry_after is not None and retry_after >= 0:
-        r = min(max(rnd, 0.0), 1.0)
-        return min(throttled_cap, max(retry_after, MIN_RETRY_AFTER) * (1.0 + 0.25 * r))
-    return backoff_delay(attempt, rnd, base=base, cap=throttled_cap if throttled else cap)
-
-
-def parse_retry_after(value: str | None) -> float | None:
-    """Retry-After in seconds (the apiserver sends an integer); None when absent or an HTTP date."""
-    if value is None:
-        return None
-    try:
-        seconds = float(value.strip())
-    except ValueError:
-        return None
-    return seconds if 0 <= seconds < 86400 else None
-
-
-def retry_after_of(e: BaseException | None) -> float | None:
-    return e.retry_after if isinstance(e, ApiError) else None
-
-
-def is_throttled(e: BaseException | None) -> bool:
-    """429 from a LIST or WATCH (our ApiError, or an ApiException raised by the client)."""
-    if isinstance(e, ApiError):
-        return e.code == 429
-    return getattr(e, "status", None) == 429
-
-
-def watch_timeout_seconds(minimum: float, rnd: float) -> int:
-    """Server-side watch timeout in [minimum, 2*minimum), spread like client-go so that many
-    watches do not all reconnect at once."""
-    return max(1, int(minimum * (1.0 + min(max(rnd, 0.0), 0.999999))))
-
-
-def object_key(obj: Mapping[str, Any]) -> Key:
-    """(namespace, name); namespace "" for cluster-scoped objects.
-
-    Namespaces are interned, as the projections intern theirs: thousands of cached objects share a
-    few namespaces, and each key would otherwise keep its own copy. So is a cluster-scoped object's
-    name, which is what a Namespace's name is.
-    """
-    meta = obj.get("metadata")
-    if not isinstance(meta, Mapping):
-        return ("", "")
-    ns, name = meta.get("namespace"), meta.get("name")
-    if type(ns) is str:
-        ns = sys.intern(ns)
-    elif ns is None and type(name) is str:
-        name = sys.intern(name)
-    return (ns if isinstance(ns, str) else "", name if isinstance(name, str) else "")
-
-
-def shared_name_key(obj: Mapping[str, Any]) -> Key:
-    """`object_key` with the name interned as well, for kinds whose names recur in every namespace:
-    licensectl's replicas are named after their class, GPU claims mostly alike. Their projections
-    intern the name too, so key and projection hold one copy; unique names would only cost."""
-    ns, name = object_key(obj)
-    return (ns, sys.intern(name) if type(name) is str else name)
-
-
-def resource_version_of(obj: Mapping[str, Any]) -> str | None:
-    meta = obj.get("metadata")
-    if isinstance(meta, Mapping):
-        rv = meta.get("resourceVersion")
-        if isinstance(rv, str) and rv:
-            return rv
-    return None
-
-
-def parse_event_line(line: bytes | str) -> WatchEvent | None:
-    """One line of a watch stream -> WatchEvent; None for anything that is not a well-formed event."""
-    try:
-        doc = json.loads(line)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    if not isinstance(doc, dict):
-        return None
-    typ, obj = doc.get("type"), doc.get("object")
-    if typ not in EVENT_TYPES or not isinstance(obj, dict):
-        return None
-    return WatchEvent(typ, obj)
-
-
-def status_code(status: Mapping[str, Any]) -> int:
-    """HTTP code of a metav1.Status (ERROR event object), 0 if absent."""
-    code = status.get("code")
-    return code if isinstance(code, int) and not isinstance(code, bool) else 0
-
-
-def status_reason(status: Mapping[str, Any]) -> str:
-    """Status.reason (a CamelCase word like Expired/Forbidden): safe to log, unlike free text."""
-    reason = status.get("reason")
-    return reason if isinstance(reason, str) and reason.isalnum() else "Unknown"
-
-
-def is_gone(status: Mapping[str, Any]) -> bool:
-    """410 Gone / reason Expired or Gone (apimachinery pkg/api/errors IsResourceExpired, IsGone)."""
-    return status_code(status) == 410 or status.get("reason") in ("Expired", "Gone")
-
-
-class LineSplitter:
-    """Splits a byte stream into lines with a bound on line length."""
-
-    def __init__(self, max_line: int) -> None:
-        self._buf = bytearray()
-        self._max = max_line
-
-    def feed(self, chunk: bytes) -> list[bytes]:
-        search = len(self._buf)
-        self._buf += chunk
-        out: list[bytes] = []
-        start = 0
-        while (i := self._buf.find(b"\n", search)) >= 0:
-            if i - start > self._max:
-                raise LineTooLong(i - start)
-            line = bytes(self._buf[start:i])
-            if line.strip():
-                out.append(line)
-            start = search = i + 1
-        if start:
-            del self._buf[:start]
-        if len(self._buf) > self._max:
-            raise LineTooLong(len(self._buf))
-        return out
-
-    def finish(self) -> bytes | None:
-        """The unterminated tail at end of stream, if any."""
-        tail = bytes(self._buf)
-        self._buf.clear()
-        return tail if tail.strip() else None
-
-
-# ---------------------------------------------------------------------------------------------
-# Informer
-# ---------------------------------------------------------------------------------------------
 def _noop_restart(informer: str, reason: str) -> None:
     return None
 
@@ -271,10 +92,10 @@ class Informer(Generic[T]):
         list_func: ListFunc,
         projection: Callable[[Mapping[str, Any]], T | None],
         *,
-        key: Callable[[Mapping[str, Any]], Key] = object_key,
+        key: Callable[[Mapping[str, Any]], wire.Key] = wire.object_key,
         label_selector: str | None = None,
         field_selector: str | None = None,
-        on_change: Callable[[Key, T | None, T | None], None] | None = None,
+        on_change: Callable[[wire.Key, T | None, T | None], None] | None = None,
         page_size: int = 500,
         hooks: InformerHooks | None = None,
         watch_timeout: float = 300.0,
@@ -302,7 +123,7 @@ class Informer(Generic[T]):
         self._throttled_cap = max(throttled_cap, backoff_cap)
         self._max_line = max_line_bytes
 
-        self._cache: dict[Key, T] = {}
+        self._cache: dict[wire.Key, T] = {}
         self._rv = ""
         self._synced = False
         self._synced_event = asyncio.Event()
@@ -315,11 +136,11 @@ class Informer(Generic[T]):
 
     # -- read side ------------------------------------------------------------------------------
     @property
-    def cache(self) -> Mapping[Key, T]:
+    def cache(self) -> Mapping[wire.Key, T]:
         """Read-only live view. Take `snapshot()` if you await while iterating it."""
         return MappingProxyType(self._cache)
 
-    def snapshot(self) -> dict[Key, T]:
+    def snapshot(self) -> dict[wire.Key, T]:
         return dict(self._cache)
 
     @property
@@ -421,7 +242,7 @@ class Informer(Generic[T]):
                 try:
                     new, rv, pages = await self._list_all()
                     break
-                except Gone:
+                except wire.Gone:
                     # The continue token expired mid-way (etcd compaction): start over, as client-go's
                     # pager does, with a fresh consistent snapshot.
                     if restart == 2:
@@ -454,8 +275,8 @@ class Informer(Generic[T]):
             if k not in new:
                 self._notify(k, prev, None)
 
-    async def _list_all(self) -> tuple[dict[Key, T], str, int]:
-        new: dict[Key, T] = {}
+    async def _list_all(self) -> tuple[dict[wire.Key, T], str, int]:
+        new: dict[wire.Key, T] = {}
         token: str | None = None
         rv = ""
         pages = 0
@@ -486,18 +307,18 @@ class Informer(Generic[T]):
             if token is None:
                 break
         if not rv:
-            raise ApiError(0, "ListWithoutResourceVersion")
+            raise wire.ApiError(0, "ListWithoutResourceVersion")
         return new, rv, pages
 
     async def _call(self, **kw: Any) -> Any:
-        """Call the list function; an exception carrying HTTP 410 (e.g. ApiException) becomes Gone."""
+        """Call the list function; an exception carrying HTTP 410 (e.g. ApiException) becomes wire.Gone."""
         try:
             return await self._list_func(**kw)
         except asyncio.CancelledError:
             raise
         except Exception as e:
             if getattr(e, "status", None) == 410:
-                raise Gone() from None
+                raise wire.Gone() from None
             raise
 
     async def _request_json(self, kw: dict[str, Any]) -> dict[str, Any]:
@@ -505,12 +326,12 @@ class Informer(Generic[T]):
         try:
             status = int(getattr(resp, "status", 0) or 0)
             doc = _loads(await resp.read())
-            if status == 410 or (status >= 400 and doc is not None and is_gone(doc)):
-                raise Gone()
+            if status == 410 or (status >= 400 and doc is not None and wire.is_gone(doc)):
+                raise wire.Gone()
             if not 200 <= status <= 299:
-                raise ApiError(status, status_reason(doc or {}), _retry_after_header(resp))
+                raise wire.ApiError(status, wire.status_reason(doc or {}), _retry_after_header(resp))
             if doc is None:
-                raise ApiError(status, "UndecodableListBody")
+                raise wire.ApiError(status, "UndecodableListBody")
             return doc
         finally:
             _close(resp)
@@ -539,14 +360,14 @@ class Informer(Generic[T]):
                 self._watch_ended(reason, None)
             except asyncio.CancelledError:
                 raise
-            except Gone:
+            except wire.Gone:
                 self._watch_ended(REASON_GONE, None)
                 self._counters["relists"] += 1
                 return
-            except LineTooLong as e:
+            except wire.LineTooLong as e:
                 reason = REASON_TOO_LONG
                 self._watch_ended(reason, e)
-            except ApiError as e:
+            except wire.ApiError as e:
                 reason = REASON_ERROR
                 self._watch_ended(reason, e)
                 throttled = e.code == 429
@@ -597,13 +418,13 @@ class Informer(Generic[T]):
             status = int(getattr(resp, "status", 0) or 0)
             if status != 200:
                 doc = _loads(await resp.content.read(64 * 1024)) or {}
-                if status == 410 or is_gone(doc):
-                    raise Gone()
-                raise ApiError(status, status_reason(doc), _retry_after_header(resp))
+                if status == 410 or wire.is_gone(doc):
+                    raise wire.Gone()
+                raise wire.ApiError(status, wire.status_reason(doc), _retry_after_header(resp))
             self._watch_down_since = None
             seen = 0
             async for line in self._lines(resp):
-                ev = parse_event_line(line)
+                ev = wire.parse_event_line(line)
                 if ev is None:
                     log.warning("informer.bad_event_line", informer=self.name, length=len(line))
                     continue
@@ -614,7 +435,7 @@ class Informer(Generic[T]):
             _close(resp)
 
     async def _lines(self, resp: Any) -> AsyncIterator[bytes]:
-        splitter = LineSplitter(self._max_line)
+        splitter = wire.LineSplitter(self._max_line)
         while True:
             chunk = await resp.content.readany()
             if not chunk:
@@ -625,15 +446,15 @@ class Informer(Generic[T]):
             for line in splitter.feed(chunk):
                 yield line
 
-    def _apply(self, ev: WatchEvent) -> None:
-        """Apply one event to the cache (raises Gone/ApiError for ERROR events)."""
+    def _apply(self, ev: wire.WatchEvent) -> None:
+        """Apply one event to the cache (raises wire.Gone/wire.ApiError for ERROR events)."""
         self._counters["events"] += 1
         obj = ev.object
         if ev.type == "ERROR":
-            if is_gone(obj):
-                raise Gone()
-            raise ApiError(status_code(obj), status_reason(obj))
-        rv = resource_version_of(obj)
+            if wire.is_gone(obj):
+                raise wire.Gone()
+            raise wire.ApiError(wire.status_code(obj), wire.status_reason(obj))
+        rv = wire.resource_version_of(obj)
         if ev.type == "BOOKMARK":
             if rv:
                 self._rv = rv
@@ -657,7 +478,7 @@ class Informer(Generic[T]):
         if rv:
             self._rv = rv
 
-    def _safe_project(self, obj: Mapping[str, Any], key: Key) -> T | None:
+    def _safe_project(self, obj: Mapping[str, Any], key: wire.Key) -> T | None:
         try:
             proj = self._project(obj)
         except Exception as e:  # projections are meant to be total; one bad object must not stop us
@@ -668,7 +489,7 @@ class Informer(Generic[T]):
             self._counters["invalid_objects"] += 1
         return proj
 
-    def _notify(self, key: Key, old: T | None, new: T | None) -> None:
+    def _notify(self, key: wire.Key, old: T | None, new: T | None) -> None:
         if self._on_change is None:
             return
         try:
@@ -707,7 +528,7 @@ def _describe(e: BaseException | None) -> str:
     """Exception type and, for our own API errors, code + Status reason; never a response body."""
     if e is None:
         return ""
-    if isinstance(e, ApiError):
+    if isinstance(e, wire.ApiError):
         return f"ApiError({e.code} {e.reason})"
     status = getattr(e, "status", None)
     if isinstance(status, int):

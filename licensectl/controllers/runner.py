@@ -1,0 +1,158 @@
+"""How the App's loops run: the reconcile loop, what a pass returns, and the task runner.
+
+Concurrency model: one asyncio event loop runs everything (the admission webhook's own thread is
+the one exception, docs/design.md#webhook-thread). Each reconcile loop is one task that runs one
+pass at a time, so a pass never races itself and reads the watch caches without locks; the caches
+are updated by the same loop between passes. A pass is level-based (it looks at the whole picture),
+so triggers carry no payload: an `asyncio.Event` set by a watch callback just says "look again",
+and any number of sets before the next pass collapse into one. A coalescing window after each pass
+keeps event bursts from re-planning the fleet many times a second. A pass that raises is retried
+with exponential backoff; a periodic resync re-runs every loop even without events, so nothing
+depends on an event being delivered.
+
+Why a runner: the loops, the leader elector and short fire-and-forget writes (the pod label, Events
+about admissions) are tasks whose lifetime the App must control, in one order at shutdown (finish
+the passes and their writes, then stop campaigning for the Lease) and in one health answer (a dead
+loop means a stuck controller: /healthz must say so, and the kubelet restarts it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, Final
+
+from licensectl import logs
+
+log = logs.get(__name__)
+
+# Failure backoff: 1 s after the first failed pass, doubling, at most 30 s.
+BACKOFF_BASE_SECONDS = 0.5
+BACKOFF_MAX_SECONDS = 30.0
+# The shortest wait a pass may ask for: a requeue of 0 must not spin the event loop.
+MIN_REQUEUE_SECONDS = 0.05
+# How long a graceful stop waits for the loops (and background writes) to finish before cancelling.
+STOP_TIMEOUT_SECONDS = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """What one reconcile pass asks of its loop (controller-runtime's `reconcile.Result`).
+
+    `requeue_after`: run again after at most this many seconds (capped by the resync period);
+    None: nothing is scheduled, the next trigger or the periodic resync wakes the loop.
+    """
+
+    requeue_after: float | None = None
+
+    @classmethod
+    def after(cls, seconds: float) -> Result:
+        """Run again in `seconds`: something is due then (a settle period ends, the cap frees up)."""
+        return cls(seconds)
+
+
+# Nothing scheduled: wait for the next trigger or the periodic resync.
+IDLE: Final = Result()
+
+
+async def reconcile_loop(name: str, step: Callable[[], Awaitable[Result]], *, trigger: asyncio.Event,
+                         resync: float, coalesce: float, stopping: Callable[[], bool]) -> None:
+    """Run `step` until `stopping()`: after each pass wait for `trigger`, the requeue, or `resync`.
+
+    A failed pass is logged and retried with exponential backoff (reset by the next success); a
+    pass in progress when `stopping()` turns true finishes, then the loop returns.
+    """
+    failures = 0
+    loop = asyncio.get_running_loop()
+    while not stopping():
+        wait: float | None
+        started = loop.time()
+        try:
+            wait = (await step()).requeue_after
+            failures = 0
+        except Exception as e:
+            failures += 1
+            wait = min(BACKOFF_MAX_SECONDS, BACKOFF_BASE_SECONDS * 2 ** min(failures, 6))
+            log.warning("reconcile failed", loop=name, error=type(e).__name__, status=getattr(e, "status", None),
+                        retry_in=wait)
+        if stopping():
+            return
+        timeout = resync if wait is None else max(MIN_REQUEUE_SECONDS, min(wait, resync))
+        triggered = False
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(trigger.wait(), timeout)
+            triggered = True
+        trigger.clear()
+        # Coalesce bursts of watch events into one pass (docs/design.md#webhook-thread): after an
+        # event the whole window stays idle, however long the pass took. A timed wakeup (a settle
+        # period ending, a re-issue due) has nothing to coalesce: it only keeps passes a window apart.
+        await asyncio.sleep(coalesce if triggered else max(0.0, coalesce - (loop.time() - started)))
+
+
+class TaskRunner:
+    """Owns the App's tasks, in three kinds that differ in how they end.
+
+    - loops (`start_loop`): reconcile loops; they return by themselves once the App is stopping,
+      so `stop` waits for them (their last writes land) and cancels them only after the timeout.
+    - daemons (`start_daemon`): run until cancelled (the leader elector); `stop` cancels them after
+      the loops have finished, so the Lease is held until the last write of this leader is done.
+    - background tasks (`spawn`): short fire-and-forget writes (the leader label, admission Events);
+      kept referenced until done, waited for together with the loops on `stop`, never part of health.
+
+    A loop or daemon that ends before `stop` is a dead controller: `healthy()` turns false.
+    """
+
+    def __init__(self, *, drain_timeout: float = STOP_TIMEOUT_SECONDS) -> None:
+        self.drain_timeout = drain_timeout
+        self._loops: dict[str, asyncio.Task[None]] = {}
+        self._daemons: dict[str, asyncio.Task[None]] = {}
+        self._background: set[asyncio.Task[None]] = set()
+
+    def _create(self, name: str, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        if name in self._loops or name in self._daemons:
+            coro.close()
+            raise ValueError(f"a task named {name!r} is already running")
+        task = asyncio.create_task(coro, name=name)
+        task.add_done_callback(self._log_failure)
+        return task
+
+    def start_loop(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
+        """A long-running task that ends by itself when stopping; awaited on `stop`."""
+        self._loops[name] = self._create(name, coro)
+
+    def start_daemon(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
+        """A long-running task that runs until cancelled; cancelled on `stop` after the loops."""
+        self._daemons[name] = self._create(name, coro)
+
+    def spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
+        """A short task nobody awaits: referenced until done, failures logged, excluded from health."""
+        task = asyncio.create_task(coro, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        task.add_done_callback(self._log_failure)
+
+    def healthy(self) -> bool:
+        """No loop or daemon has ended."""
+        return all(not t.done() for t in (*self._daemons.values(), *self._loops.values()))
+
+    async def stop(self) -> None:
+        """Wait up to `drain_timeout` for the loops and background writes, cancel what is left, then
+        cancel the daemons; returns once every task has ended. The caller makes the loops return
+        (its stopping flag and their triggers) before calling this."""
+        draining = [*self._loops.values(), *self._background]
+        _, pending = await asyncio.wait(draining, timeout=self.drain_timeout) if draining else (set(), set())
+        for t in pending:
+            t.cancel()
+        for t in self._daemons.values():
+            t.cancel()
+        for t in (*self._daemons.values(), *self._loops.values(), *draining):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+
+    @staticmethod
+    def _log_failure(task: asyncio.Task[None]) -> None:
+        """Say why a task died when it dies (retrieving the exception), not at shutdown or never."""
+        if not task.cancelled() and (error := task.exception()) is not None:
+            log.error("task failed", task=task.get_name(), error=type(error).__name__)

@@ -1,0 +1,53 @@
+"""The reasons of the Kubernetes Events licensectl writes, as named constants.
+
+A reason is an interface: hosters filter on it (`kubectl get events --field-selector reason=...`)
+and docs/operations.md#events lists each one. Naming them in one place keeps a typo from silently
+creating a new reason and makes the full list reviewable next to that table. The values are the
+wire strings, unchanged; a `StrEnum` member is the plain string wherever it is written.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Reason(StrEnum):
+    # -- replication (controllers/replication_loop.py) ------------------------------------------
+    LICENSE_ROTATED = "LicenseRotated"  # once per rotation pass and class, on the source Secret
+    REPLICA_REVERTED = "ReplicaReverted"  # a replica's content or marks drifted and were written back
+    REPLICA_DELETED = "ReplicaDeleted"  # a replica deleted: its namespace is no longer entitled
+    REPLICA_CONFLICT = "ReplicaConflict"  # a Secret licensectl does not own holds a replica's name
+    DELETION_CAP_HIT = "DeletionCapHit"  # replica deletions deferred by the per-minute cap
+    LICENSE_TOKEN_UNREADABLE = "LicenseTokenUnreadable"  # the token is no JWT with an exp: expiry unknown
+    LICENSE_SOURCE_INVALID = "LicenseSourceInvalid"  # the source is missing or invalid: replicas kept
+    # The tenant problems (core.entitlement.ProblemKind), on the namespace, claim or class at fault.
+    CYCLE = "Cycle"  # the tenant tree loops at this namespace
+    MISSING_PARENT = "MissingParent"  # the namespace's parent tenant does not exist
+    LINK_MISMATCH = "LinkMismatch"  # ownerReference, name and ancestor labels disagree
+    UNKNOWN_CLASS = "UnknownClass"  # a GPUClaim names a GPUClass that does not exist
+    INVALID_CLASS = "InvalidClass"  # a GPUClass's mode or license reference is invalid
+
+    # -- safe rotation (core/rotation.py decides, controllers/rotation_loop.py emits) -------------
+    ROTATION_STARTED = "RotationStarted"  # a candidate revision starts its canary
+    NO_GUEST_EVIDENCE = "NoGuestEvidence"  # with RotationStarted: no guest ever reported, readiness only
+    CANARY_EMPTY = "CanaryEmpty"  # with RotationStarted: no VM fits the canary, on to step 1 unanalysed
+    ROTATION_STEP_STARTED = "RotationStepStarted"  # a wave passed; the next step gets the candidate
+    ROTATION_PROMOTED = "RotationPromoted"  # the last step passed: every namespace on the candidate
+    ROLLOUT_ABORTED = "RolloutAborted"  # a wave failed its analysis: every namespace back to stable
+    ROLLOUT_UNDONE = "RolloutUndone"  # the hoster ran `licensectl rollout undo`
+    CANDIDATE_WITHDRAWN = "CandidateWithdrawn"  # the source holds the stable revision again
+    REVISION_STORE_INVALID = "RevisionStoreInvalid"  # the revision store holds no readable record
+
+    # -- rollout (controllers/rollout_loop.py) ----------------------------------------------------
+    ROLLOUT_STARTED = "RolloutStarted"  # restarts of stale VMIs begin (after the settle period)
+    ROLLOUT_PAUSED = "RolloutPaused"  # failure budget spent, or paused by hand
+    ROLLOUT_COMPLETED = "RolloutCompleted"  # every affected VMI runs the current revision
+    RESTART_FAILED = "RestartFailed"  # a restarted VMI did not come back, or no way to restart exists
+    RESTART_BLOCKED = "RestartBlocked"  # a stale VMI licensectl cannot restart (e.g. no owning VM)
+    LICENSE_VOLUME_MISSING = "LicenseVolumeMissing"  # a VMI of an entitled vGPU claim lacks its volume
+
+    # -- admission (app.py, from the webhook's answers) -------------------------------------------
+    LICENSE_NOT_DELIVERED = "LicenseNotDelivered"  # a VMI admitted unchanged, without a license volume
+
+    # -- serving certificate (kube/serving_tls.py) ------------------------------------------------
+    FOREIGN_TLS_SECRET = "ForeignTLSSecret"  # the serving-certificate Secret is not licensectl's

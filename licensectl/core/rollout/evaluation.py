@@ -1,0 +1,321 @@
+"""One guest's rollout state: the slots (VMI, VM, governing replica, intent) collected from the
+cluster view, and each slot's evaluation -- current, stale, restarting, done, failed, blocked or
+manual -- with the times at which it would change. Separate from the planner because it looks at one
+guest at a time; budgets and ordering across guests belong to `plan`, and `memo` reuses these
+evaluations between passes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from licensectl.core import model
+from licensectl.core.rollout.constants import (
+    DONE_GATE_READY_LICENSED,
+    POLICY_MANUAL,
+    RESULT_DONE,
+    RESULT_FAILED,
+    UNRESTARTABLE_RUN_STRATEGIES,
+    VmiState,
+)
+from licensectl.core.rollout.inputs import GuestGate, ReplicaRevision, RestartIntent, RolloutSettings, SourceControl
+
+
+def _secs(seconds: float) -> dt.timedelta:
+    return dt.timedelta(seconds=seconds)
+
+
+# Kubernetes timestamps have one-second resolution and revision times are truncated to the second.
+# A restart issued at least this long after the revision time yields a VMI whose start time is
+# strictly later, so it can never be mistaken for a stale one (which would restart it again).
+MIN_SETTLE_SECONDS = 2.0
+
+
+def _settle(st: RolloutSettings) -> float:
+    return max(st.settle_seconds, MIN_SETTLE_SECONDS)
+
+
+def _started(vmi: model.Vmi) -> dt.datetime:
+    return vmi.running_since or vmi.created
+
+
+@dataclass(frozen=True, slots=True)
+class _Slot:
+    """One guest: its VMI (None while being recreated), its VM (None if standalone), the governing
+    replica and the parsed intent. Keyed by (namespace, VMI name) == (namespace, VM name)."""
+
+    namespace: str
+    name: str
+    vmi: model.Vmi | None
+    vm: model.Vm | None
+    replica: ReplicaRevision
+    intent: RestartIntent | None
+    missing: tuple[str, ...] = ()  # wanted replica volumes the VMI does not carry (backstop)
+
+
+@dataclass(slots=True)
+class _Eval:
+    slot: _Slot
+    state: VmiState
+    revision: str
+    reason: str
+    overdue: bool = False
+    counts_failure: bool = False  # failed, for the current revision, issued after resume
+    eligible_at: dt.datetime | None = None  # stale candidates: when a restart may be issued
+    reissue_at: dt.datetime | None = None  # in-flight restart whose call may have been lost
+    deadline: dt.datetime | None = None  # restarting: when it turns failed; manual: when overdue
+    record: str | None = None  # result annotation to write
+    failed_vmi: bool = False  # stale, but created by a restart that failed: a failure, not unavailable
+
+    @property
+    def unavailable(self) -> bool:
+        if self.state is VmiState.FAILED or self.failed_vmi:
+            return False
+        if self.state is VmiState.RESTARTING:
+            return True
+        vmi = self.slot.vmi
+        return vmi is None or vmi.deleting or not vmi.ready
+
+    @property
+    def issued_for_current(self) -> bool:
+        return self.revision == self.slot.replica.revision and self.state in (
+            VmiState.RESTARTING, VmiState.DONE, VmiState.FAILED)
+
+
+def _intent_targets(intent: RestartIntent, vmi: model.Vmi) -> bool:
+    """Whether ``vmi`` is the very VMI the intent meant to restart (not yet recreated)."""
+    if intent.vmi_uid:
+        return intent.vmi_uid == vmi.uid
+    # Intent without a UID: the VMI running when the intent was written started before it.
+    return _started(vmi) <= intent.issued_at
+
+
+def _is_stale(vmi: model.Vmi, replica: ReplicaRevision, guest: GuestGate | None,
+              missing: tuple[str, ...] = ()) -> bool:
+    if missing:
+        return True  # no license disk at all: only a restart through the webhook brings one
+    if _started(vmi) > replica.revision_time:
+        return False
+    return not (guest is not None and guest.proves_current(replica.revision_time))
+
+
+def _collect_slots(
+    replicas: Mapping[tuple[str, str], ReplicaRevision],
+    vmis: Iterable[model.Vmi],
+    vms: Iterable[model.Vm],
+    wanted: Mapping[tuple[str, str], tuple[str, ...]],
+) -> list[_Slot]:
+    vm_by_key = {(m.namespace, m.name): m for m in vms}
+    by_ns: dict[str, list[ReplicaRevision]] = defaultdict(list)
+    for r in replicas.values():
+        by_ns[r.namespace].append(r)
+    slots: list[_Slot] = []
+    owned: set[tuple[str, str]] = set()
+    for v in vmis:
+        if v.owner_vm:
+            owned.add((v.namespace, v.owner_vm))
+        want = wanted.get((v.namespace, v.name), ())
+        missing: tuple[str, ...] = ()
+        if not want and len(v.secret_volumes) == 1:  # the common case, without the general one's allocations
+            one = replicas.get((v.namespace, v.secret_volumes[0]))
+            if one is None:
+                continue
+            governing = one
+        else:
+            names = dict.fromkeys(v.secret_volumes + want)
+            refs = [replicas[(v.namespace, s)] for s in names if (v.namespace, s) in replicas]
+            if not refs:
+                continue
+            missing = tuple(s for s in want if s not in v.secret_volumes and (v.namespace, s) in replicas)
+            governing = max(refs, key=lambda r: (r.revision_time, r.name))
+        vm = vm_by_key.get((v.namespace, v.owner_vm)) if v.owner_vm else None
+        intent = RestartIntent.from_annotations(vm.annotations) if vm else None
+        slots.append(_Slot(v.namespace, v.name, v, vm, governing, intent, missing))
+    # VMs whose VMI is gone: a restart in flight (or a stopped VM, which is not our business).
+    for key in sorted(vm_by_key.keys() - owned):
+        vm = vm_by_key[key]
+        if vm.run_strategy == "Halted":
+            continue
+        intent = RestartIntent.from_annotations(vm.annotations)
+        if intent is None or intent.result == RESULT_DONE:
+            continue
+        replica: ReplicaRevision | None = None
+        if intent.replica:
+            replica = replicas.get((vm.namespace, intent.replica))
+        else:
+            matching = sorted((r for r in by_ns.get(vm.namespace, ()) if r.revision == intent.revision),
+                              key=lambda r: r.name)
+            replica = matching[0] if matching else None
+        if replica is not None:
+            slots.append(_Slot(vm.namespace, vm.name, None, vm, replica, intent))
+    slots.sort(key=lambda s: (s.namespace, s.name))
+    return slots
+
+
+class _Now:
+    """``now`` for one evaluation, remembering the earliest later time it was compared with: the
+    evaluation cannot change before that time unless its inputs do (what `PlanMemo` relies on)."""
+
+    __slots__ = ("horizon", "now")
+
+    def __init__(self, now: dt.datetime) -> None:
+        self.now = now
+        self.horizon: dt.datetime | None = None
+
+    def reached(self, t: dt.datetime) -> bool:
+        if t <= self.now:
+            return True
+        if self.horizon is None or t < self.horizon:
+            self.horizon = t
+        return False
+
+
+def _track(slot: _Slot, intent: RestartIntent, st: RolloutSettings,
+           guests: Mapping[tuple[str, str], GuestGate], now: _Now) -> _Eval:
+    """State of a restart the intent says was issued: restarting, done or failed."""
+    vmi, rev = slot.vmi, intent.revision
+    if intent.result == RESULT_DONE:
+        return _Eval(slot, VmiState.DONE, rev, "restart recorded done")
+    if intent.result == RESULT_FAILED:
+        return _Eval(slot, VmiState.FAILED, rev, "restart recorded failed")
+    # Two clocks: a restart that never took effect fails timeout after it was first issued (so a
+    # call that keeps being lost cannot be re-issued forever); one under way (VMI shutting down,
+    # gone or recreated) fails timeout after the last call, since a late re-issue started it anew.
+    timeout = _secs(st.restart_timeout_seconds)
+    in_progress = intent.attempted_at + timeout
+    if vmi is None:
+        if now.reached(in_progress):
+            return _Eval(slot, VmiState.FAILED, rev, "VMI not recreated in time", record=RESULT_FAILED)
+        return _Eval(slot, VmiState.RESTARTING, rev, "waiting for the new VMI", deadline=in_progress)
+    if not _intent_targets(intent, vmi):
+        if vmi.ready and not vmi.deleting:
+            gate_ok, why = _done_gate(slot, intent, st, guests)
+            if gate_ok:
+                return _Eval(slot, VmiState.DONE, rev, "restarted and Ready", record=RESULT_DONE)
+        else:
+            why = "waiting for the new VMI to become Ready"
+        if now.reached(in_progress):
+            return _Eval(slot, VmiState.FAILED, rev, f"timed out {why}", record=RESULT_FAILED)
+        return _Eval(slot, VmiState.RESTARTING, rev, why, deadline=in_progress)
+    if vmi.deleting:
+        if now.reached(in_progress):
+            return _Eval(slot, VmiState.FAILED, rev, "old VMI did not shut down in time", record=RESULT_FAILED)
+        return _Eval(slot, VmiState.RESTARTING, rev, "old VMI shutting down", deadline=in_progress)
+    untouched = intent.issued_at + timeout
+    if now.reached(untouched):
+        return _Eval(slot, VmiState.FAILED, rev, "VMI was not restarted in time", record=RESULT_FAILED)
+    # Intent written, target still running untouched: the call may have been lost in a crash.
+    reissue_at = intent.attempted_at + _secs(st.reissue_after_seconds)
+    return _Eval(slot, VmiState.RESTARTING, rev, "restart issued, not yet observed",
+                 reissue_at=reissue_at, deadline=untouched)
+
+
+def _done_gate(slot: _Slot, intent: RestartIntent, st: RolloutSettings,
+               guests: Mapping[tuple[str, str], GuestGate]) -> tuple[bool, str]:
+    if slot.missing:
+        return False, "the new VMI lacks its license volume: is the admission webhook reachable?"
+    if st.done_gate != DONE_GATE_READY_LICENSED:
+        return True, ""
+    report = guests.get((slot.namespace, slot.name))
+    if report is None:
+        return True, ""  # never reported: the probe is optional, Ready is the best evidence
+    if report.proves_current(intent.issued_at):
+        return True, ""
+    return False, "waiting for a licensed guest report with the current token"
+
+
+def _applies(intent: RestartIntent, slot: _Slot, st: RolloutSettings) -> bool:
+    """Whether the intent tracks a restart that still matters for this slot.
+
+    Without a VMI any intent does (a restart is in flight, possibly for a superseded revision).
+    With a VMI only an intent for the governing replica's current revision does, and not when it
+    names another VMI UID while the VMI we see is itself stale: then the intent was written from an
+    outdated view and the VMI we see was never restarted.
+    """
+    vmi, replica = slot.vmi, slot.replica
+    if vmi is None:
+        return True
+    if intent.revision != replica.revision or intent.replica not in (None, replica.name):
+        return False
+    if slot.missing and intent.result is not None and vmi.created > intent.issued_at + _secs(
+            st.restart_timeout_seconds):
+        return False  # created long after that restart ended: a new VMI, planned afresh
+    return not (intent.vmi_uid and intent.vmi_uid != vmi.uid and _started(vmi) <= replica.revision_time)
+
+
+def needs_live_check(intent: RestartIntent | None, revision: str, vmi_uid: str) -> bool:
+    """Whether a restart call of ours could already have replaced the VMI a new restart targets.
+
+    The restart subresource stops whatever VMI runs when it is called. Every call of ours is preceded
+    by an intent on the VM, and the next intent is written guarded by the resourceVersion the plan
+    saw, so once that write succeeds ``intent`` (the one it replaces) is the VM's whole restart
+    history as far as it matters: with no intent, or one for another revision that is settled
+    (a result recorded) and named another VMI, no call of ours for ``revision`` was ever made and
+    none may still land on this VMI. The call about to be made is then the first for this revision
+    whatever VMI it meets, so it needs no live read: a lagging VMI cache can at worst restart, once,
+    a VMI someone else replaced in that lag. Otherwise (same revision: a forgiven failure or a view
+    that disagreed with the intent; an unsettled or unnamed earlier call) read it live.
+    """
+    if intent is None:
+        return False
+    return intent.revision == revision or intent.result is None or intent.vmi_uid in (None, vmi_uid)
+
+
+def _restartable(vm: model.Vm | None) -> bool:
+    """Automatic restarts allowed: an owning VM, not opted out, with a run strategy that restarts."""
+    return (vm is not None and vm.run_strategy not in UNRESTARTABLE_RUN_STRATEGIES
+            and vm.annotations.get(model.ANN_RESTART_POLICY, "").strip().lower() != POLICY_MANUAL)
+
+
+def _evaluate(slot: _Slot, st: RolloutSettings, guests: Mapping[tuple[str, str], GuestGate],
+              control: SourceControl, now: _Now) -> _Eval:
+    replica, vmi, vm, intent = slot.replica, slot.vmi, slot.vm, slot.intent
+    rev = replica.revision
+    guest = guests.get((slot.namespace, slot.name))
+    if intent is not None and _applies(intent, slot, st):
+        tracked = _track(slot, intent, st, guests, now)
+        forgiven = control.resumed_at is not None and intent.issued_at < control.resumed_at
+        if tracked.state is not VmiState.FAILED:
+            return tracked
+        if not forgiven:
+            tracked.counts_failure = tracked.revision == rev
+            return tracked
+        # A forgiven failure: the VM is planned afresh, but only if its VMI still runs stale.
+        if vmi is None or vmi.deleting or not _is_stale(vmi, replica, guest, slot.missing):
+            return tracked
+    if vmi is None:  # unreachable: slots without a VMI always carry an intent
+        return _Eval(slot, VmiState.RESTARTING, rev, "waiting for the new VMI")
+    # Recreated by a restart for a superseded revision: if that restart failed, the VMI is a failure,
+    # not a rollout step, and stays out of the unavailability budget -- also once a newer revision
+    # makes it stale, or a few such VMIs would hold the budget forever and stall the rollout.
+    previous = _track(slot, intent, st, guests, now) if intent and not _intent_targets(intent, vmi) else None
+    failed_vmi = previous is not None and previous.state is VmiState.FAILED
+    if not _is_stale(vmi, replica, guest, slot.missing):
+        if previous is not None and failed_vmi:
+            return previous  # say so
+        return _Eval(slot, VmiState.CURRENT, rev, "runs the current revision")
+    if vm is None:
+        return _Eval(slot, VmiState.BLOCKED, rev, "no owning VirtualMachine: restart it by hand")
+    if vm.annotations.get(model.ANN_RESTART_POLICY, "").strip().lower() == POLICY_MANUAL:
+        due = replica.revision_time + _secs(st.manual_deadline_seconds)
+        overdue = now.reached(due)
+        return _Eval(slot, VmiState.MANUAL, rev, "manual restart pending" + (" (overdue)" if overdue else ""),
+                     overdue=overdue, deadline=None if overdue else due)
+    if vm.run_strategy in UNRESTARTABLE_RUN_STRATEGIES:
+        return _Eval(slot, VmiState.BLOCKED, rev, f"runStrategy {vm.run_strategy} does not support restart")
+    if vmi.deleting:
+        return _Eval(slot, VmiState.STALE, rev, "VMI already shutting down")
+    eligible = replica.revision_time + _secs(_settle(st))
+    reason = "license volume missing: pending restart" if slot.missing else "pending restart"
+    if intent is not None and _intent_targets(intent, vmi):
+        # A restart for another revision (or a forgiven one) targeted this very VMI: its call may
+        # still be in flight, so wait out the re-issue delay before targeting the same UID again.
+        hold = intent.attempted_at + _secs(st.reissue_after_seconds)
+        if hold > eligible:
+            eligible, reason = hold, "earlier restart may still be in flight"
+    if reason.endswith("pending restart") and not now.reached(eligible):
+        reason = "waiting for the revision to settle"
+    return _Eval(slot, VmiState.STALE, rev, reason, eligible_at=eligible, failed_vmi=failed_vmi)

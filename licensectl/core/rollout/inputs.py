@@ -1,0 +1,135 @@
+"""What the planner reads, parsed from cluster objects: a replica's revision, the guest-report gate,
+the hoster's switches on a source, the planner's settings and the restart intent on a VM. Separate so
+reading annotations (with the memoized intent parse every pass relies on) is one place with no planning
+logic mixed in.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from licensectl.core import model
+from licensectl.core.rollout.constants import DONE_GATE_READY_LICENSED, RESULT_DONE, RESULT_FAILED
+from licensectl.core.timecodec import annotation_time, annotation_value_time
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaRevision:
+    """The current content revision of one replica Secret (namespace/name) and its source."""
+
+    namespace: str
+    name: str
+    revision: str
+    revision_time: dt.datetime
+    source: model.ObjectRef
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
+
+    @classmethod
+    def from_secret(cls, secret: model.ReplicaSecret) -> ReplicaRevision | None:
+        """Read revision, revision time and source from an owned replica; None when incomplete."""
+        if not secret.owned:
+            return None
+        ann = secret.annotations
+        revision = ann.get(model.ANN_REVISION)
+        when = annotation_time(ann, model.ANN_REVISION_TIME)
+        src_ns, src_name = ann.get(model.ANN_SOURCE_NAMESPACE), ann.get(model.ANN_SOURCE_NAME)
+        if not revision or when is None or not src_name or src_ns is None:
+            return None
+        return cls(secret.namespace, secret.name, revision, when, model.ObjectRef(src_ns, src_name))
+
+
+@dataclass(frozen=True, slots=True)
+class GuestGate:
+    """What the newest in-guest probe report says about licensing (evidence, optional)."""
+
+    licensed: bool
+    token_sha256_current: bool
+    reported_at: dt.datetime
+
+    def proves_current(self, after: dt.datetime) -> bool:
+        return self.licensed and self.token_sha256_current and self.reported_at > after
+
+
+@dataclass(frozen=True, slots=True)
+class SourceControl:
+    """The hoster's switches on a source Secret."""
+
+    paused: bool = False
+    resumed_at: dt.datetime | None = None
+
+    @classmethod
+    def from_annotations(cls, annotations: Mapping[str, str]) -> SourceControl:
+        paused = annotations.get(model.ANN_ROLLOUT_PAUSED, "").strip().lower() in ("true", "1", "yes")
+        return cls(paused, annotation_time(annotations, model.ANN_ROLLOUT_RESUMED_AT))
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutSettings:
+    """The planner's knobs (config.Settings documents them; licensectl.controllers.settings maps them)."""
+
+    settle_seconds: float = 60.0
+    max_unavailable: str = "10%"
+    max_per_namespace: int = 1
+    max_failures: int = 3  # < 1 disables the failure pause
+    restart_timeout_seconds: float = 600.0
+    manual_deadline_seconds: float = 7 * 24 * 3600.0
+    done_gate: str = DONE_GATE_READY_LICENSED
+    reissue_after_seconds: float = 60.0
+    max_restarts_per_minute: int = 0  # < 1: no rate limit beyond max_unavailable
+
+    def unavailable_limit(self, affected: int) -> int:
+        """An absolute count, or a percentage of the affected VMIs rounded down; at least 1."""
+        raw = self.max_unavailable.strip()
+        if raw.endswith("%"):
+            return max(1, int(raw[:-1]) * affected // 100)
+        return max(1, int(raw))
+
+
+@dataclass(frozen=True, slots=True)
+class RestartIntent:
+    """The intent annotations on a VirtualMachine, parsed."""
+
+    revision: str
+    issued_at: dt.datetime
+    attempted_at: dt.datetime
+    vmi_uid: str | None = None
+    replica: str | None = None
+    result: str | None = None
+
+    @classmethod
+    def from_annotations(cls, annotations: Mapping[str, str]) -> RestartIntent | None:
+        """None when there is no readable intent; a VM is then planned from its VMI alone, which is
+        safe: a VMI recreated after the revision is current by its start time."""
+        revision = annotations.get(model.ANN_RESTART_REVISION)
+        if not revision:
+            return None
+        return _parse_intent(revision, annotations.get(model.ANN_RESTART_ISSUED_AT),
+                             annotations.get(model.ANN_RESTART_ATTEMPTED_AT),
+                             annotations.get(model.ANN_RESTART_VMI_UID), annotations.get(model.ANN_RESTART_REPLICA),
+                             annotations.get(model.ANN_RESTART_RESULT))
+
+
+# Every pass parses every VM's intent, and between two of our writes the annotations do not change:
+# parsing the two timestamps was a third of a pass at 2,000 VMIs. The parse is pure, so it is memoized
+# on the raw annotation values (a new write is a new key).
+@functools.lru_cache(maxsize=1 << 16)
+def _parse_intent(revision: str, issued_raw: str | None, attempted_raw: str | None, vmi_uid: str | None,
+                  replica: str | None, result: str | None) -> RestartIntent | None:
+    issued = annotation_value_time(issued_raw)
+    if issued is None:
+        return None
+    attempted = annotation_value_time(attempted_raw) or issued
+    return RestartIntent(
+        revision=revision,
+        issued_at=issued,
+        attempted_at=max(attempted, issued),
+        vmi_uid=vmi_uid or None,
+        replica=replica or None,
+        result=result if result in (RESULT_DONE, RESULT_FAILED) else None,
+    )

@@ -1,0 +1,113 @@
+"""What the planner returns: the actions the shell carries out (write the intent then restart, record
+a result), each VMI's rollout state and each source's status, gathered in a `RolloutPlan`. Kept apart
+from the rules that build them because this is the contract with the shell (annotations to write,
+preconditions to hold), read on its own.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from licensectl.core import model
+from licensectl.core.rollout.constants import PauseReason, Phase, VmiState
+from licensectl.core.timecodec import format_micro_time
+
+
+@dataclass(frozen=True, slots=True)
+class RestartVm:
+    """Write the intent on the VM, then PUT .../virtualmachines/{vm}/restart.
+
+    The shell must write the intent with the VM's ``resource_version`` as precondition (a conflict
+    means the plan was made from a stale cache: drop the action) and must call restart only after
+    the write succeeded. ``reissue`` marks a retry for the same target after a lost call.
+    ``check_live``: confirm live that ``vmi_uid`` still runs before the call, because a restart of
+    ours may already have replaced it (`needs_live_check`); False only when the VM, as planned, shows
+    none that could have (docs/design.md#decision-restart-intent).
+    """
+
+    namespace: str
+    vm: str
+    vmi_uid: str
+    revision: str
+    replica: str
+    issued_at: dt.datetime
+    attempted_at: dt.datetime
+    reissue: bool = False
+    vm_resource_version: str = ""
+    check_live: bool = True
+
+    def intent_annotations(self) -> Mapping[str, str | None]:
+        """Annotations to merge-patch onto the VM; None removes a key (a stale result)."""
+        return {
+            model.ANN_RESTART_REVISION: self.revision,
+            model.ANN_RESTART_REPLICA: self.replica,
+            model.ANN_RESTART_VMI_UID: self.vmi_uid,
+            model.ANN_RESTART_ISSUED_AT: format_micro_time(self.issued_at),
+            model.ANN_RESTART_ATTEMPTED_AT: format_micro_time(self.attempted_at),
+            model.ANN_RESTART_RESULT: None,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RecordResult:
+    """Write the outcome of the restart for ``revision`` onto the VM (idempotent).
+
+    The shell should only write it while the VM's restart-revision annotation still names
+    ``revision`` (use ``vm_resource_version`` as precondition)."""
+
+    namespace: str
+    vm: str
+    revision: str
+    result: str
+    vm_resource_version: str = ""
+
+    def annotations(self) -> Mapping[str, str | None]:
+        return {model.ANN_RESTART_RESULT: self.result}
+
+
+Action = RestartVm | RecordResult
+
+
+@dataclass(frozen=True, slots=True)
+class VmiRolloutState:
+    state: VmiState
+    revision: str  # the revision this state refers to
+    source: model.ObjectRef
+    replica: str  # replica Secret name in the VMI's namespace
+    overdue: bool = False  # manual VMs still stale past the manual deadline
+    reason: str = ""  # short human explanation (no secrets)
+    missing_volume: bool = False  # should carry a license volume and does not (backstop)
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutStatus:
+    source: model.ObjectRef
+    revisions: tuple[str, ...]
+    phase: Phase
+    counts: Mapping[VmiState, int]
+    overdue: int = 0
+    affected: int = 0
+    unavailable: int = 0
+    max_unavailable: int = 0
+    failures: int = 0  # failures counted against the budget (highest over current revisions)
+    pause_reason: PauseReason | None = None
+    settles_at: dt.datetime | None = None
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutPlan:
+    actions: tuple[Action, ...]
+    vmi_states: Mapping[tuple[str, str], VmiRolloutState]
+    sources: Mapping[model.ObjectRef, RolloutStatus]
+    next_wakeup: dt.datetime | None
+
+    @property
+    def restarts(self) -> tuple[RestartVm, ...]:
+        return tuple(a for a in self.actions if isinstance(a, RestartVm))
+
+    @property
+    def results(self) -> tuple[RecordResult, ...]:
+        return tuple(a for a in self.actions if isinstance(a, RecordResult))

@@ -1,0 +1,249 @@
+"""`plan_rollout`: from every guest's evaluation to the plan -- the per-source failure pause, the
+unavailability, per-namespace and rate budgets, round-robin restart picks, each source's phase and
+message, and the next wakeup. The top of the package: it imports the other modules and none imports it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+
+from licensectl.core import model
+from licensectl.core.rollout.constants import PauseReason, Phase, VmiState
+from licensectl.core.rollout.evaluation import (
+    _collect_slots,
+    _Eval,
+    _evaluate,
+    _Now,
+    _restartable,
+    _secs,
+    _settle,
+    needs_live_check,
+)
+from licensectl.core.rollout.inputs import GuestGate, ReplicaRevision, RolloutSettings, SourceControl
+from licensectl.core.rollout.memo import PlanMemo, _Memo
+from licensectl.core.rollout.outputs import Action, RecordResult, RestartVm, RolloutPlan, RolloutStatus, VmiRolloutState
+from licensectl.core.timecodec import format_micro_time
+
+
+def _message(phase: Phase, revisions: tuple[str, ...], counts: Mapping[VmiState, int], overdue: int,
+             unavailable: int, limit: int, pause: PauseReason | None, failures: int,
+             max_failures: int, settles_at: dt.datetime | None) -> str:
+    parts = [f"{n} {s.value}" for s, n in counts.items() if n]
+    text = f"{phase.value}"
+    if revisions:
+        text += f" (revision {', '.join(revisions)})"
+    if parts:
+        text += ": " + ", ".join(parts)
+    if overdue:
+        text += f"; {overdue} manual overdue"
+    if phase is Phase.PROGRESSING:
+        text += f"; {unavailable}/{limit} unavailable"
+    if pause is PauseReason.MANUAL:
+        text += "; paused by the source annotation"
+    elif pause is PauseReason.FAILURES:
+        text += f"; paused after {failures} failed restarts (max {max_failures}), resume to continue"
+    if settles_at is not None:
+        text += f"; settles at {format_micro_time(settles_at)}"
+    return text
+
+
+def plan_rollout(
+    *,
+    replicas: Iterable[ReplicaRevision],
+    vmis: Iterable[model.Vmi],
+    vms: Iterable[model.Vm],
+    guests: Mapping[tuple[str, str], GuestGate],
+    sources: Mapping[model.ObjectRef, SourceControl],
+    settings: RolloutSettings,
+    now: dt.datetime,
+    wanted: Mapping[tuple[str, str], tuple[str, ...]] | None = None,
+    memo: PlanMemo | None = None,
+) -> RolloutPlan:
+    """Decide restarts and report state for every VMI that mounts a replica or should (``wanted``:
+    (namespace, VMI) -> replica names it must carry, from `licensectl.core.delivery`).
+
+    Deterministic: the same observed state always yields the same plan, so a crashed controller
+    resumes exactly where the cluster says it was. ``memo`` (kept by the caller from pass to pass)
+    only saves work: the plan is the same with or without it.
+    """
+    st = settings
+    by_key = {r.key: r for r in replicas}
+    slots = _collect_slots(by_key, vmis, vms, wanted or {})
+    no_control = SourceControl()
+    memos: dict[tuple[str, str], _Memo] = {}
+    if memo is None:
+        evals = [_evaluate(s, st, guests, sources.get(s.replica.source, no_control), _Now(now)) for s in slots]
+    else:
+        memo._begin(st, now)
+        evals = [memo._evaluate(s, st, guests, sources.get(s.replica.source, no_control), now, memos).ev
+                 for s in slots]
+        memo._keep(memos)
+
+    by_source: dict[model.ObjectRef, list[_Eval]] = defaultdict(list)
+    for e in evals:
+        by_source[e.slot.replica.source].append(e)
+    all_sources = sorted({r.source for r in by_key.values()} | set(sources),
+                         key=lambda s: (s.namespace, s.name))
+
+    ns_unavailable: dict[str, int] = defaultdict(int)
+    for e in evals:
+        if e.unavailable:
+            ns_unavailable[e.slot.namespace] += 1
+
+    results: list[Action] = [
+        RecordResult(e.slot.namespace, e.slot.name, e.revision, e.record,
+                     e.slot.vm.resource_version if e.slot.vm else "")
+        for e in evals if e.record is not None and e.slot.intent is not None and e.slot.intent.result != e.record
+    ]
+    restarts: list[Action] = []
+    statuses: dict[model.ObjectRef, RolloutStatus] = {}
+    wakeups: list[dt.datetime] = []
+    # Fleet-wide restart rate: restarts first issued in the last minute, read back from the intents.
+    rate: list[int] = [-1]
+    if st.max_restarts_per_minute >= 1:
+        window = now - _secs(60)
+        recent = sorted(e.slot.intent.issued_at for e in evals
+                        if e.slot.intent is not None and window < e.slot.intent.issued_at <= now)
+        rate = [max(0, st.max_restarts_per_minute - len(recent))]
+        if rate[0] == 0 and recent:
+            wakeups.append(recent[0] + _secs(60))
+
+    for src in all_sources:
+        group = by_source.get(src, [])
+        control = sources.get(src, SourceControl())
+        # Oldest first, so the last is what the newest replica write carries (during a safe rotation
+        # the stable revision written back after an abort is newer than the candidate it replaced).
+        newest: dict[str, dt.datetime] = {}
+        for r in by_key.values():
+            if r.source == src and (r.revision not in newest or r.revision_time > newest[r.revision]):
+                newest[r.revision] = r.revision_time
+        revisions = tuple(sorted(newest, key=lambda rev: (newest[rev], rev)))
+        failures_by_rev: dict[str, int] = defaultdict(int)
+        for e in group:
+            if e.counts_failure:
+                failures_by_rev[e.revision] += 1
+        failures = max(failures_by_rev.values(), default=0)
+        pause: PauseReason | None = None
+        if control.paused:
+            pause = PauseReason.MANUAL
+        elif st.max_failures >= 1 and failures >= st.max_failures:
+            pause = PauseReason.FAILURES
+
+        affected = len(group)
+        limit = st.unavailable_limit(affected)
+        unavailable = sum(1 for e in group if e.unavailable)
+
+        for e in group:
+            # While paused, eligibility and re-issue times change nothing: no restart is made.
+            times = [e.deadline] if pause is not None else [e.deadline, e.eligible_at, e.reissue_at]
+            wakeups.extend(t for t in times if t is not None and t > now)
+
+        if pause is None:
+            for e in group:
+                if (e.reissue_at is not None and e.reissue_at <= now and e.slot.intent and e.slot.vmi
+                        and _restartable(e.slot.vm)):
+                    restarts.append(RestartVm(
+                        e.slot.namespace, e.slot.name, e.slot.vmi.uid, e.slot.intent.revision,
+                        e.slot.intent.replica or e.slot.replica.name, e.slot.intent.issued_at, now,
+                        reissue=True, vm_resource_version=e.slot.vm.resource_version if e.slot.vm else "",
+                        check_live=True))
+            unavailable = _pick(group, st, limit, unavailable, ns_unavailable, now, restarts, rate)
+
+        counts = {s: 0 for s in VmiState}
+        for e in group:
+            counts[e.state] += 1
+        overdue = sum(1 for e in group if e.overdue)
+        stale = [e for e in group if e.state is VmiState.STALE]
+        restarting = counts[VmiState.RESTARTING] > 0
+        settles_at: dt.datetime | None = None
+        if not group:
+            phase = Phase.IDLE
+        elif pause is PauseReason.FAILURES or (pause is not None and (stale or restarting)):
+            phase = Phase.PAUSED  # a failure pause needs the hoster, even when nothing else is left
+        elif restarting or any(e.eligible_at is None or e.eligible_at <= now for e in stale):
+            phase = Phase.PROGRESSING
+        elif stale:
+            settle_times = [e.slot.replica.revision_time + _secs(_settle(st)) for e in stale]
+            future = [t for t in settle_times if t > now]
+            if future:
+                phase, settles_at = Phase.SETTLING, min(future)
+            else:
+                phase = Phase.PROGRESSING  # only held back by an earlier in-flight restart
+        else:
+            phase = Phase.COMPLETE
+        statuses[src] = RolloutStatus(
+            source=src, revisions=revisions, phase=phase, counts=MappingProxyType(counts),
+            overdue=overdue, affected=affected, unavailable=unavailable, max_unavailable=limit,
+            failures=failures, pause_reason=pause, settles_at=settles_at,
+            message=_message(phase, revisions, counts, overdue, unavailable, limit, pause, failures,
+                             st.max_failures, settles_at),
+        )
+
+    vmi_states = {(e.slot.namespace, e.slot.name): _state_of(e, memos) for e in evals}
+    results.sort(key=lambda a: (a.namespace, a.vm))
+    return RolloutPlan(
+        actions=tuple(results + restarts),
+        vmi_states=MappingProxyType(vmi_states),
+        sources=MappingProxyType(statuses),
+        next_wakeup=min(wakeups, default=None),
+    )
+
+
+def _state_of(e: _Eval, memos: Mapping[tuple[str, str], _Memo]) -> VmiRolloutState:
+    m = memos.get((e.slot.namespace, e.slot.name))
+    if m is not None and m.state is not None:
+        return m.state
+    state = VmiRolloutState(e.state, e.revision, e.slot.replica.source, e.slot.replica.name, e.overdue, e.reason,
+                            missing_volume=bool(e.slot.missing))
+    if m is not None:
+        m.state = state
+    return state
+
+
+def _pick(group: list[_Eval], st: RolloutSettings, limit: int, unavailable: int,
+          ns_unavailable: dict[str, int], now: dt.datetime, out: list[Action], rate: list[int]) -> int:
+    """Round-robin new restarts across namespaces within the limits; returns the new unavailable count.
+
+    ``rate`` holds the restarts still allowed this minute (-1: unlimited), shared by all sources.
+
+    Namespaces with the fewest restarts issued for their current revision go first (then by name),
+    one pick per namespace per round, so a large tenant cannot starve small ones. Within a
+    namespace, VMIs that are already not Ready go first: restarting them costs no availability.
+    """
+    queues: dict[str, list[_Eval]] = defaultdict(list)
+    issued: dict[str, int] = defaultdict(int)
+    for e in group:
+        if e.issued_for_current:
+            issued[e.slot.namespace] += 1
+        if (e.state is VmiState.STALE and e.eligible_at is not None and e.eligible_at <= now
+                and e.slot.vm is not None and e.slot.vmi is not None and not e.slot.vmi.deleting):
+            queues[e.slot.namespace].append(e)
+    for q in queues.values():
+        q.sort(key=lambda e: (e.slot.vmi is not None and e.slot.vmi.ready, e.slot.name))
+    order = sorted(queues, key=lambda ns: (issued[ns], ns))
+    progress = True
+    while progress:
+        progress = False
+        for ns in order:
+            q = queues[ns]
+            if not q:
+                continue
+            e = q[0]
+            cost = 0 if e.unavailable else 1
+            if unavailable + cost > limit or ns_unavailable[ns] + cost > st.max_per_namespace or rate[0] == 0:
+                continue
+            q.pop(0)
+            if rate[0] > 0:
+                rate[0] -= 1
+            unavailable += cost
+            ns_unavailable[ns] += cost
+            vmi, vm = e.slot.vmi, e.slot.vm
+            assert vmi is not None and vm is not None  # guaranteed by the queue filter
+            out.append(RestartVm(e.slot.namespace, vm.name, vmi.uid, e.slot.replica.revision,
+                                 e.slot.replica.name, now, now, vm_resource_version=vm.resource_version,
+                                 check_live=needs_live_check(e.slot.intent, e.slot.replica.revision, vmi.uid)))
+            progress = True
+    return unavailable

@@ -1,0 +1,210 @@
+"""The runner of the App's loops (controllers/runner.py): a failing pass backs off, a trigger wakes
+a loop, a stop lets the passes finish before the elector goes, and a dead task makes the process
+unhealthy. Timings are scaled down; the order of things is what is checked."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable
+
+import pytest
+from structlog.testing import capture_logs
+
+from licensectl.controllers import runner
+from licensectl.controllers.runner import IDLE, Result, TaskRunner, reconcile_loop
+
+
+class Flag:
+    def __init__(self) -> None:
+        self.set = False
+
+    def __call__(self) -> bool:
+        return self.set
+
+
+async def wait_until(cond: Callable[[], bool]) -> None:
+    for _ in range(400):
+        if cond():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("condition not met within 2 s")
+
+
+async def test_a_failing_pass_backs_off_exponentially_and_success_resets_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runner, "BACKOFF_BASE_SECONDS", 0.01)
+    loop = asyncio.get_running_loop()
+    times: list[float] = []
+    stopping = Flag()
+
+    async def step() -> Result:
+        times.append(loop.time())
+        if len(times) in (1, 2, 3, 5):
+            raise ConnectionError("apiserver away")
+        if len(times) >= 6:
+            stopping.set = True
+        return Result.after(0.0)
+
+    with capture_logs() as logs:
+        await asyncio.wait_for(reconcile_loop("replication", step, trigger=asyncio.Event(), resync=60.0,
+                                              coalesce=0.0, stopping=stopping), 5.0)
+    failed = [e for e in logs if e["event"] == "reconcile failed"]
+    assert [e["retry_in"] for e in failed] == [0.02, 0.04, 0.08, 0.02]  # the 4th failure follows a success
+    assert {e["loop"] for e in failed} == {"replication"} and failed[0]["error"] == "ConnectionError"
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert gaps[0] >= 0.019 and gaps[1] >= 0.039 and gaps[2] >= 0.079
+    assert len(times) == 6
+
+
+async def test_backoff_is_capped() -> None:
+    stopping = Flag()
+    calls = 0
+
+    async def step() -> Result:
+        nonlocal calls
+        calls += 1
+        stopping.set = True
+        raise RuntimeError
+
+    with capture_logs() as logs:
+        task = asyncio.create_task(reconcile_loop("rollout", step, trigger=asyncio.Event(), resync=60.0,
+                                                  coalesce=0.0, stopping=stopping))
+        await task
+    assert calls == 1 and logs[0]["retry_in"] == 1.0
+    assert min(runner.BACKOFF_MAX_SECONDS, runner.BACKOFF_BASE_SECONDS * 2 ** 6) == runner.BACKOFF_MAX_SECONDS
+
+
+async def test_a_trigger_wakes_an_idle_loop_and_a_burst_is_one_pass() -> None:
+    trigger = asyncio.Event()
+    stopping = Flag()
+    passes = 0
+
+    async def step() -> Result:
+        nonlocal passes
+        passes += 1
+        return IDLE  # nothing scheduled: only a trigger (or the 60 s resync) wakes it
+
+    task = asyncio.create_task(reconcile_loop("replication", step, trigger=trigger, resync=60.0, coalesce=0.05,
+                                              stopping=stopping))
+    await wait_until(lambda: passes == 1)
+    await asyncio.sleep(0.1)
+    assert passes == 1
+    for _ in range(5):  # a burst of watch events between two passes: one pass
+        trigger.set()
+    await wait_until(lambda: passes == 2)
+    await asyncio.sleep(0.15)
+    assert passes == 2
+    stopping.set = True
+    trigger.set()
+    await asyncio.wait_for(task, 1.0)
+
+
+async def test_a_requeue_runs_the_next_pass_without_a_trigger() -> None:
+    stopping = Flag()
+    passes = 0
+
+    async def step() -> Result:
+        nonlocal passes
+        passes += 1
+        stopping.set = passes >= 3
+        return Result.after(0.01)
+
+    await asyncio.wait_for(reconcile_loop("rollout", step, trigger=asyncio.Event(), resync=60.0, coalesce=0.0,
+                                          stopping=stopping), 1.0)
+    assert passes == 3
+
+
+async def test_stop_waits_for_the_loops_then_cancels_the_elector() -> None:
+    order: list[str] = []
+    trigger = asyncio.Event()
+    stopping = Flag()
+    in_pass = asyncio.Event()
+
+    async def step() -> Result:
+        in_pass.set()
+        await asyncio.sleep(0.1)  # a pass's writes in flight when the stop begins
+        order.append("pass finished")
+        return IDLE
+
+    async def elector() -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            order.append("elector cancelled")
+            raise
+
+    async def label_pod() -> None:
+        await asyncio.sleep(0.05)
+        order.append("pod labelled")
+
+    tasks = TaskRunner()
+    tasks.start_daemon("leader-election", elector())
+    tasks.start_loop("replication", reconcile_loop("replication", step, trigger=trigger, resync=60.0,
+                                                   coalesce=0.0, stopping=stopping))
+    await in_pass.wait()
+    tasks.spawn("label-pod", label_pod())
+    stopping.set = True
+    trigger.set()
+    await tasks.stop()
+    assert order == ["pod labelled", "pass finished", "elector cancelled"]
+    assert not tasks.healthy()  # everything ended
+
+
+async def test_stop_cancels_a_loop_that_overruns_the_timeout() -> None:
+    cancelled = asyncio.Event()
+
+    async def stuck() -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    tasks = TaskRunner(drain_timeout=0.05)
+    tasks.start_loop("replication", stuck())
+    await asyncio.sleep(0)
+    await asyncio.wait_for(tasks.stop(), 1.0)
+    assert cancelled.is_set()
+
+
+async def test_health_is_false_once_a_loop_or_the_elector_dies_not_a_background_task() -> None:
+    async def forever() -> None:
+        await asyncio.sleep(3600)
+
+    async def crash() -> None:
+        raise RuntimeError("bug")
+
+    async def short() -> None:
+        return None
+
+    tasks = TaskRunner(drain_timeout=0.05)
+    assert tasks.healthy()  # nothing started yet
+    tasks.start_daemon("leader-election", forever())
+    tasks.start_loop("replication", forever())
+    tasks.spawn("label-pod", short())
+    await asyncio.sleep(0.01)
+    assert tasks.healthy()  # a background task that finished is no dead controller
+
+    with capture_logs() as logs:
+        tasks.start_loop("rollout", crash())
+        await asyncio.sleep(0.01)
+    assert not tasks.healthy()
+    assert {"event": "task failed", "task": "rollout", "error": "RuntimeError", "log_level": "error"} in logs
+    await tasks.stop()
+
+
+async def test_a_dead_daemon_is_unhealthy_and_names_are_unique() -> None:
+    async def forever() -> None:
+        await asyncio.sleep(3600)
+
+    async def ends() -> None:
+        return None
+
+    tasks = TaskRunner(drain_timeout=0.05)
+    tasks.start_loop("replication", forever())
+    tasks.start_daemon("leader-election", ends())
+    await asyncio.sleep(0.01)
+    assert not tasks.healthy()
+    with pytest.raises(ValueError, match="already running"):
+        tasks.start_loop("replication", forever())
+    await tasks.stop()
