@@ -25,6 +25,7 @@ from licensectl.controllers.rollout_loop import RolloutController, vmi_object
 from licensectl.controllers.rotation_loop import RotationController
 from licensectl.controllers.runner import IDLE, Result, TaskRunner, reconcile_loop
 from licensectl.controllers.settings import tenant_settings
+from licensectl.core import boot_image
 from licensectl.core.delivery import Delivery, DeliveryView, plan_delivery, wanted_replicas, wanted_volumes
 from licensectl.core.entitlement import customer_tenant
 from licensectl.core.guest_report import GuestState
@@ -47,7 +48,7 @@ from licensectl.kube.writer import SecretWriter
 from licensectl.metrics import GaugeSample, Metrics
 from licensectl.serve.http import make_internal_app, start_site
 from licensectl.serve.reports import EndpointLimits, make_reports_app
-from licensectl.serve.webhook import Admission, WebhookServer, make_webhook_app
+from licensectl.serve.webhook import Admission, Validation, WebhookServer, make_webhook_app
 
 log = logs.get(__name__)
 
@@ -77,6 +78,9 @@ class App:
         self._own_client = api_client is None
         self.identity = identity or settings.pod_name or socket.gethostname()
         self.metrics = Metrics()
+        for verdict in boot_image.Verdict:
+            self.metrics.webhook_boot_image.labels(verdict.value)
+        self._driver_images = boot_image.parse_image_patterns(settings.vgpu_driver_images)
         self.guests = GuestStore(settings.report_interval_seconds)
         self._repl_trigger = asyncio.Event()
         self._roll_trigger = asyncio.Event()
@@ -166,8 +170,12 @@ class App:
             # Every replica answers admission, leader or not (docs/operations.md#license-delivery),
             # from its own thread and loop (docs/design.md#webhook-thread).
             self._main_loop = asyncio.get_running_loop()
-            self.webhook = WebhookServer(make_webhook_app(decide=self._admit, on_admission=self._on_admission),
-                                         s.webhook_address)
+            # The boot image check (docs/design.md#boot-image-mark): warnings from the mutating webhook,
+            # denials from the validating one only with --vgpu-driver-check=enforce.
+            check = None if s.vgpu_driver_check == "off" else self._check_boot
+            self.webhook = WebhookServer(make_webhook_app(
+                decide=self._admit, on_admission=self._on_admission, check_boot=check,
+                enforce=s.vgpu_driver_check == "enforce", on_validation=self._on_validation), s.webhook_address)
             self.tls.subscribe(self.webhook.reload)
             self.webhook_port = await asyncio.to_thread(self.webhook.start)
 
@@ -291,11 +299,31 @@ class App:
             return None
         return plan_delivery(vmi, wanted_replicas(namespace, projections.vmi_gpu_claims(vmi), view))
 
+    def _check_boot(self, namespace: str, vmi: Mapping[str, Any]) -> boot_image.Judgement | None:
+        """The boot image of a vGPU VMI against the marks (webhook thread: keyed cache lookups only)."""
+        view = self.delivery_view()
+        marks = self.caches.boot_marks
+        if view is None or marks is None:
+            return None
+        if not boot_image.uses_vgpu(namespace, projections.vmi_gpu_claims(vmi), view):
+            return None
+        return boot_image.judge(boot_image.boot_volume(namespace, vmi), marks.marks(self._driver_images))
+
+    def _on_validation(self, v: Validation) -> None:
+        """Runs on the webhook's thread. The mutating webhook already counted the image and wrote the Event."""
+        if v.denied:
+            self.metrics.webhook_boot_image_denied.inc()
+            log.info("vGPU VMI denied: boot image not marked", namespace=v.namespace, vmi=v.name, dry_run=v.dry_run)
+
     def _on_admission(self, a: Admission) -> None:
         """Runs on the webhook's thread: metrics (thread-safe) here, Events on the controller's loop."""
         m = self.metrics
         m.webhook_admissions.labels(a.result).inc()
         m.webhook_duration.observe(a.seconds)
+        if a.boot is not None:
+            m.webhook_boot_image.labels(a.boot.verdict.value).inc()
+            if a.boot.verdict is not boot_image.Verdict.MARKED and a.name and not a.dry_run and self._main_loop:
+                self._main_loop.call_soon_threadsafe(self._boot_image_event, a)
         if a.delivery is None:
             return
         if a.delivery.added:
@@ -312,6 +340,13 @@ class App:
             self.tasks.spawn("admission-event", self.events.emit(
                 vmi_object(a.namespace, a.name), "Warning", Reason.LICENSE_NOT_DELIVERED,
                 f"GPU claim {claim}: no license volume added ({reason.value}); the VMI was admitted unchanged"))
+
+    def _boot_image_event(self, a: Admission) -> None:
+        assert a.boot is not None
+        enforced = self.settings.vgpu_driver_check == "enforce" and a.boot.verdict is boot_image.Verdict.UNMARKED
+        self.tasks.spawn("admission-event", self.events.emit(
+            vmi_object(a.namespace, a.name), "Warning", Reason.VGPU_DRIVER_UNMARKED,
+            boot_image.event_message(a.boot, enforced=enforced)))
 
     # -- reports ------------------------------------------------------------------------------------
     def _credential_for(self, namespace: str) -> str:

@@ -62,6 +62,13 @@ def _rollout_steps(v: str) -> str:
     return v.strip()
 
 
+def _image_patterns(v: str) -> str:
+    """Comma-separated image prefixes or globs, normalized (no blanks, no duplicates)."""
+    from licensectl.core.boot_image import parse_image_patterns
+
+    return ",".join(parse_image_patterns(v))
+
+
 @dataclass(frozen=True)
 class Settings:
     kubeconfig: str = ""
@@ -111,6 +118,9 @@ class Settings:
     tls_hosts: str = ""
     webhook_configuration: str = "licensectl"
     reports_plain_http: bool = False
+    # vGPU guest driver marks of boot images (docs/operations.md#vgpu-driver-marks).
+    vgpu_driver_check: str = "warn"
+    vgpu_driver_images: str = ""
     # Leader election.
     leader_elect: bool = False
     lease_name: str = "licensectl"
@@ -202,6 +212,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("webhook_configuration", "MutatingWebhookConfiguration whose caBundle licensectl keeps current "
            "in self-managed mode."),
     Option("reports_plain_http", "Serve guest reports over plain HTTP (opt-out of TLS; not recommended).", _bool),
+    Option("vgpu_driver_check", "Boot images of vGPU VMIs without the vGPU guest driver mark: warn (the client "
+           "sees a warning, the VMI an Event), enforce (also deny them, through the ValidatingWebhookConfiguration "
+           "named --webhook-configuration), or off.", _choice("warn", "enforce", "off")),
+    Option("vgpu_driver_images", "containerDisk images that carry the vGPU guest driver: comma-separated "
+           "prefixes (ending at /, : or @) or globs.", _image_patterns),
     Option("leader_elect", "Use a coordination.k8s.io Lease so only one replica writes.", _bool),
     Option("lease_name", "Name of the leader-election Lease."),
     Option("lease_duration_seconds", "Lease duration.", float),

@@ -33,9 +33,13 @@ class GaugeSample:
 SNAPSHOT_GAUGES: dict[str, str] = {
     # Replication
     "entitled_namespaces": "Tenant namespaces entitled to a license source.",
-    "replicas": "Replica Secrets by state (in_sync, drifted, missing, conflict).",
+    "replicas": "Replica Secrets by state (in_sync, drifted, missing, conflict, held).",
     "source_valid": "1 when the license source of a GPU class is usable, 0 when it is invalid.",
     "source_problem": "1 for each (class, reason) whose license source is invalid.",
+    "class_feature_type_mismatch": "1 when a GPU class's featureType cannot license its spec.profile (or a "
+                                   "passthrough class's is neither 2 nor 4), 0 otherwise.",
+    "class_license_changed": "1 while a GPU class's license fields were edited in place and its replicas are "
+                             "held until the change is accepted, 0 otherwise.",
     "source_revision_info": "Current license revision per source and class (value is always 1).",
     "token_expiry_timestamp_seconds": "exp claim of the source token (JWT payload, unverified).",
     "token_expiry_known": "1 when the source token's expiry could be decoded, 0 when unknown.",
@@ -141,6 +145,14 @@ class Metrics:
         self.webhook_skipped = Counter(
             f"{PREFIX}_webhook_skipped_total",
             "GPU claims of admitted VMIs that got no license volume, by reason.", ["reason"], registry=r)
+        # Boot images of vGPU VMIs and the vGPU guest driver mark (docs/operations.md#vgpu-driver-marks).
+        self.webhook_boot_image = Counter(
+            f"{PREFIX}_webhook_boot_image_total",
+            "Boot images of admitted vGPU VMIs by result (marked, unmarked, unknown).", ["result"], registry=r)
+        self.webhook_boot_image_denied = Counter(
+            f"{PREFIX}_webhook_boot_image_denied_total",
+            "vGPU VMI creations denied because the boot image is not marked (--vgpu-driver-check=enforce).",
+            registry=r)
         self.webhook_duration = Histogram(
             f"{PREFIX}_webhook_duration_seconds", "Time to answer one admission review (in-process).",
             registry=r, buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5))

@@ -29,6 +29,7 @@ from urllib.parse import quote
 import aiohttp
 
 from licensectl import config, logs
+from licensectl.controllers.replication_loop import class_status
 from licensectl.controllers.settings import rollout_settings, tenant_settings
 from licensectl.core.credentials import keyring_from_secret_data
 from licensectl.core.delivery import DeliveryView, wanted_volumes
@@ -232,6 +233,7 @@ def status_from_controller(doc: Mapping[str, Any]) -> dict[str, Any]:
         per_class.setdefault(e["class"], e["source"])
         counts[e["class"]] = counts.get(e["class"], 0) + 1
     srcs = repl.get("sources") or {}
+    classes = repl.get("classes") or {}  # absent from a controller of an older release
     guests = doc.get("guests")
     return {
         "from": "controller",
@@ -242,6 +244,7 @@ def status_from_controller(doc: Mapping[str, Any]) -> dict[str, Any]:
             "revision": (srcs.get(cls) or {}).get("revision"),
             "problem": (srcs.get(cls) or {}).get("message"),
             "entitled_namespaces": counts[cls],
+            **_class_fields(classes.get(cls)),
         } for cls, src in sorted(per_class.items())],
         "replicas": dict(repl.get("replica_counts") or {}),
         "tenant_problems": list(repl.get("tenant_problems") or []),
@@ -251,17 +254,26 @@ def status_from_controller(doc: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _class_fields(cls: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A source line's class fields: the FeatureType check and a held license change, if any."""
+    c = cls or {}
+    return {"feature_type_check": c.get("feature_type_check"), "feature_type_message": c.get("feature_type_message"),
+            "license_change": c.get("license_change")}
+
+
 # -- rendering ------------------------------------------------------------------------------------
 def status_json(view: ClusterView, guests: Mapping[str, Any] | None) -> dict[str, Any]:
     """`licensectl status` JSON recomputed from a cluster read: the offline fallback."""
     rep = view.replication
     ent = rep.entitlement.entitled if rep.entitlement else {}
+    classes = class_status(rep)
     return {
         "sources": [{
             "class": cls, "source": str(lic_src), "valid": cls in rep.licenses,
             "revision": rep.licenses[cls].revision[:12] if cls in rep.licenses else None,
             "problem": rep.source_problems[cls].message if cls in rep.source_problems else None,
             "entitled_namespaces": sum(1 for (_, c) in ent if c == cls),
+            **_class_fields(classes.get(cls)),
         } for cls, lic_src in sorted({c: r for (_, c), r in ent.items()}.items())],
         "replicas": dict(rep.state_counts()),
         "tenant_problems": [{"kind": p.kind.value, "object": str(p.ref), "message": p.message}
@@ -296,12 +308,43 @@ def _wave_label(r: Mapping[str, Any]) -> str:
     return "canary" if r["wave"] == 0 else f"step {r['wave']}"
 
 
+def _feature_type_cell(s: Mapping[str, Any]) -> str:
+    """`ok`, `MISMATCH`, or why nothing was checked; "-" from a controller that does not say."""
+    check = s.get("feature_type_check")
+    return {None: "-", "ok": "ok", "mismatch": "MISMATCH", "no_profile": "no profile",
+            "unknown_profile": "unknown profile"}.get(check, str(check))
+
+
+def _held_cell(s: Mapping[str, Any]) -> str:
+    change = s.get("license_change")
+    return f"HELD {change['held']}" if change else "-"
+
+
+def _class_problem_lines(sources: list[Mapping[str, Any]]) -> list[str]:
+    out: list[str] = []
+    for s in sources:
+        change = s.get("license_change")
+        if change:
+            out.append(f"  {s['class']}: license changed in place from {', '.join(change['from'])} to "
+                       f"{change['to']}; {change['held']} replicas held. Accept with: kubectl annotate gpuclass "
+                       f"{s['class']} {change['accept']}")
+        if s.get("feature_type_check") == "mismatch" and s.get("feature_type_message"):
+            out.append(f"  {s['class']}: {s['feature_type_message']}")
+    return out
+
+
 def status_table(doc: Mapping[str, Any]) -> str:
     out = [*_origin(doc), "SOURCES"]
-    rows = [["CLASS", "SOURCE", "VALID", "REVISION", "ENTITLED NAMESPACES", "PROBLEM"]]
+    rows = [["CLASS", "SOURCE", "VALID", "REVISION", "ENTITLED NAMESPACES", "FEATURETYPE", "LICENSE CHANGE",
+             "PROBLEM"]]
     rows += [[s["class"], s["source"], "yes" if s["valid"] else "NO", s["revision"] or "-",
-              str(s["entitled_namespaces"]), s["problem"] or ""] for s in doc["sources"]]
-    out += [table(rows), "", "REPLICAS  " + "  ".join(f"{k}={v}" for k, v in doc["replicas"].items()), ""]
+              str(s["entitled_namespaces"]), _feature_type_cell(s), _held_cell(s), s["problem"] or ""]
+             for s in doc["sources"]]
+    out += [table(rows)]
+    class_lines = _class_problem_lines(doc["sources"])
+    if class_lines:
+        out += ["", "CLASS PROBLEMS", *class_lines]
+    out += ["", "REPLICAS  " + "  ".join(f"{k}={v}" for k, v in doc["replicas"].items()), ""]
     rows = [["SOURCE", "PHASE", "REVISION", "CURRENT", "STALE", "RESTARTING", "FAILED", "BLOCKED", "MANUAL"]]
     rows += [[src, r["phase"], r["revision"] or "-", f"{r['current']}/{r['affected']}", str(r["stale"]),
               str(r["restarting"]), str(r["failed"]), str(r["blocked"]),

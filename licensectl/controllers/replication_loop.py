@@ -19,7 +19,14 @@ from licensectl import config, logs
 from licensectl.controllers.settings import rotation_settings, tenant_settings
 from licensectl.core import tokeninfo
 from licensectl.core.entitlement import ProblemKind
-from licensectl.core.model import ANN_REVISION, ANN_SOURCE_NAME, ANN_SOURCE_NAMESPACE, ObjectRef, ReplicaSecret
+from licensectl.core.model import (
+    ANN_ACCEPT_LICENSE_CHANGE,
+    ANN_REVISION,
+    ANN_SOURCE_NAME,
+    ANN_SOURCE_NAMESPACE,
+    ObjectRef,
+    ReplicaSecret,
+)
 from licensectl.core.ports import (
     EventSink,
     InvolvedObject,
@@ -33,7 +40,13 @@ from licensectl.core.ports import (
 )
 from licensectl.core.reasons import Reason
 from licensectl.core.render import DesiredReplica, ReplicaState, SourceProblem
-from licensectl.core.replication import ReplicationInputs, ReplicationPlan, SourceRevisions, plan_replication
+from licensectl.core.replication import (
+    LicenseChange,
+    ReplicationInputs,
+    ReplicationPlan,
+    SourceRevisions,
+    plan_replication,
+)
 from licensectl.metrics import GaugeSample, Metrics
 
 log = logs.get(__name__)
@@ -77,6 +90,35 @@ class DeletionBudget:
         if len(self._times) < self.per_minute or not self._times:
             return 0.0
         return max(0.0, 60.0 - (now - self._times[0]))
+
+
+def _short(values: Iterable[str]) -> str:
+    items = list(values)
+    return ", ".join(items[:3]) + (f" and {len(items) - 3} more" if len(items) > 3 else "")
+
+
+def class_status(plan: ReplicationPlan) -> dict[str, dict[str, Any]]:
+    """Per class: its FeatureType check and any held license change, as `licensectl status` shows them."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, check in sorted(plan.feature_type_checks.items()):
+        change = plan.license_changes.get(name)
+        out[name] = {
+            "feature_type_check": check.result.value,
+            "feature_type_message": check.message or None,
+            "license_change": None if change is None else {
+                "from": list(change.recorded), "to": change.current, "held": change.held,
+                "accept": f"{ANN_ACCEPT_LICENSE_CHANGE}={change.current}"},
+        }
+    return out
+
+
+def license_change_message(change: LicenseChange) -> str:
+    """The GPUClassLicenseChanged Event: what changed, what licensectl did, and the two ways on."""
+    return (f"GPUClass {change.class_name}: its license (secretRef namespace/name:featureType) was edited in place "
+            f"from {_short(change.recorded)} to {change.current}. Its replicas are held as they are, so no VM "
+            f"restarts. Better: restore the class and create a new class for the change. To roll it out to every "
+            f"tenant of the class (restarting their VMs), annotate the class "
+            f"{ANN_ACCEPT_LICENSE_CHANGE}={change.current}")
 
 
 def namespace_object(name: str, uid: str = "") -> InvolvedObject:
@@ -136,6 +178,7 @@ class ReplicationController:
         self._reported_conflicts: dict[tuple[str, str], str] = {}
         self._reported_tokens: dict[ObjectRef, str] = {}
         self._token_sha: dict[ObjectRef, str] = {}
+        self._logged_changes: dict[str, tuple[tuple[str, ...], str]] = {}  # held class changes already logged
         self.retry_after: float | None = None  # seconds until the deletion cap frees up, if deferred
         # Replicas rotated in this pass by (source namespace, source name, class, revision): routine
         # writes get one summarising Event on the source, not one each (docs/design.md#event-policy).
@@ -314,6 +357,7 @@ class ReplicationController:
                                    p.message)
         for class_name, sp in sorted(plan.source_problems.items()):
             await self._source_problem_events(class_name, sp)
+        await self._class_events(plan)
 
     async def _report_labelled_conflicts(self, plan: ReplicationPlan) -> None:
         """A Secret under a replica's name that carries licensectl's label but not its annotations (or
@@ -374,6 +418,26 @@ class ReplicationController:
             await self.events.emit(secret_object(sp.ref.namespace, sp.ref.name), "Warning",
                                    Reason.LICENSE_SOURCE_INVALID, msg)
 
+    async def _class_events(self, plan: ReplicationPlan) -> None:
+        """FeatureType mismatches and held license changes, on the GPUClass (docs/design.md#feature-type,
+        docs/design.md#decision-class-change). Repeats within the sink's window cost nothing."""
+        for class_name, check in sorted(plan.feature_type_checks.items()):
+            if check.mismatch:
+                await self.events.emit(self._class_object(class_name), "Warning", Reason.FEATURE_TYPE_MISMATCH,
+                                       f"GPUClass {class_name}: {check.message}. Replicas are written as the "
+                                       "class says")
+        logged = {name: (c.recorded, c.current) for name, c in plan.license_changes.items()}
+        for class_name, change in sorted(plan.license_changes.items()):
+            if self._logged_changes.get(class_name) != logged[class_name]:  # one line per change, not per pass
+                log.warning("GPU class license changed in place: replicas held", gpu_class=class_name,
+                            recorded=list(change.recorded), current=change.current, held=change.held)
+            await self.events.emit(self._class_object(class_name), "Warning", Reason.GPU_CLASS_LICENSE_CHANGED,
+                                   license_change_message(change))
+        self._logged_changes = logged
+
+    def _class_object(self, class_name: str) -> InvolvedObject:
+        return InvolvedObject(self._class_api_version, "GPUClass", "", class_name)
+
     def _update_token_expiry(self, plan: ReplicationPlan) -> None:
         out: dict[ObjectRef, dt.datetime | None] = {}
         formats: dict[ObjectRef, tokeninfo.TokenFormat] = {}
@@ -429,6 +493,10 @@ class ReplicationController:
                 yield GaugeSample("token_format", (*labels, ("format", fmt.value)), 1.0)
             if exp is not None:
                 yield GaugeSample("token_expiry_timestamp_seconds", labels, exp.timestamp())
+        for class_name, check in sorted(plan.feature_type_checks.items()):
+            by_class = (("class", class_name),)
+            yield GaugeSample("class_feature_type_mismatch", by_class, 1.0 if check.mismatch else 0.0)
+            yield GaugeSample("class_license_changed", by_class, 1.0 if class_name in plan.license_changes else 0.0)
         kinds: dict[str, int] = {}
         for p in plan.tenant_problems:
             kinds[p.kind.value] = kinds.get(p.kind.value, 0) + 1
@@ -452,6 +520,7 @@ class ReplicationController:
                for cls, sp in plan.source_problems.items()},
             "tenant_problems": [{"kind": p.kind.value, "object": str(p.ref), "message": p.message}
                                 for p in plan.tenant_problems],
+            "classes": class_status(plan),
             "deferred_deletions": self.status.deferred_deletions,
             "token_expiry": {str(k): (v.isoformat() if v else None) for k, v in self.status.token_expiry.items()},
         }

@@ -32,6 +32,11 @@ ANN_REVISION = f"{DOMAIN}/revision"
 ANN_REVISION_TIME = f"{DOMAIN}/revision-time"
 # Replica annotation: the source revision (stable or candidate, docs/design.md#safe-rotation) it carries.
 ANN_SOURCE_REVISION = f"{DOMAIN}/source-revision"
+# Replica annotation: the class license fields it was rendered from, `<namespace>/<name>:<featureType>`
+# (docs/design.md#decision-class-change): a class edited in place holds its replicas instead of rolling.
+ANN_CLASS_LICENSE = f"{DOMAIN}/class-license"
+# GPUClass annotation: the hoster accepts that the class's replicas move to this class-license value.
+ANN_ACCEPT_LICENSE_CHANGE = f"{DOMAIN}/accept-license-change"
 # Label of the revision store Secrets in licensectl's namespace (not managed-by: they are no replicas).
 REVISION_STORE_LABEL = f"{DOMAIN}/revision-store"
 
@@ -142,6 +147,9 @@ class GpuClass:
     mode: str | None
     secret_ref: ObjectRef | None
     feature_type: object | None  # raw value from spec.license.featureType, validated in render
+    profile: object | None = None  # raw value from spec.profile (a vGPU type name), checked in core.profiles
+    # The class's licensectl.io/accept-license-change annotation (docs/design.md#decision-class-change).
+    accept_license_change: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,10 @@ class Reason(StrEnum):
     DELETION_CAP_HIT = "DeletionCapHit"  # replica deletions deferred by the per-minute cap
     LICENSE_TOKEN_UNREADABLE = "LicenseTokenUnreadable"  # the token is no JWT with an exp: expiry unknown
     LICENSE_SOURCE_INVALID = "LicenseSourceInvalid"  # the source is missing or invalid: replicas kept
+    # The class's featureType cannot license its spec.profile (core/profiles.py); replicas still rendered.
+    FEATURE_TYPE_MISMATCH = "FeatureTypeMismatch"
+    # A class's secretRef or featureType was edited in place: its replicas are held until accepted.
+    GPU_CLASS_LICENSE_CHANGED = "GPUClassLicenseChanged"
     # The tenant problems (core.entitlement.ProblemKind), on the namespace, claim or class at fault.
     CYCLE = "Cycle"  # the tenant tree loops at this namespace
     MISSING_PARENT = "MissingParent"  # the namespace's parent tenant does not exist
@@ -48,6 +52,7 @@ class Reason(StrEnum):
 
     # -- admission (app.py, from the webhook's answers) -------------------------------------------
     LICENSE_NOT_DELIVERED = "LicenseNotDelivered"  # a VMI admitted unchanged, without a license volume
+    VGPU_DRIVER_UNMARKED = "VGPUDriverUnmarked"  # a vGPU VMI boots from an image not marked as having the driver
 
     # -- serving certificate (kube/serving_tls.py) ------------------------------------------------
     FOREIGN_TLS_SECRET = "ForeignTLSSecret"  # the serving-certificate Secret is not licensectl's

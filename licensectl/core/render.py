@@ -20,6 +20,7 @@ from types import MappingProxyType
 
 from licensectl.core.model import (
     ANN_CLASS,
+    ANN_CLASS_LICENSE,
     ANN_REVISION,
     ANN_REVISION_TIME,
     ANN_SOURCE_NAME,
@@ -142,6 +143,9 @@ class ReplicaState(StrEnum):
     DRIFTED = "drifted"
     MISSING = "missing"
     CONFLICT = "conflict"
+    # Rendered from other class license fields than the class has now, and the hoster has not accepted
+    # the change: kept exactly as it is (docs/design.md#decision-class-change).
+    HELD = "held"
 
 
 def _revision(token: bytes, gridd_conf: bytes) -> str:
@@ -170,6 +174,35 @@ def _render_gridd_conf(hoster: str, feature_type: int) -> bytes:
         lines.pop()
     body = "".join(ln + "\n" for ln in lines)
     return (GRIDD_CONF_HEADER + body + f"FeatureType={feature_type}\n").encode()
+
+
+def class_license(gpu_class: GpuClass) -> str | None:
+    """The class license fields a replica is rendered from, as it records them: `<namespace>/<name>:<featureType>`.
+
+    Readable, so the hoster can tell what changed and type it into the class's accept annotation
+    (docs/design.md#decision-class-change). None when the class has no usable secretRef or FeatureType
+    (render refuses such a class anyway). Not part of the revision: recording it restarts nothing.
+    """
+    ref, ft = gpu_class.secret_ref, gpu_class.feature_type
+    if ref is None or isinstance(ft, bool) or not isinstance(ft, int) or ft not in VALID_FEATURE_TYPES:
+        return None
+    return f"{ref.namespace}/{ref.name}:{ft}"
+
+
+def held_license(existing: ReplicaSecret | None, gpu_class: GpuClass) -> str | None:
+    """The class license an existing replica of this class records, when the replica must be held.
+
+    Held: the class's license fields were edited since the replica was written, and the class's
+    accept annotation does not name the fields it has now. A replica without a record (written by
+    a release before it), or of another owner or class, is never held.
+    """
+    if existing is None or not existing.owned or existing.annotations.get(ANN_CLASS) != gpu_class.name:
+        return None
+    recorded = existing.annotations.get(ANN_CLASS_LICENSE)
+    current = class_license(gpu_class)
+    if recorded is None or current is None or recorded == current or gpu_class.accept_license_change == current:
+        return None
+    return recorded
 
 
 def _class_ref(c: GpuClass) -> ObjectRef:
@@ -274,6 +307,7 @@ def render_replica(lic: RenderedLicense, *, namespace: str, gpu_class: GpuClass,
         fields[KEY_REPORT_CA] = report_ca
     data = MappingProxyType(fields)
     revision_time = _revision_time(existing, lic.revision, now)
+    recorded = class_license(gpu_class)
     annotations = MappingProxyType({
         ANN_SOURCE_NAMESPACE: source.namespace,
         ANN_SOURCE_NAME: source.name,
@@ -282,6 +316,7 @@ def render_replica(lic: RenderedLicense, *, namespace: str, gpu_class: GpuClass,
         ANN_REVISION: lic.revision,
         ANN_REVISION_TIME: format_time(revision_time),
         **({ANN_SOURCE_REVISION: source_revision} if source_revision else {}),
+        **({ANN_CLASS_LICENSE: recorded} if recorded is not None else {}),
     })
     return DesiredReplica(
         namespace=namespace, name=replica_name(gpu_class.name), class_name=gpu_class.name,
@@ -312,6 +347,10 @@ def replica_diff(existing: ReplicaSecret | None, desired: DesiredReplica) -> Rep
         # A replica from a release before safe rotation, already on this revision: the source-revision
         # mark alone is not worth a write per replica at upgrade; it comes with the next revision change.
         want = {k: v for k, v in want.items() if k != ANN_SOURCE_REVISION}
+    if ANN_CLASS_LICENSE not in existing.annotations:
+        # Likewise a replica from a release before the class-license record: it gains the record with
+        # its next write, not with one of its own.
+        want = {k: v for k, v in want.items() if k != ANN_CLASS_LICENSE}
     if (existing.data_digest != desired.data_digest or not _subset(desired.labels, existing.labels)
             or not _subset(want, existing.annotations)):
         return ReplicaAction.UPDATE

@@ -14,12 +14,15 @@ from dataclasses import dataclass, field
 
 from licensectl.core.entitlement import EntitlementResult, Problem, TenantSettings, compute_entitlement
 from licensectl.core.model import GpuClaim, GpuClass, Namespace, ObjectRef, ReplicaSecret, SourceSecret
+from licensectl.core.profiles import ProfileCheck, check_feature_type
 from licensectl.core.render import (
     DesiredReplica,
     RenderedLicense,
     ReplicaAction,
     ReplicaState,
     SourceProblem,
+    class_license,
+    held_license,
     render_license,
     render_replica,
     replica_diff,
@@ -61,12 +64,22 @@ class SourceRevisions:
     candidate: SourceSecret | None
 
 
+@dataclass(frozen=True, slots=True)
+class LicenseChange:
+    """A class whose license fields were edited in place, holding replicas (docs/design.md#decision-class-change)."""
+
+    class_name: str
+    current: str  # the class's license fields now: the value its accept annotation must name
+    recorded: tuple[str, ...]  # what the held replicas were rendered from, sorted
+    held: int  # replicas held
+
+
 @dataclass(frozen=True)
 class ReplicationPlan:
     creates: tuple[DesiredReplica, ...] = ()
     updates: tuple[tuple[ReplicaSecret, DesiredReplica], ...] = ()
     deletes: tuple[ReplicaSecret, ...] = ()
-    # (namespace, replica name) -> in_sync | drifted | missing | conflict
+    # (namespace, replica name) -> a ReplicaState value
     states: Mapping[tuple[str, str], str] = field(default_factory=dict)
     source_problems: Mapping[str, SourceProblem] = field(default_factory=dict)  # by class name
     licenses: Mapping[str, RenderedLicense] = field(default_factory=dict)  # by class name (live source)
@@ -74,6 +87,10 @@ class ReplicationPlan:
     # what a guest mounting a replica of that revision must hold.
     by_revision: Mapping[str, RenderedLicense] = field(default_factory=dict)
     entitlement: EntitlementResult | None = None
+    # Classes edited in place whose replicas are held, by class name.
+    license_changes: Mapping[str, LicenseChange] = field(default_factory=dict)
+    # Every class's FeatureType against its profile (docs/design.md#feature-type), by class name.
+    feature_type_checks: Mapping[str, ProfileCheck] = field(default_factory=dict)
 
     @property
     def tenant_problems(self) -> tuple[Problem, ...]:
@@ -137,6 +154,7 @@ def plan_replication(inp: ReplicationInputs) -> ReplicationPlan:
     creates: list[DesiredReplica] = []
     updates: list[tuple[ReplicaSecret, DesiredReplica]] = []
     states: dict[tuple[str, str], str] = {}
+    held: dict[str, Counter[str]] = {}  # class -> recorded class license -> replicas held on it
     keep: set[tuple[str, str]] = set()
     for (ns, class_name), ref in sorted(ent.entitled.items()):
         name = replica_name(class_name)
@@ -158,6 +176,13 @@ def plan_replication(inp: ReplicationInputs) -> ReplicationPlan:
             # Invalid or unknown source: existing replicas are kept as they are, nothing new is written.
             states[key] = "missing" if existing is None else "in_sync"
             continue
+        recorded = held_license(existing, inp.classes[class_name])
+        if recorded is not None:
+            # The class was edited in place and the hoster has not accepted it: writing would restart
+            # every VM of every tenant of the class at once, so the replica stays exactly as it is.
+            states[key] = ReplicaState.HELD.value
+            held.setdefault(class_name, Counter())[recorded] += 1
+            continue
         desired = render_replica(lic, namespace=ns, gpu_class=inp.classes[class_name], source=source,
                                  report_url=inp.report_url, credential=inp.credential_for(ns),
                                  existing=existing, now=inp.now, report_ca=inp.report_ca,
@@ -170,5 +195,10 @@ def plan_replication(inp: ReplicationInputs) -> ReplicationPlan:
             updates.append((existing, desired))
 
     deletes = tuple(r for key, r in sorted(inp.replicas.items()) if key not in keep and r.owned)
+    changes = {name: LicenseChange(class_name=name, current=class_license(inp.classes[name]) or "",
+                                   recorded=tuple(sorted(by_value)), held=sum(by_value.values()))
+               for name, by_value in sorted(held.items())}
+    checks = {name: check_feature_type(c.mode, c.profile, c.feature_type) for name, c in sorted(inp.classes.items())}
     return ReplicationPlan(creates=tuple(creates), updates=tuple(updates), deletes=deletes, states=states,
-                           source_problems=problems, licenses=licenses, by_revision=by_revision, entitlement=ent)
+                           source_problems=problems, licenses=licenses, by_revision=by_revision, entitlement=ent,
+                           license_changes=changes, feature_type_checks=checks)

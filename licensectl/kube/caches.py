@@ -2,7 +2,9 @@
 
 Only slim projections are cached. Secrets are never watched cluster-wide: replicas are selected by
 licensectl's label, and each source Secret gets its own field-selected watch, started when a vGPU
-class first names it and stopped when none does.
+class first names it and stopped when none does. Volumes likewise: only the PVCs and CDI DataSources
+that carry the vGPU guest driver mark are watched (label-selected); DataVolumes all, slim, because an
+unmarked one leads to its golden image (`BootMarkCaches`).
 """
 
 from __future__ import annotations
@@ -10,10 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
+import aiohttp
+
 from licensectl import config, logs
+from licensectl.core import boot_image
 from licensectl.core.model import (
     MANAGED_BY_LABEL,
     MANAGED_BY_VALUE,
@@ -30,12 +35,23 @@ from licensectl.core.model import (
 )
 from licensectl.core.ports import CacheView
 from licensectl.kube import contract, projections
-from licensectl.kube.api import AnyClient, CoreV1Api, CustomObjectsApi
-from licensectl.kube.watch import Informer, InformerHooks, shared_name_key
+from licensectl.kube.api import AnyClient, CoreV1Api, CustomObjectsApi, as_kube, query_of
+from licensectl.kube.watch import Informer, InformerHooks, ListFunc, shared_name_key
 
 log = logs.get(__name__)
 
 OnChange = Callable[[str], None]
+
+# CDI, the containerized-data-importer (kubevirt/containerized-data-importer, API cdi.kubevirt.io/v1beta1):
+# DataVolumes and the DataSources that name golden images. Optional in a cluster.
+CDI_GROUP = "cdi.kubevirt.io"
+CDI_VERSION = "v1beta1"
+DATA_VOLUME_PLURAL = "datavolumes"
+DATA_SOURCE_PLURAL = "datasources"
+# Where CDI is not installed its LIST answers 404 for as long as licensectl runs: retry (and log) at
+# most every 15 s instead of every 2 s. The cap also applies to a failing watch of an installed CDI;
+# its marks are then stale for that long at most, and read as unknown once the informer is unhealthy.
+CDI_RETRY_CAP = 15.0
 
 
 class CacheHealth:
@@ -97,6 +113,11 @@ class Caches(CacheHealth):
                           on_change=changed("virtualmachines"))
             self.vmis = mk("virtualmachineinstances", contract.vmi_lister(self._custom), projections.vmi_from,
                            on_change=changed("virtualmachineinstances"))
+        # The vGPU guest driver marks of boot images, for the admission webhook only (none without it, or
+        # with --vgpu-driver-check=off). Not core: their absence never stops a pass or readiness.
+        self.boot_marks: BootMarkCaches | None = None
+        if settings.webhook_address and settings.vgpu_driver_check != "off":
+            self.boot_marks = BootMarkCaches(api_client, self._custom, hooks=hooks)
         self.sources: dict[ObjectRef, Informer[SourceSecret]] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._source_tasks: dict[ObjectRef, asyncio.Task[None]] = {}
@@ -109,10 +130,12 @@ class Caches(CacheHealth):
     @property
     def all(self) -> list[Informer[Any]]:
         extra: list[Informer[Any]] = [i for i in (self.vms, self.vmis) if i is not None]
-        return self.core + extra + list(self.sources.values())
+        marks: list[Informer[Any]] = self.boot_marks.all if self.boot_marks is not None else []
+        return self.core + extra + marks + list(self.sources.values())
 
     def start(self) -> None:
-        for inf in self.core + [i for i in (self.vms, self.vmis) if i is not None]:
+        marks: list[Informer[Any]] = self.boot_marks.all if self.boot_marks is not None else []
+        for inf in self.core + [i for i in (self.vms, self.vmis) if i is not None] + marks:
             self._tasks[inf.name] = asyncio.create_task(inf.run(), name=f"informer-{inf.name}")
 
     async def stop(self) -> None:
@@ -149,3 +172,55 @@ class Caches(CacheHealth):
                 continue
             out[ref] = inf.cache.get((ref.namespace, ref.name))
         return out
+
+
+def _pvc_lister(api_client: AnyClient) -> ListFunc:
+    """List/watch of PersistentVolumeClaims in all namespaces (GET /api/v1/persistentvolumeclaims)."""
+    kube = as_kube(api_client)
+
+    def list_claims(**kw: Any) -> Awaitable[aiohttp.ClientResponse]:
+        return kube.request("GET", "/api/v1/persistentvolumeclaims", query=query_of(kw),
+                            request_timeout=kw.get("_request_timeout"))
+
+    return list_claims
+
+
+def _trusted(inf: Informer[Any]) -> Any:
+    """The live view of a cache the webhook may decide from, or None (not synced, or its watch down)."""
+    return inf.cache if inf.synced and inf.healthy else None
+
+
+class BootMarkCaches:
+    """The watches behind `core.boot_image.Marks`.
+
+    Marked PVCs and DataSources are label-selected (`licensectl.io/vgpu-guest-driver=true`): a cluster
+    holds many volumes and few golden images. DataVolumes are all watched, as `DataVolumeRef`s (name,
+    mark, source reference: three short strings, the references shared): an unmarked DataVolume is
+    resolved to the DataSource it was cloned from, which no label on the DataVolume names. They are
+    bounded by the VMs' disks (a VM's dataVolumeTemplates create one per disk), next to the VMs and
+    VMIs licensectl already caches. Where CDI is absent the two CDI informers never sync: their marks
+    read as unknown, and nothing else waits for them.
+    """
+
+    def __init__(self, api_client: AnyClient, custom: CustomObjectsApi, *, hooks: InformerHooks | None) -> None:
+        self.pvcs: Informer[boot_image.Marked] = Informer(
+            "marked-pvcs", _pvc_lister(api_client), projections.boot_mark_from,
+            label_selector=boot_image.MARK_SELECTOR, hooks=hooks)
+        self.datavolumes: Informer[boot_image.DataVolumeRef] = Informer(
+            DATA_VOLUME_PLURAL, functools.partial(custom.list_cluster_custom_object, CDI_GROUP, CDI_VERSION,
+                                                  DATA_VOLUME_PLURAL),
+            projections.data_volume_from, hooks=hooks, backoff_cap=CDI_RETRY_CAP)
+        self.datasources: Informer[boot_image.Marked] = Informer(
+            "marked-datasources", functools.partial(custom.list_cluster_custom_object, CDI_GROUP, CDI_VERSION,
+                                                         DATA_SOURCE_PLURAL),
+            projections.boot_mark_from, label_selector=boot_image.MARK_SELECTOR, hooks=hooks,
+            backoff_cap=CDI_RETRY_CAP)
+
+    @property
+    def all(self) -> list[Informer[Any]]:
+        return [self.pvcs, self.datavolumes, self.datasources]
+
+    def marks(self, images: tuple[str, ...]) -> boot_image.Marks:
+        """Live views (keyed lookups only, also from the webhook's thread), taken afresh per decision."""
+        return boot_image.Marks(images=images, pvcs=_trusted(self.pvcs), datavolumes=_trusted(self.datavolumes),
+                                datasources=_trusted(self.datasources))

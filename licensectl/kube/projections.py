@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, TypedDict
 
-from licensectl.core import model
+from licensectl.core import boot_image, model
 from licensectl.core.timecodec import parse_time, to_epoch_us
 
 KUBEVIRT_GROUP = "kubevirt.io"
@@ -223,6 +223,8 @@ def gpu_class_from(obj: object) -> model.GpuClass | None:
         mode=_str(spec.get("mode")),
         secret_ref=model.ObjectRef(ref_ns, ref_name) if ref_ns and ref_name else None,
         feature_type=_raw_scalar(lic.get("featureType")),
+        profile=_raw_scalar(spec.get("profile")),
+        accept_license_change=_str(_dict(meta.get("annotations")).get(model.ANN_ACCEPT_LICENSE_CHANGE)),
     )
 
 
@@ -379,3 +381,37 @@ def revision_store_from(obj: object) -> model.RevisionStore | None:
     m = _common(obj)
     return None if m is None else model.RevisionStore(**m, annotations=_annotations(obj),
                                                       data=MappingProxyType(_decode_data(_path(obj, "data"))))
+
+
+# ---------------------------------------------------------------------------------------------
+# Boot image marks (licensectl/core/boot_image.py): the vGPU guest driver label on golden images
+# ---------------------------------------------------------------------------------------------
+def boot_mark_from(obj: object) -> boot_image.Marked | None:
+    """A PVC or CDI DataSource from the label-selected caches: only its identity is kept (the label
+    selector already says it carries the mark)."""
+    m = _common(obj)
+    return None if m is None else boot_image.Marked(namespace=m["namespace"], name=m["name"])
+
+
+def _ref_in(namespace: str, ref: object) -> tuple[str, str] | None:
+    """(namespace, name) of a CDI object reference; its namespace defaults to the referrer's."""
+    name = _str(_path(ref, "name"))
+    return None if name is None else (_shared_name(_path(ref, "namespace")) or namespace, _shared(name))
+
+
+def data_volume_from(obj: object) -> boot_image.DataVolumeRef | None:
+    """A CDI DataVolume (cdi.kubevirt.io/v1beta1), slim: its own mark and the golden image it is cloned
+    from, `spec.sourceRef` (kind DataSource) or `spec.source.pvc`. The references are shared: many
+    DataVolumes clone the same few golden images."""
+    m = _common(obj)
+    if m is None:
+        return None
+    spec = _dict(_path(obj, "spec"))
+    source_ref = _dict(spec.get("sourceRef"))
+    labels = _dict(_path(obj, "metadata", "labels"))
+    return boot_image.DataVolumeRef(
+        namespace=m["namespace"], name=m["name"],
+        marked=labels.get(boot_image.MARK_LABEL) == boot_image.MARK_VALUE,
+        data_source=_ref_in(m["namespace"], source_ref) if source_ref.get("kind") == boot_image.DATA_SOURCE_KIND
+        else None,
+        source_pvc=_ref_in(m["namespace"], _path(spec, "source", "pvc")))

@@ -6,7 +6,8 @@ The certificate lives in one Secret in licensectl's namespace (docs/operations.m
   only watches it and never writes it.
 * `self-managed` mode: licensectl keeps its own CA and leaf there. Any replica may create the Secret
   when it is absent (the apiserver picks one winner); only the leader renews the leaf and keeps the
-  caBundle of the MutatingWebhookConfiguration equal to the CA.
+  caBundle of the MutatingWebhookConfiguration equal to the CA, and that of the
+  ValidatingWebhookConfiguration of the same name with --vgpu-driver-check=enforce.
 
 Every replica serves from one `ssl.SSLContext` that is reloaded in place, so listeners started
 once present a renewed certificate on their next handshake without a restart. Failures are logged
@@ -24,15 +25,26 @@ import hashlib
 import os
 import ssl
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
+from urllib.parse import quote
+
+import aiohttp
 
 from licensectl import config, logs
 from licensectl.core import certs
 from licensectl.core.model import ANN_TLS, MODE_SELF_MANAGED, TLSSecret
 from licensectl.core.ports import EventSink, InvolvedObject
 from licensectl.core.reasons import Reason
-from licensectl.kube.api import AdmissionregistrationV1Api, AnyClient, ApiException, CoreV1Api, absent_on_404
+from licensectl.kube.api import (
+    JSON_PATCH,
+    AdmissionregistrationV1Api,
+    AnyClient,
+    ApiException,
+    CoreV1Api,
+    absent_on_404,
+    as_kube,
+)
 from licensectl.kube.projections import tls_secret_from
 from licensectl.kube.raw import RawApi
 from licensectl.kube.watch import Informer
@@ -126,6 +138,22 @@ def load_pair(context: ssl.SSLContext, cert: bytes, key: bytes) -> None:
         context.load_cert_chain(paths[0], paths[1])
 
 
+class ValidatingWebhooksApi:
+    """GET and JSON-patch one ValidatingWebhookConfiguration: the enforce webhook's caBundle."""
+
+    PATH = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
+
+    def __init__(self, api: AnyClient) -> None:
+        self._kube = as_kube(api)
+
+    def read_validating_webhook_configuration(self, name: str, **kw: Any) -> Awaitable[aiohttp.ClientResponse]:
+        return self._kube.request("GET", f"{self.PATH}/{quote(name, safe='')}")
+
+    def patch_validating_webhook_configuration(self, name: str, body: Any,
+                                               **kw: Any) -> Awaitable[aiohttp.ClientResponse]:
+        return self._kube.request("PATCH", f"{self.PATH}/{quote(name, safe='')}", body=body, content_type=JSON_PATCH)
+
+
 # -- the shell --------------------------------------------------------------------------------------
 class ServingTLS:
     """The serving certificate of this process: `context` for listeners, `ca_bundle` for clients."""
@@ -144,6 +172,7 @@ class ServingTLS:
         self.hosts = serving_hosts(settings.namespace, settings.tls_hosts)
         self._core: Any = RawApi(CoreV1Api(api))
         self._admission: Any = RawApi(AdmissionregistrationV1Api(api))
+        self._validating: Any = RawApi(ValidatingWebhooksApi(api))
         self._is_leader = is_leader
         self._clock = clock
         self._metrics = metrics
@@ -384,20 +413,30 @@ class ServingTLS:
         return True
 
     async def _sync_ca_bundle(self, ca_pem: bytes) -> None:
-        """Leader only: every webhook of the configuration trusts our CA (read, compare, patch if different)."""
+        """Leader only: every webhook of the configurations trusts our CA (read, compare, patch if different)."""
         name = self.settings.webhook_configuration
         if not name or not ca_pem or self._dry_run:
             return
-        mwc = await absent_on_404(self._admission.read_mutating_webhook_configuration(name))
-        if mwc is None:
-            if "mwc-absent" not in self._logged:
-                self._logged.add("mwc-absent")
-                log.info("MutatingWebhookConfiguration not found; will set its caBundle once it exists",
-                         name=name)
+        await self._sync_one("MutatingWebhookConfiguration", name, ca_pem,
+                             self._admission.read_mutating_webhook_configuration,
+                             self._admission.patch_mutating_webhook_configuration)
+        if self.settings.vgpu_driver_check == "enforce":
+            await self._sync_one("ValidatingWebhookConfiguration", name, ca_pem,
+                                 self._validating.read_validating_webhook_configuration,
+                                 self._validating.patch_validating_webhook_configuration)
+
+    async def _sync_one(self, kind: str, name: str, ca_pem: bytes, read: Callable[[str], Awaitable[Any]],
+                        patch_call: Callable[[str, Any], Awaitable[Any]]) -> None:
+        absent = f"{kind}-absent"
+        obj = await absent_on_404(read(name))
+        if obj is None:
+            if absent not in self._logged:
+                self._logged.add(absent)
+                log.info(f"{kind} not found; will set its caBundle once it exists", name=name)
             return
-        self._logged.discard("mwc-absent")
-        patch = ca_bundle_patch(mwc, ca_pem)
+        self._logged.discard(absent)
+        patch = ca_bundle_patch(obj, ca_pem)
         if not patch:
             return
-        await self._admission.patch_mutating_webhook_configuration(name, patch)
-        log.info("webhook caBundle updated", name=name, webhooks=len(patch) - 1)
+        await patch_call(name, patch)
+        log.info("webhook caBundle updated", kind=kind, name=name, webhooks=len(patch) - 1)

@@ -1,10 +1,13 @@
-"""The VMI admission webhook: an AdmissionReview in, the license volumes to add out.
+"""The VMI admission webhooks: an AdmissionReview in, the license volumes to add (and warnings) out.
 
-Thin shell around `licensectl.core.delivery`: parse and bound the request, ask the controller's caches,
-answer. It refuses nothing (docs/design.md#webhook-adds-only): every well-formed review is allowed,
-with a JSONPatch when a license volume is due; anything it cannot judge (caches not synced yet, a
-malformed object) is admitted unchanged, and the backstop catches it later. Every replica answers,
-leader or not, so admission never waits for an election.
+Thin shell around `licensectl.core.delivery` and `licensectl.core.boot_image`: parse and bound the
+request, ask the controller's caches, answer. The mutating webhook refuses nothing
+(docs/design.md#webhook-adds-only): every well-formed review is allowed, with a JSONPatch when a license
+volume is due and a warning when a vGPU VMI boots from an image not marked as carrying the vGPU guest
+driver; anything it cannot judge (caches not synced yet, a malformed object) is admitted unchanged,
+and the backstop catches it later. Only the opt-in validating webhook (`VALIDATE_PATH`,
+--vgpu-driver-check=enforce) denies, and only such a VMI (docs/design.md#boot-image-mark). Every
+replica answers, leader or not, so admission never waits for an election.
 
 It is served from its own thread and event loop (`WebhookServer`): a VMI creation waits on this
 answer, and must not queue behind a reconcile pass that holds the controller's loop for tens of
@@ -29,6 +32,7 @@ from typing import Any
 from aiohttp import web
 
 from licensectl import logs
+from licensectl.core.boot_image import Judgement, Verdict, denial, warning
 from licensectl.core.delivery import Delivery
 from licensectl.kube.serving_tls import load_pair, server_context
 from licensectl.serve.http import start_site
@@ -36,6 +40,7 @@ from licensectl.serve.http import start_site
 log = logs.get(__name__)
 
 PATH = "/mutate-virtualmachineinstances"
+VALIDATE_PATH = "/validate-virtualmachineinstances"
 # A VMI spec is rarely over a few tens of KiB; etcd's own object limit is 1.5 MiB. Anything larger
 # is not a VMI the apiserver would store, and the body is read into memory.
 MAX_BODY = 3 * 1024 * 1024
@@ -53,9 +58,32 @@ class Admission:
     delivery: Delivery | None
     seconds: float
     dry_run: bool = False  # a dry run must cause no side effect (sideEffects: None): no Event
+    boot: Judgement | None = None  # the boot image of a vGPU VMI; None: not checked
+
+
+@dataclass(frozen=True, slots=True)
+class Validation:
+    """One answered review of the enforce webhook: denied when a vGPU VMI's boot image is unmarked."""
+
+    namespace: str
+    name: str
+    denied: bool
+    boot: Judgement | None
+    seconds: float
+    dry_run: bool = False
 
 
 Decide = Callable[[str, Mapping[str, Any]], Delivery | None]
+# The boot image of a VMI the webhook handles; None: not a vGPU VMI, the check is off, or no caches yet.
+CheckBoot = Callable[[str, Mapping[str, Any]], Judgement | None]
+
+
+@dataclass(frozen=True, slots=True)
+class _Review:
+    uid: str
+    namespace: str
+    obj: dict[str, Any] | None  # None: not a VMI CREATE (registered for those only; answered, left alone)
+    dry_run: bool
 
 
 def _name_of(obj: Mapping[str, Any]) -> str:
@@ -64,42 +92,84 @@ def _name_of(obj: Mapping[str, Any]) -> str:
     return name if isinstance(name, str) else ""
 
 
-def review_response(uid: str, delivery: Delivery | None) -> dict[str, Any]:
+def review_response(uid: str, delivery: Delivery | None, warnings: tuple[str, ...] = ()) -> dict[str, Any]:
     response: dict[str, Any] = {"uid": uid, "allowed": True}
     if delivery is not None and delivery.mutated:
         response["patchType"] = "JSONPatch"
         response["patch"] = base64.b64encode(json.dumps(list(delivery.patch)).encode()).decode()
+    if warnings:
+        response["warnings"] = list(warnings)
     return {"apiVersion": ADMISSION_VERSION, "kind": "AdmissionReview", "response": response}
 
 
-def make_webhook_app(*, decide: Decide, on_admission: Callable[[Admission], None]) -> web.Application:
+def denied_response(uid: str, message: str) -> dict[str, Any]:
+    """A refusal: the client reads `admission webhook "<name>" denied the request: <message>` (HTTP 403)."""
+    return {"apiVersion": ADMISSION_VERSION, "kind": "AdmissionReview", "response": {
+        "uid": uid, "allowed": False, "status": {"code": 403, "reason": "Forbidden", "message": message}}}
+
+
+async def _read_review(request: web.Request) -> _Review | web.Response:
+    """The review's request, or the 400 answer to a body that is none."""
+    try:
+        review = await request.json(loads=json.loads)
+    except (ValueError, UnicodeDecodeError):
+        return web.json_response({"error": "body is not JSON"}, status=400)
+    req = review.get("request") if isinstance(review, dict) else None
+    uid = req.get("uid") if isinstance(req, dict) else None
+    if not isinstance(req, dict) or not isinstance(uid, str) or not uid:
+        return web.json_response({"error": "not an AdmissionReview request"}, status=400)
+    obj = req.get("object")
+    namespace = req.get("namespace")
+    kind = (req.get("kind") or {}).get("kind") if isinstance(req.get("kind"), dict) else None
+    if (req.get("operation") != "CREATE" or kind != "VirtualMachineInstance" or not isinstance(obj, dict)
+            or not isinstance(namespace, str)):
+        return _Review(uid, namespace if isinstance(namespace, str) else "", None, False)
+    return _Review(uid, namespace, obj, req.get("dryRun") is True)
+
+
+def make_webhook_app(*, decide: Decide, on_admission: Callable[[Admission], None],
+                     check_boot: CheckBoot | None = None, enforce: bool = False,
+                     on_validation: Callable[[Validation], None] | None = None) -> web.Application:
+    """The mutating webhook at PATH; at VALIDATE_PATH the enforce webhook, which denies a vGPU VMI whose
+    boot image is unmarked when `enforce` is set and allows everything otherwise (a configuration
+    registered without the setting must not start refusing)."""
+
     async def mutate(request: web.Request) -> web.Response:
         start = time.perf_counter()
-        try:
-            review = await request.json(loads=json.loads)
-        except (ValueError, UnicodeDecodeError):
-            return web.json_response({"error": "body is not JSON"}, status=400)
-        req = review.get("request") if isinstance(review, dict) else None
-        uid = req.get("uid") if isinstance(req, dict) else None
-        if not isinstance(req, dict) or not isinstance(uid, str) or not uid:
-            return web.json_response({"error": "not an AdmissionReview request"}, status=400)
-        obj = req.get("object")
-        namespace = req.get("namespace")
-        kind = (req.get("kind") or {}).get("kind") if isinstance(req.get("kind"), dict) else None
-        if (req.get("operation") != "CREATE" or kind != "VirtualMachineInstance" or not isinstance(obj, dict)
-                or not isinstance(namespace, str)):
-            # Registered for VMI CREATE only; anything else is answered, and left alone.
-            on_admission(Admission(namespace if isinstance(namespace, str) else "", "", "ignored", None,
-                                   time.perf_counter() - start))
-            return web.json_response(review_response(uid, None))
-        delivery = decide(namespace, obj)
+        review = await _read_review(request)
+        if isinstance(review, web.Response):
+            return review
+        if review.obj is None:
+            on_admission(Admission(review.namespace, "", "ignored", None, time.perf_counter() - start))
+            return web.json_response(review_response(review.uid, None))
+        delivery = decide(review.namespace, review.obj)
+        boot = check_boot(review.namespace, review.obj) if check_boot is not None else None
+        text = warning(boot) if boot is not None else None
         result = "not_ready" if delivery is None else ("mutated" if delivery.mutated else "unchanged")
-        on_admission(Admission(namespace, _name_of(obj), result, delivery, time.perf_counter() - start,
-                               dry_run=req.get("dryRun") is True))
-        return web.json_response(review_response(uid, delivery))
+        on_admission(Admission(review.namespace, _name_of(review.obj), result, delivery, time.perf_counter() - start,
+                               dry_run=review.dry_run, boot=boot))
+        return web.json_response(review_response(review.uid, delivery, (text,) if text else ()))
+
+    async def validate(request: web.Request) -> web.Response:
+        start = time.perf_counter()
+        review = await _read_review(request)
+        if isinstance(review, web.Response):
+            return review
+        if review.obj is None or not enforce or check_boot is None:
+            return web.json_response(review_response(review.uid, None))
+        # The object as stored: every mutating webhook has run, ours (which adds no boot disk) included.
+        boot = check_boot(review.namespace, review.obj)
+        denied = boot is not None and boot.verdict is Verdict.UNMARKED
+        if on_validation is not None:
+            on_validation(Validation(review.namespace, _name_of(review.obj), denied, boot,
+                                     time.perf_counter() - start, dry_run=review.dry_run))
+        if boot is not None and denied:
+            return web.json_response(denied_response(review.uid, denial(boot)))
+        return web.json_response(review_response(review.uid, None))
 
     app = web.Application(client_max_size=MAX_BODY)
     app.router.add_post(PATH, mutate)
+    app.router.add_post(VALIDATE_PATH, validate)
     return app
 
 

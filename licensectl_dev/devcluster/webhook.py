@@ -1,8 +1,9 @@
-"""Register licensectl's VMI admission webhook on the dev cluster's apiserver.
+"""Register licensectl's VMI admission webhooks on the dev cluster's apiserver.
 
-The configuration is the one licensectl ships (manifests/base/webhook.yaml), with the in-cluster
-Service replaced by a loopback URL, so the apiserver's own admission chain calls the controller
-exactly as in a cluster. Each registration gets its own webhook name, so the apiserver's metrics
+The configurations are the ones licensectl ships (manifests/base/webhook.yaml, and the enforce
+webhook of manifests/components/vgpu-driver-enforce/webhook.yaml), with the in-cluster Service
+replaced by a loopback URL, so the apiserver's own admission chain calls the controller exactly as
+in a cluster. Each registration gets its own webhook name, so the apiserver's metrics
 (`apiserver_admission_webhook_*{name=...}`) tell registrations apart.
 """
 
@@ -17,12 +18,13 @@ import yaml
 from kubernetes_asyncio.client import AdmissionregistrationV1Api, ApiClient, ApiException, CustomObjectsApi
 
 from licensectl.core.model import ANN_GPU_CLAIMS
-from licensectl.serve.webhook import PATH
+from licensectl.serve.webhook import PATH, VALIDATE_PATH
 from licensectl_dev.testkit.metrics_text import Scrape, parse_metrics
 from licensectl_dev.testkit.poll import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 WEBHOOK_MANIFEST = REPO / "manifests" / "base" / "webhook.yaml"
+ENFORCE_MANIFEST = REPO / "manifests" / "components" / "vgpu-driver-enforce" / "webhook.yaml"
 PROBE_NAMESPACE = "default"
 
 
@@ -134,3 +136,51 @@ async def wait_delivery(api: ApiClient, *, namespace: str, claim: str, timeout: 
 
     await eventually(delivered, timeout=timeout, interval=0.2,
                      what=f"license delivery for claim {claim} in {namespace}")
+
+
+# -- the enforce webhook (--vgpu-driver-check=enforce) ----------------------------------------------
+def shipped_validating_configuration() -> dict[str, Any]:
+    """The ValidatingWebhookConfiguration of manifests/components/vgpu-driver-enforce."""
+    for doc in yaml.safe_load_all(ENFORCE_MANIFEST.read_text()):
+        if doc and doc.get("kind") == "ValidatingWebhookConfiguration":
+            return dict(doc)
+    raise LookupError(f"no ValidatingWebhookConfiguration in {ENFORCE_MANIFEST}")
+
+
+def validating_webhook_name(configuration: str) -> str:
+    return f"{configuration}.vmi-boot-image.licensectl.io"
+
+
+def loopback_validating_configuration(*, name: str, port: int, ca_bundle: bytes = b"") -> dict[str, Any]:
+    """The shipped enforce configuration, named `name`, calling https://127.0.0.1:<port>."""
+    doc = copy.deepcopy(shipped_validating_configuration())
+    doc["metadata"] = {"name": name, "labels": dict(doc["metadata"].get("labels") or {})}
+    for wh in doc["webhooks"]:
+        wh["name"] = validating_webhook_name(name)
+        wh["clientConfig"] = {"url": f"https://127.0.0.1:{port}{VALIDATE_PATH}"}
+        if ca_bundle:
+            wh["clientConfig"]["caBundle"] = base64.b64encode(ca_bundle).decode()
+    return doc
+
+
+async def register_validating(api: ApiClient, *, name: str, port: int, ca_bundle: bytes = b"") -> None:
+    """Create or replace the enforce configuration (the apiserver picks it up through its own watch:
+    wait for it with a request the webhook refuses)."""
+    adm = AdmissionregistrationV1Api(api)
+    body = loopback_validating_configuration(name=name, port=port, ca_bundle=ca_bundle)
+    try:
+        await adm.create_validating_webhook_configuration(cast(Any, body))
+    except ApiException as e:
+        if e.status != 409:
+            raise
+        current = await adm.read_validating_webhook_configuration(name)
+        body["metadata"]["resourceVersion"] = current.metadata.resource_version
+        await adm.replace_validating_webhook_configuration(name, cast(Any, body))
+
+
+async def unregister_validating(api: ApiClient, name: str) -> None:
+    try:
+        await AdmissionregistrationV1Api(api).delete_validating_webhook_configuration(name)
+    except ApiException as e:
+        if e.status != 404:
+            raise

@@ -22,7 +22,7 @@ import yaml
 from licensectl import __version__, config
 from licensectl.cli import main as cli
 
-from ..manifests.test_manifests import kustomize, static_kubectl
+from ..manifests.test_manifests import gpuclass_policy, kustomize, static_kubectl
 from .helm import CHART, NAMESPACE, ROOT, VALUES, Helm, objects_by_key
 
 # They need the Go-built helm, helm-unittest and kubectl (the control plane's build): the slow tier.
@@ -33,6 +33,7 @@ TOGGLES = {
     "podDisruptionBudget.enabled": True,
     "networkPolicy.enabled": True,
     "gpuCRDs": False,
+    "gpuClassPolicy.enabled": True,
     "monitoring.prometheusOperator.enabled": False,
     "monitoring.victoriaMetrics.enabled": False,
     "monitoring.dashboard.enabled": False,
@@ -225,6 +226,7 @@ SAMPLES: dict[str, Any] = {
     "config.rolloutSteps": "25%,100%",
     "config.analysisMaxUnlicensed": 2,
     "config.guestMetrics": "per-tenant",
+    "config.vgpuDriverCheck": "enforce",
     "config.logFormat": "console",
     "config.logLevel": "debug",
 }
@@ -276,6 +278,8 @@ def test_no_dead_values(helm: Helm) -> None:
     ({"monitoring": {"interval": "often"}}, "interval"),
     ({"podDisruptionBudget": {"minAvailable": "most"}}, "minAvailable"),
     ({"gpuCRDs": "yes"}, "gpuCRDs"),
+    ({"gpuClassPolicy": {"enabled": "yes"}}, "gpuClassPolicy"),
+    ({"gpuClassPolicy": {"enable": True}}, "enable"),
     ({"monitoring": {"runbookBaseUrl": "docs/operations.md"}}, "runbookBaseUrl"),
     ({"monitoring": {"runbookBaseUrl": "https://x.example/ops.md#anchor"}}, "runbookBaseUrl"),
 ], ids=lambda v: json.dumps(v) if isinstance(v, dict) else v)
@@ -321,6 +325,36 @@ def test_chart_and_manifests_render_the_same_objects(helm: Helm, build: Path, va
         assert from_chart[key] == obj, key
 
 
+def policy_objects(objs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {o["kind"]: o for o in objs if o["kind"].startswith("ValidatingAdmissionPolicy")}
+
+
+def test_chart_renders_the_shipped_gpuclass_policy(helm: Helm) -> None:
+    """templates/gpuclass-policy.yaml is manifests/components/gpuclass-immutable/policy.yaml: the same
+    rules and the same CEL, with the chart's labels; config.gpuGroup/gpuClassPlural change the
+    matched resource and nothing else; switched off, neither object is rendered."""
+    policy, binding = gpuclass_policy()
+    shipped = {"ValidatingAdmissionPolicy": policy, "ValidatingAdmissionPolicyBinding": binding}
+    rendered = policy_objects(helm.render())
+    assert sorted(rendered) == sorted(shipped)
+    for kind, obj in rendered.items():
+        assert obj["spec"] == shipped[kind]["spec"], kind
+        assert obj["metadata"]["name"] == shipped[kind]["metadata"]["name"]
+        assert "namespace" not in obj["metadata"]
+        assert normalized(obj)["metadata"]["labels"] == {**shipped[kind]["metadata"]["labels"],
+                                                         "app.kubernetes.io/part-of": "licensectl"}
+
+    other = policy_objects(helm.render({"config": {"gpuGroup": "gpu.example.net",
+                                                   "gpuClassPlural": "acceleratorclasses"}}))
+    assert other["ValidatingAdmissionPolicyBinding"] == rendered["ValidatingAdmissionPolicyBinding"]
+    expected = copy.deepcopy(policy["spec"])
+    for rule in expected["matchConstraints"]["resourceRules"]:
+        rule.update(apiGroups=["gpu.example.net"], resources=["acceleratorclasses"])
+    assert other["ValidatingAdmissionPolicy"]["spec"] == expected
+
+    assert policy_objects(helm.render({"gpuClassPolicy": {"enabled": False}})) == {}
+
+
 def test_chart_reads_alerts_dashboard_rbac_and_crds_from_their_one_file() -> None:
     """files/ holds links to the single sources, not copies."""
     files = CHART / "files"
@@ -329,7 +363,9 @@ def test_chart_reads_alerts_dashboard_rbac_and_crds_from_their_one_file() -> Non
     expected = {
         "rbac.yaml": ROOT / "manifests" / "base" / "rbac.yaml",
         "rbac-restart-fallback-delete.yaml": components / "restart-fallback-delete" / "rbac.yaml",
+        "rbac-vgpu-driver-enforce.yaml": components / "vgpu-driver-enforce" / "rbac.yaml",
         "prometheusrule.yaml": components / "monitoring" / "prometheusrule.yaml",
+        "gpuclass-policy.yaml": components / "gpuclass-immutable" / "policy.yaml",
         "dashboard.json": ROOT / "dashboards" / "licensectl.json",
         "crds/gpu.cozystack.io_gpuclasses.yaml": crds / "gpu.cozystack.io_gpuclasses.yaml",
         "crds/gpu.cozystack.io_gpuclaims.yaml": crds / "gpu.cozystack.io_gpuclaims.yaml",

@@ -32,6 +32,7 @@ from licensectl_dev.testkit.poll import eventually
 from licensectl_dev.testkit.world import unique
 
 from ..e2e.support import controllers, create_pod, make_fleet, start_controller
+from ..integration.test_gpuclass_policy import wait_gpuclass_policy_lifted
 from ..manifests.test_manifests import cluster, dry_run, kustomize, operator_crds  # noqa: F401 - fixtures
 from .helm import CHART, NAMESPACE, ROOT, VALUES, Helm, objects_by_key
 
@@ -92,7 +93,8 @@ def test_every_valid_toggle_combination_passes_server_dry_run(helm: Helm, kube: 
     objs = list(unique_objs.values())
     kinds = {o["kind"] for o in objs}
     assert {"VMRule", "VMServiceScrape", "PrometheusRule", "ServiceMonitor", "ConfigMap",
-            "CustomResourceDefinition", "PodDisruptionBudget", "NetworkPolicy"} <= kinds
+            "CustomResourceDefinition", "PodDisruptionBudget", "NetworkPolicy",
+            "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} <= kinds
     res = dry_run(kube, objs)
     assert res.returncode == 0, res.stderr
     applied = [ln for ln in res.stdout.splitlines() if ln.endswith("(server dry run)")]
@@ -146,6 +148,16 @@ def adoption_commands(ns: str) -> list[list[str]]:
     cluster_wide = ["clusterrole,clusterrolebinding,mutatingwebhookconfigurations", *selector]
     return [["label", "--overwrite", *namespaced, *owned], ["annotate", "--overwrite", *namespaced, *release],
             ["label", "--overwrite", *cluster_wide, *owned], ["annotate", "--overwrite", *cluster_wide, *release]]
+
+
+GPUCLASS_POLICY = {"ValidatingAdmissionPolicy/licensectl-gpuclass-immutable",
+                   "ValidatingAdmissionPolicyBinding/licensectl-gpuclass-immutable"}
+
+
+def policy_names(kube: list[str]) -> set[str]:
+    """The GPUClass policy objects in the cluster (cluster-scoped, so no namespace)."""
+    items = kubectl_json(kube, "get", "validatingadmissionpolicies,validatingadmissionpolicybindings")["items"]
+    return {f"{o['kind']}/{o['metadata']['name']}" for o in items} & GPUCLASS_POLICY
 
 
 NAMESPACED_KINDS = ("deployments,services,serviceaccounts,roles,rolebindings,poddisruptionbudgets,"
@@ -208,6 +220,7 @@ async def test_install_run_as_its_service_account_upgrade_and_uninstall(
     deployment = kubectl_json(kube, "get", "deployment", "licensectl", "-n", ns)
     env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["LICENSECTL_LEADER_ELECT"] == "true"
+    assert not policy_names(kube)  # manifests/ does not include components/gpuclass-immutable
 
     # A second release (another namespace) is refused: licensectl is a cluster singleton.
     other = unique("lc-helm2")
@@ -265,6 +278,10 @@ async def test_install_run_as_its_service_account_upgrade_and_uninstall(
     assert deployment["metadata"]["uid"] == uid
     env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["LICENSECTL_MAX_UNAVAILABLE"] == "5"
+    # The chart's default adds the GPUClass policy (cluster-scoped, the release's).
+    assert policy_names(kube) == GPUCLASS_POLICY
+    policy = kubectl_json(kube, "get", "validatingadmissionpolicy", "licensectl-gpuclass-immutable")
+    assert policy["metadata"]["annotations"]["meta.helm.sh/release-namespace"] == ns
     history = json.loads(helm.run("history", "licensectl", "--namespace", ns, "-o", "json",
                                   kubeconfig=kubeconfig_path).stdout)
     assert [h["status"] for h in history] == ["superseded", "deployed"]
@@ -276,6 +293,8 @@ async def test_install_run_as_its_service_account_upgrade_and_uninstall(
     assert not left & (CORE | {"VMServiceScrape/licensectl", "VMRule/licensectl", "ConfigMap/licensectl-dashboard"})
     for kind in ("clusterrole", "clusterrolebinding"):
         assert run([*kube, "get", kind, "licensectl"]).returncode != 0, f"{kind} left behind"
+    assert not policy_names(kube)
+    await wait_gpuclass_policy_lifted(api_client)  # the tests after this one edit classes freely
     assert await fl.revision() is not None  # replicas in tenant namespaces are not the chart's
     try:
         await CoordinationV1Api(api_client).read_namespaced_lease("licensectl", ns)

@@ -12,9 +12,11 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from kubernetes_asyncio.client import ApiClient, CoreV1Api
+from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 
 from licensectl.core.model import (
+    ANN_ACCEPT_LICENSE_CHANGE,
+    ANN_CLASS_LICENSE,
     ANN_REVISION,
     ANN_REVISION_TIME,
     KEY_GRIDD_CONF,
@@ -319,3 +321,53 @@ async def test_dry_run_writes_nothing(env: Env) -> None:
         stores = await CoreV1Api(env.api).list_namespaced_secret(
             env.controller_ns, label_selector=f"{REVISION_STORE_LABEL}=true")
         assert stores.items == []
+
+
+async def patch_class(env: Env, patch: dict[str, Any]) -> None:
+    """A merge patch of the world's GPUClass, as `kubectl patch` / `kubectl annotate` send it."""
+    await CustomObjectsApi(env.api).patch_cluster_custom_object(
+        fleet.GPU_GROUP, fleet.GPU_VERSION, "gpuclasses", env.cls, patch,
+        _content_type="application/merge-patch+json")
+
+
+async def test_a_class_edited_in_place_holds_its_replicas_until_the_hoster_accepts(env: Env) -> None:
+    """Without the admission policy an in-place edit reaches licensectl: it holds every replica of the
+    class (no write, so no VM restart) and says so, until the class's accept annotation names the change."""
+    namespaces = await env.claimed(2)
+    old, new = f"{env.source_ns}/{env.source_name}:1", f"{env.source_ns}/{env.source_name}:4"
+    async with running_app(env.settings()) as app:
+        async def all_written() -> dict[str, Any] | None:
+            got = {ns: await replica(env, ns) for ns in namespaces}
+            return got if all(got.values()) else None
+
+        before = await eventually(all_written, what="replicas")
+        assert {r.metadata.annotations[ANN_CLASS_LICENSE] for r in before.values()} == {old}
+
+        await patch_class(env, {"spec": {"license": {"featureType": 4}}})
+        await eventually(lambda: metric(app, "licensectl_class_license_changed", {"class": env.cls}) == 1.0,
+                         what="class_license_changed metric")
+        assert metric(app, "licensectl_replicas", {"state": "held"}) == float(len(namespaces))
+        evs = await wait_event(env.api, "default", env.cls, "GPUClassLicenseChanged")
+        [ev] = [e for e in evs if e.reason == "GPUClassLicenseChanged"]
+        assert ev.type == "Warning" and ev.involved_object.kind == "GPUClass"
+        assert f"from {old} to {new}" in ev.message and f"{ANN_ACCEPT_LICENSE_CHANGE}={new}" in ev.message
+        await app.replication.reconcile()  # one more full pass: still nothing written
+        after = {ns: await replica(env, ns) for ns in namespaces}
+        assert {ns: r.metadata.resource_version for ns, r in after.items()} == \
+            {ns: r.metadata.resource_version for ns, r in before.items()}
+        assert all("FeatureType=1" in secret_bytes(r, KEY_GRIDD_CONF).decode() for r in after.values())
+
+        await patch_class(env, {"metadata": {"annotations": {ANN_ACCEPT_LICENSE_CHANGE: new}}})
+
+        async def updated() -> bool:
+            got = [await replica(env, ns) for ns in namespaces]
+            return all(r is not None and "FeatureType=4" in secret_bytes(r, KEY_GRIDD_CONF).decode()
+                       and r.metadata.annotations.get(ANN_CLASS_LICENSE) == new for r in got)
+
+        await eventually(updated, what="replicas updated after the acceptance")
+        rotated = {ns: await replica(env, ns) for ns in namespaces}
+        assert all(rotated[ns].metadata.annotations[ANN_REVISION] != before[ns].metadata.annotations[ANN_REVISION]
+                   for ns in namespaces), "a new revision: the rollout restarts the VMs"
+        await eventually(lambda: metric(app, "licensectl_class_license_changed", {"class": env.cls}) == 0.0,
+                         what="class_license_changed back to 0")
+        assert metric(app, "licensectl_replicas", {"state": "held"}) == 0.0

@@ -38,6 +38,10 @@ PROMETHEUS_OPERATOR_MODULE = "github.com/prometheus-operator/prometheus-operator
 PROMETHEUS_OPERATOR_VERSION = "v0.85.0"
 PROMETHEUS_OPERATOR_SUM = "h1:M5xLCLEoaW2IJfnuCwFzzpL+jSVQu3KGT84Pye+fW8s="
 OPERATOR_CRDS = ("monitoring.coreos.com_servicemonitors.yaml", "monitoring.coreos.com_prometheusrules.yaml")
+CLUSTER_SCOPED_KINDS = frozenset({"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
+                                  "MutatingWebhookConfiguration", "ValidatingAdmissionPolicy",
+                                  "ValidatingAdmissionPolicyBinding"})
+GPUCLASS_POLICY = MANIFESTS / "components" / "gpuclass-immutable" / "policy.yaml"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -95,13 +99,17 @@ def test_builds_contain_the_expected_objects(rendered: dict[str, list[dict[str, 
     monitoring = ["PrometheusRule/licensectl", "ServiceMonitor/licensectl"]
     crds = ["CustomResourceDefinition/gpuclaims.gpu.cozystack.io",
             "CustomResourceDefinition/gpuclasses.gpu.cozystack.io"]
+    gpuclass_policy = ["ValidatingAdmissionPolicy/licensectl-gpuclass-immutable",
+                       "ValidatingAdmissionPolicyBinding/licensectl-gpuclass-immutable"]
     assert kinds["base"] == sorted(core)
     assert kinds["default"] == sorted(core + monitoring)
-    assert kinds["example"] == sorted(core + monitoring + crds)
+    assert kinds["example"] == sorted(core + monitoring + crds + gpuclass_policy)
     for objs in rendered.values():
         for o in objs:
-            if o["kind"] not in {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
-                                 "MutatingWebhookConfiguration"}:
+            if o["kind"] in CLUSTER_SCOPED_KINDS:
+                # The example overlay's transformer strips what kustomize sets on the admission policy.
+                assert "namespace" not in o["metadata"], f"{o['kind']} is cluster-scoped"
+            else:
                 assert o["metadata"]["namespace"] == NAMESPACE, o["kind"]
 
 
@@ -111,6 +119,42 @@ def test_gpu_crd_component_is_a_copy_of_the_devcluster_crds() -> None:
     assert copies == sorted(p.name for p in CRD_DIR.glob("gpu*.yaml"))
     for name in copies:
         assert (component / name).read_bytes() == (CRD_DIR / name).read_bytes(), name
+
+
+def gpuclass_policy() -> tuple[dict[str, Any], dict[str, Any]]:
+    """The shipped ValidatingAdmissionPolicy and its binding, as the file holds them."""
+    policy, binding = (d for d in yaml.safe_load_all(GPUCLASS_POLICY.read_text()) if d)
+    assert (policy["kind"], binding["kind"]) == ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+    return policy, binding
+
+
+def test_gpuclass_policy_guards_the_licensing_fields_of_licensectls_contract() -> None:
+    """The policy matches UPDATEs of the class resource licensectl reads by default, denies, and
+    checks exactly the three fields that decide licensing (the cluster test proves what they do)."""
+    policy, binding = gpuclass_policy()
+    defaults = config.Settings()
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule == {"apiGroups": [defaults.gpu_group], "apiVersions": ["*"], "operations": ["UPDATE"],
+                    "resources": [defaults.gpu_class_plural]}
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    validations = policy["spec"]["validations"]
+    guarded = [re.fullmatch(r"object\.\?spec\.\?(\S+) == oldObject\.\?spec\.\?\1", v["expression"])
+               for v in validations]
+    assert [m.group(1) if m else v["expression"] for m, v in zip(guarded, validations, strict=True)] == [
+        "mode", "license.?secretRef.?namespace", "license.?secretRef.?name", "license.?featureType"]
+    for v in validations:
+        assert v["reason"] == "Invalid"  # 422, like the apiserver's own "field is immutable"
+        assert "create a new class" in v["messageExpression"], v["messageExpression"]
+    # Each CEL string folds to one line: YAML libraries disagree on folding more-indented lines, so a
+    # line break would let the chart (Helm's parser) and kustomize (kyaml) read different strings.
+    spec = policy["spec"]
+    for entry in spec["matchConditions"] + spec["variables"] + validations:
+        for key in ("expression", "messageExpression"):
+            assert "\n" not in entry.get(key, ""), entry
+    # Absent fields are read through `?.` only: a plain `.` on an optional field would be an error.
+    for expr in [c["expression"] for c in policy["spec"]["matchConditions"]] + [v["expression"] for v in validations]:
+        assert not re.search(r"(object|oldObject)\.spec\b", expr), expr
 
 
 def test_deployment_is_hardened(rendered: dict[str, list[dict[str, Any]]]) -> None:

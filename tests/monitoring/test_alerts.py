@@ -95,7 +95,7 @@ def test_every_alert_has_a_firing_and_a_quiet_case() -> None:
         "LicensectlDeletionCapHit", "LicensectlTenantLinkBroken", "LicensectlGuestLicenseRestricted",
         "LicensectlGuestInGracePeriod", "LicensectlGuestDriverMissing", "LicensectlGuestTokenNotCurrent",
         "LicensectlGuestClockSkew", "LicensectlManualRestartOverdue", "LicensectlGuestWrongProduct",
-        "LicensectlRolloutAborted",
+        "LicensectlRolloutAborted", "LicensectlFeatureTypeMismatch", "LicensectlGPUClassLicenseChanged",
     }
 
 

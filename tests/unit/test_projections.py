@@ -131,6 +131,18 @@ def test_gpu_class_partial_ref_and_raw_feature_type() -> None:
     assert c2 is not None and c2.feature_type == "4"
 
 
+def test_gpu_class_profile_raw_and_the_accept_annotation() -> None:
+    """spec.profile stays raw for core.profiles to judge; the accept annotation is read, other ones are not kept."""
+    obj = {**GPU_CLASS, "metadata": {**GPU_CLASS["metadata"], "annotations": {
+        model.ANN_ACCEPT_LICENSE_CHANGE: "licensing/nls-token:4", "other": "x"}},
+        "spec": {**GPU_CLASS["spec"], "profile": "NVIDIA L40S-2Q"}}
+    c = p.gpu_class_from(obj)
+    assert c is not None and c.profile == "NVIDIA L40S-2Q"
+    assert c.accept_license_change == "licensing/nls-token:4"
+    assert p.gpu_class_from({"metadata": {"name": "c", "annotations": {model.ANN_ACCEPT_LICENSE_CHANGE: 4}},
+                             "spec": {"profile": {"a": 1}}}) == model.GpuClass("c", "", None, None, None, "<dict>")
+
+
 def test_gpu_claim() -> None:
     assert p.gpu_claim_from({"metadata": {"name": "a", "namespace": "t"}, "spec": {"className": "k"}}) == \
         model.GpuClaim("t", "a", "k")

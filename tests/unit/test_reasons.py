@@ -156,7 +156,7 @@ def test_replication_metrics_export_every_replica_state_and_problem_kind() -> No
 
     assert labels_of(samples, "replicas", "state") == [s.value for s in ReplicaState]
     replicas = {dict(s.labels)["state"]: s.value for s in samples if s.name == "replicas"}
-    assert replicas == {"in_sync": 2.0, "drifted": 0.0, "missing": 0.0, "conflict": 1.0}
+    assert replicas == {"in_sync": 2.0, "drifted": 0.0, "missing": 0.0, "conflict": 1.0, "held": 0.0}
     # The same counts `licensectl status` shows from the plan.
     assert replicas == {k: float(v) for k, v in ctl.status.plan.state_counts().items()}
 

@@ -276,6 +276,7 @@ def test_replica_content() -> None:
     assert dict(d.annotations) == {
         model.ANN_SOURCE_NAMESPACE: SREF.namespace, model.ANN_SOURCE_NAME: SREF.name, model.ANN_SOURCE_UID: "uid-src",
         model.ANN_CLASS: "vws", model.ANN_REVISION: lic.revision, model.ANN_REVISION_TIME: "2024-05-01T12:00:00Z",
+        model.ANN_CLASS_LICENSE: "licensectl-system/vws-token:1",
     }
     assert d.revision == lic.revision and d.revision_time == NOW
     assert d.data_digest == data_digest(d.data)

@@ -220,3 +220,75 @@ async def test_one_failing_write_does_not_stop_the_others() -> None:
     w.writer.failing.clear()
     await w.loop.reconcile()  # the next pass retries
     assert w.replicas() == {ROOT, "tenant-a", "tenant-b"}
+
+
+# -- GPU class checks: a changed class holds its replicas, a FeatureType that cannot license its profile --
+def gauges(w: World, name: str) -> dict[str, float]:
+    return {dict(s.labels).get("class", dict(s.labels).get("state", "")): s.value
+            for s in w.loop.samples() if s.name == name}
+
+
+async def test_a_class_edited_in_place_holds_its_replicas_until_the_hoster_accepts() -> None:
+    w = World(["tenant-a", "tenant-b"])
+    await w.loop.reconcile()
+    w.writes()
+    w.caches.classes.put(dataclasses.replace(VWS, feature_type=4))
+    await w.loop.reconcile()
+    assert w.writes() == []  # no replica written, so no VM restarts
+    assert gauges(w, "replicas")["held"] == 3.0
+    assert gauges(w, "class_license_changed") == {"vws": 1.0}
+    [(obj, type_, message)] = [(o, t, m) for o, t, r, m in w.events.emitted if r == "GPUClassLicenseChanged"]
+    assert (obj.kind, obj.name, obj.namespace, type_) == ("GPUClass", "vws", "", "Warning")
+    assert "from licensectl-system/vws-token:1 to licensectl-system/vws-token:4" in message
+    assert "create a new class" in message
+    assert message.endswith("licensectl.io/accept-license-change=licensectl-system/vws-token:4")
+    status = w.loop.status_dict()
+    assert status["replica_counts"]["held"] == 3
+    assert status["classes"]["vws"]["license_change"] == {
+        "from": ["licensectl-system/vws-token:1"], "to": "licensectl-system/vws-token:4", "held": 3,
+        "accept": "licensectl.io/accept-license-change=licensectl-system/vws-token:4"}
+    assert {r["state"] for r in status["replicas"]} == {"held"}
+
+    # The hoster accepts exactly this change: every replica is updated (the rollout restarts the VMs).
+    w.caches.classes.put(dataclasses.replace(VWS, feature_type=4,
+                                             accept_license_change="licensectl-system/vws-token:4"))
+    await w.loop.reconcile()
+    assert sorted(w.writes()) == [("update", ns, REPLICA) for ns in sorted([ROOT, "tenant-a", "tenant-b"])]
+    conf = base64.b64decode(w.writer.secrets[("tenant-a", REPLICA)]["data"]["gridd.conf"]).decode()
+    assert "FeatureType=4" in conf
+    assert gauges(w, "class_license_changed") == {"vws": 0.0}
+    assert gauges(w, "replicas")["held"] == 0.0 and w.loop.status_dict()["classes"]["vws"]["license_change"] is None
+
+
+async def test_a_feature_type_that_cannot_license_the_profile_is_written_and_reported() -> None:
+    w = World(["tenant-a"])
+    w.caches.classes.put(dataclasses.replace(VWS, feature_type=4, profile="NVIDIA L40S-2Q"))
+    await w.loop.reconcile()
+    assert sorted(verb for verb, _, _ in w.writes()) == ["create", "create"]  # the class decides
+    assert gauges(w, "class_feature_type_mismatch") == {"vws": 1.0}
+    [(obj, message)] = [(o, m) for o, t, r, m in w.events.emitted if r == "FeatureTypeMismatch"]
+    assert (obj.kind, obj.name) == ("GPUClass", "vws")
+    assert message.startswith("GPUClass vws: profile L40S-2Q is a Q-series vGPU type")
+    assert "featureType 4 cannot license it" in message and "Replicas are written as the class says" in message
+    check = w.loop.status_dict()["classes"]["vws"]
+    assert check["feature_type_check"] == "mismatch" and "L40S-2Q" in check["feature_type_message"]
+    # Fixed (here in place, as a new class would be): the gauge drops, no new Event.
+    w.caches.classes.put(dataclasses.replace(VWS, feature_type=1, profile="NVIDIA L40S-2Q",
+                                             accept_license_change="licensectl-system/vws-token:1"))
+    w.events.emitted.clear()
+    await w.loop.reconcile()
+    assert gauges(w, "class_feature_type_mismatch") == {"vws": 0.0}
+    assert "FeatureTypeMismatch" not in w.events.reasons()
+    assert w.loop.status_dict()["classes"]["vws"]["feature_type_check"] == "ok"
+
+
+async def test_a_standby_reports_class_gauges_but_writes_no_event() -> None:
+    w = World(["tenant-a"])
+    await w.loop.reconcile()
+    w.writes()
+    w.events.emitted.clear()
+    w.caches.classes.put(dataclasses.replace(VWS, feature_type=2, profile="T4-2A"))
+    await w.loop.reconcile(leader=False)
+    assert w.writes() == [] and w.events.emitted == []
+    assert gauges(w, "class_feature_type_mismatch") == {"vws": 1.0}
+    assert gauges(w, "class_license_changed") == {"vws": 1.0}

@@ -6,6 +6,8 @@ tests/integration/test_status_cli.py.)"""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import datetime as dt
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,13 +21,19 @@ from licensectl.cli.main import _parser
 from licensectl.cli.status import (
     STATUS_SERVICE,
     STATUS_SERVICE_PORT,
+    ClusterView,
     ControllerTarget,
     ControllerUnreachable,
     fetch_controller_status,
     status_from_controller,
+    status_json,
     status_table,
 )
 from licensectl.config import Settings
+from licensectl.core.entitlement import TenantSettings
+from licensectl.core.model import KEY_TOKEN, GpuClaim, GpuClass, Namespace, ObjectRef, ReplicaSecret, SourceSecret
+from licensectl.core.replication import ReplicationInputs, ReplicationPlan, plan_replication
+from licensectl.core.rollout import RolloutPlan
 from licensectl.kube.client import make_api_client
 from licensectl_dev.testkit.local_http import serve
 
@@ -80,11 +88,13 @@ def test_defaults_match_the_shipped_service(capsys: pytest.CaptureFixture[str]) 
 def test_the_controller_document_becomes_the_status_view() -> None:
     doc = status_from_controller(CONTROLLER_DOC)
     assert doc["from"] == "controller" and doc["controller"]["identity"] == "licensectl-0"
+    # A controller that reports no class checks (an older release) leaves the class fields empty.
+    no_class = {"feature_type_check": None, "feature_type_message": None, "license_change": None}
     assert doc["sources"] == [
         {"class": "vcs", "source": "licensectl-system/vcs-token", "valid": False, "revision": None,
-         "problem": "token is empty", "entitled_namespaces": 1},
+         "problem": "token is empty", "entitled_namespaces": 1, **no_class},
         {"class": "vws", "source": "licensectl-system/vws-token", "valid": True, "revision": "abcdefabcdef",
-         "problem": None, "entitled_namespaces": 2}]
+         "problem": None, "entitled_namespaces": 2, **no_class}]
     assert doc["replicas"]["missing"] == 1
     assert doc["guests"] == CONTROLLER_DOC["guests"]
     table = status_table(doc)
@@ -174,3 +184,62 @@ def test_the_status_table_shows_each_rotation() -> None:
         lines = status_table(status_from_controller({**CONTROLLER_DOC, "rotation": running})).splitlines()
         assert any(line.split()[:3] == ["licensectl-system/vws-token", phase, label] for line in lines), phase
     assert "ROTATIONS" not in status_table(status_from_controller(CONTROLLER_DOC))
+
+
+def test_the_class_line_shows_the_feature_type_check_and_a_held_change() -> None:
+    change = {"from": ["licensectl-system/vws-token:1"], "to": "licensectl-system/vws-token:4", "held": 2,
+              "accept": "licensectl.io/accept-license-change=licensectl-system/vws-token:4"}
+    classes = {"vws": {"feature_type_check": "mismatch", "feature_type_message": "profile L40S-2Q is a Q-series "
+                       "vGPU type, which needs NVIDIA RTX Virtual Workstation; featureType 4 cannot license it",
+                       "license_change": change},
+               "vcs": {"feature_type_check": "no_profile", "feature_type_message": None, "license_change": None}}
+    repl = {**CONTROLLER_DOC["replication"], "classes": classes,
+            "replica_counts": {"in_sync": 1, "drifted": 0, "missing": 0, "conflict": 0, "held": 2}}
+    doc = status_from_controller({**CONTROLLER_DOC, "replication": repl})
+    vws = next(s for s in doc["sources"] if s["class"] == "vws")
+    assert (vws["feature_type_check"], vws["license_change"]) == ("mismatch", change)
+    lines = status_table(doc).splitlines()
+    header = next(line for line in lines if line.startswith("CLASS"))
+    assert "FEATURETYPE" in header and "LICENSE CHANGE" in header
+    row = next(line for line in lines if line.startswith("vws "))
+    assert "MISMATCH" in row and "HELD 2" in row
+    assert "no profile" in next(line for line in lines if line.startswith("vcs "))
+    problems = lines[lines.index("CLASS PROBLEMS") + 1:]
+    assert any("license changed in place from licensectl-system/vws-token:1 to licensectl-system/vws-token:4; "
+               "2 replicas held. Accept with: kubectl annotate gpuclass vws "
+               "licensectl.io/accept-license-change=licensectl-system/vws-token:4" in line for line in problems)
+    assert any("featureType 4 cannot license it" in line for line in problems)
+    assert "REPLICAS  in_sync=1  drifted=0  missing=0  conflict=0  held=2" in lines
+    # A controller of an older release says nothing about classes: "-", and no CLASS PROBLEMS section.
+    plain = status_table(status_from_controller(CONTROLLER_DOC)).splitlines()
+    assert "CLASS PROBLEMS" not in plain
+    assert next(line for line in plain if line.startswith("vws ")).split()[5:7] == ["-", "-"]
+
+
+
+def test_the_offline_view_computes_the_same_class_fields() -> None:
+    """`--offline` recomputes the plan on this workstation: the class fields come from the same helper."""
+    src = ObjectRef("licensing", "nls-token")
+    root = Namespace("tenant-root", "uid-root",
+                     {"tenant.cozystack.io/tenant-root": "", "gpu.cozystack.io/vgpu": "true"})
+    cls = GpuClass("vws", "uid-vws", "vgpu", src, 4, profile="L40S-2Q")
+    now = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
+
+    def plan(c: GpuClass, replicas: dict[tuple[str, str], ReplicaSecret]) -> ReplicationPlan:
+        return plan_replication(ReplicationInputs(
+            namespaces={"tenant-root": root}, classes={"vws": c}, claims=[GpuClaim("tenant-root", "g", "vws")],
+            sources={src: SourceSecret("licensing", "nls-token", "u", "1", {KEY_TOKEN: b"t"})}, replicas=replicas,
+            conflicts=frozenset(), credential_for=lambda ns: "", report_url="http://r.invalid", token_key=KEY_TOKEN,
+            tenant=TenantSettings(), now=now))
+
+    [d] = plan(cls, {}).creates
+    written = {(d.namespace, d.name): ReplicaSecret(d.namespace, d.name, "u", "1", d.labels, d.annotations,
+                                                    d.data_digest)}
+    rep = plan(dataclasses.replace(cls, feature_type=1), written)  # edited in place: held
+    view = ClusterView(replication=rep, rollout=RolloutPlan(actions=(), vmi_states={}, next_wakeup=None, sources={}),
+                       sources={}, now=now)
+    [line] = status_json(view, None)["sources"]
+    assert line["feature_type_check"] == "ok"
+    assert line["license_change"] == {"from": ["licensing/nls-token:4"], "to": "licensing/nls-token:1", "held": 1,
+                                      "accept": "licensectl.io/accept-license-change=licensing/nls-token:1"}
+    assert status_json(view, None)["replicas"]["held"] == 1

@@ -90,7 +90,7 @@ Call: include "licensectl.rbacFrom" (list $ "files/rbac.yaml").
 {{- end }}
 {{- /* A custom config.webhookConfiguration replaces that rule's resourceNames too. */}}
 {{- range $r := $o.rules | default list }}
-{{- if and (has "mutatingwebhookconfigurations" $r.resources) $r.resourceNames $root.Values.config.webhookConfiguration }}
+{{- if and (or (has "mutatingwebhookconfigurations" $r.resources) (has "validatingwebhookconfigurations" $r.resources)) $r.resourceNames $root.Values.config.webhookConfiguration }}
 {{- $_ := set $r "resourceNames" (list $root.Values.config.webhookConfiguration) }}
 {{- end }}
 {{- end }}
