@@ -28,42 +28,57 @@ ENFORCE_MANIFEST = REPO / "manifests" / "components" / "vgpu-driver-enforce" / "
 PROBE_NAMESPACE = "default"
 
 
+def _shipped(manifest: Path, kind: str) -> dict[str, Any]:
+    for doc in yaml.safe_load_all(manifest.read_text()):
+        if doc and doc.get("kind") == kind:
+            return dict(doc)
+    raise LookupError(f"no {kind} in {manifest}")
+
+
 def shipped_configuration() -> dict[str, Any]:
     """The MutatingWebhookConfiguration from manifests/base/webhook.yaml."""
-    for doc in yaml.safe_load_all(WEBHOOK_MANIFEST.read_text()):
-        if doc and doc.get("kind") == "MutatingWebhookConfiguration":
-            return dict(doc)
-    raise LookupError(f"no MutatingWebhookConfiguration in {WEBHOOK_MANIFEST}")
+    return _shipped(WEBHOOK_MANIFEST, "MutatingWebhookConfiguration")
 
 
 def webhook_name(configuration: str) -> str:
     return f"{configuration}.vmi-license.licensectl.io"
 
 
-def loopback_configuration(*, name: str, port: int, ca_bundle: bytes = b"") -> dict[str, Any]:
-    """The shipped configuration, named `name`, calling https://127.0.0.1:<port>."""
-    doc = copy.deepcopy(shipped_configuration())
+def _loopback(doc: dict[str, Any], *, name: str, webhook: str, url: str, ca_bundle: bytes) -> dict[str, Any]:
+    """A shipped configuration renamed `name`, each webhook calling `url` (trusting `ca_bundle` if given)."""
+    doc = copy.deepcopy(doc)
     doc["metadata"] = {"name": name, "labels": dict(doc["metadata"].get("labels") or {})}
     for wh in doc["webhooks"]:
-        wh["name"] = webhook_name(name)
-        wh["clientConfig"] = {"url": f"https://127.0.0.1:{port}{PATH}"}
+        wh["name"] = webhook
+        wh["clientConfig"] = {"url": url}
         if ca_bundle:
             wh["clientConfig"]["caBundle"] = base64.b64encode(ca_bundle).decode()
     return doc
 
 
-async def register(api: ApiClient, *, name: str, port: int, ca_bundle: bytes = b"", wait: bool = True) -> None:
-    """Create or replace the configuration; with `wait`, return once the apiserver calls it."""
+def loopback_configuration(*, name: str, port: int, ca_bundle: bytes = b"") -> dict[str, Any]:
+    """The shipped configuration, named `name`, calling https://127.0.0.1:<port>."""
+    return _loopback(shipped_configuration(), name=name, webhook=webhook_name(name),
+                     url=f"https://127.0.0.1:{port}{PATH}", ca_bundle=ca_bundle)
+
+
+async def _create_or_replace(api: ApiClient, kind: str, body: dict[str, Any]) -> None:
+    """Create the `kind` ("mutating" or "validating") webhook configuration, or replace the one there."""
     adm = AdmissionregistrationV1Api(api)
-    body = loopback_configuration(name=name, port=port, ca_bundle=ca_bundle)
+    name = body["metadata"]["name"]
     try:
-        await adm.create_mutating_webhook_configuration(cast(Any, body))
+        await getattr(adm, f"create_{kind}_webhook_configuration")(cast(Any, body))
     except ApiException as e:
         if e.status != 409:
             raise
-        current = await adm.read_mutating_webhook_configuration(name)
+        current = await getattr(adm, f"read_{kind}_webhook_configuration")(name)
         body["metadata"]["resourceVersion"] = current.metadata.resource_version
-        await adm.replace_mutating_webhook_configuration(name, cast(Any, body))
+        await getattr(adm, f"replace_{kind}_webhook_configuration")(name, cast(Any, body))
+
+
+async def register(api: ApiClient, *, name: str, port: int, ca_bundle: bytes = b"", wait: bool = True) -> None:
+    """Create or replace the configuration; with `wait`, return once the apiserver calls it."""
+    await _create_or_replace(api, "mutating", loopback_configuration(name=name, port=port, ca_bundle=ca_bundle))
     if wait:
         await wait_called(api, name=name)
 
@@ -141,10 +156,7 @@ async def wait_delivery(api: ApiClient, *, namespace: str, claim: str, timeout: 
 # -- the enforce webhook (--vgpu-driver-check=enforce) ----------------------------------------------
 def shipped_validating_configuration() -> dict[str, Any]:
     """The ValidatingWebhookConfiguration of manifests/components/vgpu-driver-enforce."""
-    for doc in yaml.safe_load_all(ENFORCE_MANIFEST.read_text()):
-        if doc and doc.get("kind") == "ValidatingWebhookConfiguration":
-            return dict(doc)
-    raise LookupError(f"no ValidatingWebhookConfiguration in {ENFORCE_MANIFEST}")
+    return _shipped(ENFORCE_MANIFEST, "ValidatingWebhookConfiguration")
 
 
 def validating_webhook_name(configuration: str) -> str:
@@ -153,29 +165,15 @@ def validating_webhook_name(configuration: str) -> str:
 
 def loopback_validating_configuration(*, name: str, port: int, ca_bundle: bytes = b"") -> dict[str, Any]:
     """The shipped enforce configuration, named `name`, calling https://127.0.0.1:<port>."""
-    doc = copy.deepcopy(shipped_validating_configuration())
-    doc["metadata"] = {"name": name, "labels": dict(doc["metadata"].get("labels") or {})}
-    for wh in doc["webhooks"]:
-        wh["name"] = validating_webhook_name(name)
-        wh["clientConfig"] = {"url": f"https://127.0.0.1:{port}{VALIDATE_PATH}"}
-        if ca_bundle:
-            wh["clientConfig"]["caBundle"] = base64.b64encode(ca_bundle).decode()
-    return doc
+    return _loopback(shipped_validating_configuration(), name=name, webhook=validating_webhook_name(name),
+                     url=f"https://127.0.0.1:{port}{VALIDATE_PATH}", ca_bundle=ca_bundle)
 
 
 async def register_validating(api: ApiClient, *, name: str, port: int, ca_bundle: bytes = b"") -> None:
     """Create or replace the enforce configuration (the apiserver picks it up through its own watch:
     wait for it with a request the webhook refuses)."""
-    adm = AdmissionregistrationV1Api(api)
-    body = loopback_validating_configuration(name=name, port=port, ca_bundle=ca_bundle)
-    try:
-        await adm.create_validating_webhook_configuration(cast(Any, body))
-    except ApiException as e:
-        if e.status != 409:
-            raise
-        current = await adm.read_validating_webhook_configuration(name)
-        body["metadata"]["resourceVersion"] = current.metadata.resource_version
-        await adm.replace_validating_webhook_configuration(name, cast(Any, body))
+    await _create_or_replace(api, "validating",
+                             loopback_validating_configuration(name=name, port=port, ca_bundle=ca_bundle))
 
 
 async def unregister_validating(api: ApiClient, name: str) -> None:

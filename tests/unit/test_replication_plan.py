@@ -16,7 +16,6 @@ from licensectl.core.model import (
     KEY_TOKEN,
     GpuClaim,
     GpuClass,
-    Namespace,
     ObjectRef,
     ReplicaSecret,
     SourceSecret,
@@ -32,24 +31,14 @@ from licensectl.core.replication import (
 )
 from licensectl.core.rotation import RotationRecord
 
-ROOT = "tenant-root"
-PREFIX = "tenant.cozystack.io/"
-VGPU_LABEL = "gpu.cozystack.io/vgpu"
+from .test_replication_loop import ROOT, tenant
+
 SRC = ObjectRef("licensing", "nls-token")
 OTHER = ObjectRef("licensing", "nls-token-2")
 VWS = GpuClass("vws", "uid-vws", "vgpu", SRC, 1)
 REPLICA = replica_name("vws")
 NOW = dt.datetime(2025, 3, 1, 12, 0, 0, tzinfo=dt.UTC)
 TENANTS = ["tenant-a", "tenant-b"]
-
-
-def tenant(name: str, *, flag: bool = True) -> Namespace:
-    labels = {PREFIX + ROOT: "", VGPU_LABEL: "true" if flag else "false"}
-    if name != ROOT:
-        labels[PREFIX + name] = ""
-    parent = None if name == ROOT else ROOT
-    return Namespace(name=name, uid=f"uid-{name}", labels=labels, owner_name=parent,
-                     owner_uid=f"uid-{parent}" if parent else None)
 
 
 def source(ref: ObjectRef = SRC, token: bytes = b"token-one\n") -> SourceSecret:
