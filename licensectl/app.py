@@ -322,7 +322,10 @@ class App:
         m.webhook_duration.observe(a.seconds)
         if a.boot is not None:
             m.webhook_boot_image.labels(a.boot.verdict.value).inc()
-            if a.boot.verdict is not boot_image.Verdict.MARKED and a.name and not a.dry_run and self._main_loop:
+            # Only the leader writes (docs/design.md#decision-leader-only): a standby's answer carries the
+            # warning and counts the metric, and leaves the Event to the leader's answers.
+            if (a.boot.verdict is not boot_image.Verdict.MARKED and a.name and not a.dry_run and self._main_loop
+                    and self.is_leader):
                 self._main_loop.call_soon_threadsafe(self._boot_image_event, a)
         if a.delivery is None:
             return
