@@ -130,7 +130,9 @@ class Demo:
                 restart_timeout_seconds=25.0, done_gate="ready-licensed", report_interval_seconds=5.0,
                 canary="1", rollout_steps="50%,100%", analysis_deadline_seconds=120.0,
                 resync_seconds=30.0, log_level="warning", tls_hosts="127.0.0.1",
-                webhook_address="127.0.0.1:0", webhook_configuration="licensectl-demo")
+                webhook_address="127.0.0.1:0", webhook_configuration="licensectl-demo",
+                # The demo's golden image carries the vGPU guest driver (docs/operations.md#vgpu-driver-marks).
+                vgpu_driver_images=fleet.GOLDEN_IMAGE)
             app = App(settings, identity="demo")
             await app.start()
             # The apiserver calls the webhook for every VMI with a GPU claim: the VMs below carry no

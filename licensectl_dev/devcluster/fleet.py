@@ -119,6 +119,11 @@ async def put_source_secret(api: ApiClient, namespace: str, name: str, *, token:
         await core.replace_namespaced_secret(name, namespace, body)
 
 
+# The containerDisk every fleet VM boots. A setting that vouches for it (`--vgpu-driver-images`) stands
+# for a hoster whose golden image carries the vGPU guest driver and is marked as such.
+GOLDEN_IMAGE = "quay.io/containerdisks/ubuntu:24.04"
+
+
 def vm_body(namespace: str, name: str, *, license_secret: str | None = None, run_strategy: str = "Always",
             annotations: Mapping[str, str] | None = None, firmware_uuid: str | None = None,
             gpu_claims: Sequence[str] = ()) -> dict[str, Any]:
@@ -126,8 +131,7 @@ def vm_body(namespace: str, name: str, *, license_secret: str | None = None, run
     license volume, docs/design.md#vmi-claims); `license_secret` mounts a replica by hand instead, as a
     disk with serial LICENSECTL (the way hosters wired it before the webhook)."""
     disks: list[dict[str, Any]] = [{"name": "root", "disk": {"bus": "virtio"}}]
-    volumes: list[dict[str, Any]] = [{"name": "root",
-                                      "containerDisk": {"image": "quay.io/containerdisks/ubuntu:24.04"}}]
+    volumes: list[dict[str, Any]] = [{"name": "root", "containerDisk": {"image": GOLDEN_IMAGE}}]
     if license_secret:
         disks.append({"name": "license", "serial": "LICENSECTL", "disk": {"bus": "virtio"}})
         volumes.append({"name": "license", "secret": {"secretName": license_secret, "volumeLabel": "LICENSECTL"}})
