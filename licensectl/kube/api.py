@@ -204,6 +204,9 @@ class CoreV1Api(_Api):
     def list_secret_for_all_namespaces(self, **kw: Any) -> Awaitable[aiohttp.ClientResponse]:
         return self._send("GET", "/api/v1/secrets", kw)
 
+    def list_persistent_volume_claim_for_all_namespaces(self, **kw: Any) -> Awaitable[aiohttp.ClientResponse]:
+        return self._send("GET", "/api/v1/persistentvolumeclaims", kw)
+
     def list_namespaced_secret(self, namespace: str, **kw: Any) -> Awaitable[aiohttp.ClientResponse]:
         return self._send("GET", f"/api/v1/namespaces/{_seg(namespace)}/secrets", kw)
 
@@ -298,6 +301,16 @@ class AdmissionregistrationV1Api(_Api):
                                              **kw: Any) -> Awaitable[aiohttp.ClientResponse]:
         return self._send("PATCH", f"{self.PATH}/{_seg(name)}", kw, body=body,
                           content_type=patch_content_type(body, strategic=True))
+
+    # The enforce webhook's configuration (--vgpu-driver-check=enforce): its caBundle, JSON-patched.
+    VALIDATING_PATH = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
+
+    def read_validating_webhook_configuration(self, name: str, **kw: Any) -> Awaitable[aiohttp.ClientResponse]:
+        return self._send("GET", f"{self.VALIDATING_PATH}/{_seg(name)}", kw)
+
+    def patch_validating_webhook_configuration(self, name: str, body: Any,
+                                               **kw: Any) -> Awaitable[aiohttp.ClientResponse]:
+        return self._send("PATCH", f"{self.VALIDATING_PATH}/{_seg(name)}", kw, body=body, content_type=JSON_PATCH)
 
 
 class VersionApi(_Api):

@@ -12,10 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
-
-import aiohttp
 
 from licensectl import config, logs
 from licensectl.core import boot_image
@@ -35,8 +33,8 @@ from licensectl.core.model import (
 )
 from licensectl.core.ports import CacheView
 from licensectl.kube import contract, projections
-from licensectl.kube.api import AnyClient, CoreV1Api, CustomObjectsApi, as_kube, query_of
-from licensectl.kube.watch import Informer, InformerHooks, ListFunc, shared_name_key
+from licensectl.kube.api import AnyClient, CoreV1Api, CustomObjectsApi
+from licensectl.kube.watch import Informer, InformerHooks, shared_name_key
 
 log = logs.get(__name__)
 
@@ -174,17 +172,6 @@ class Caches(CacheHealth):
         return out
 
 
-def _pvc_lister(api_client: AnyClient) -> ListFunc:
-    """List/watch of PersistentVolumeClaims in all namespaces (GET /api/v1/persistentvolumeclaims)."""
-    kube = as_kube(api_client)
-
-    def list_claims(**kw: Any) -> Awaitable[aiohttp.ClientResponse]:
-        return kube.request("GET", "/api/v1/persistentvolumeclaims", query=query_of(kw),
-                            request_timeout=kw.get("_request_timeout"))
-
-    return list_claims
-
-
 def _trusted(inf: Informer[Any]) -> Any:
     """The live view of a cache the webhook may decide from, or None (not synced, or its watch down)."""
     return inf.cache if inf.synced and inf.healthy else None
@@ -204,7 +191,8 @@ class BootMarkCaches:
 
     def __init__(self, api_client: AnyClient, custom: CustomObjectsApi, *, hooks: InformerHooks | None) -> None:
         self.pvcs: Informer[boot_image.Marked] = Informer(
-            "marked-pvcs", _pvc_lister(api_client), projections.boot_mark_from,
+            "marked-pvcs", CoreV1Api(api_client).list_persistent_volume_claim_for_all_namespaces,
+            projections.boot_mark_from,
             label_selector=boot_image.MARK_SELECTOR, hooks=hooks)
         self.datavolumes: Informer[boot_image.DataVolumeRef] = Informer(
             DATA_VOLUME_PLURAL, functools.partial(custom.list_cluster_custom_object, CDI_GROUP, CDI_VERSION,

@@ -27,9 +27,6 @@ import ssl
 import tempfile
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
-from urllib.parse import quote
-
-import aiohttp
 
 from licensectl import config, logs
 from licensectl.core import certs
@@ -37,13 +34,11 @@ from licensectl.core.model import ANN_TLS, MODE_SELF_MANAGED, TLSSecret
 from licensectl.core.ports import EventSink, InvolvedObject
 from licensectl.core.reasons import Reason
 from licensectl.kube.api import (
-    JSON_PATCH,
     AdmissionregistrationV1Api,
     AnyClient,
     ApiException,
     CoreV1Api,
     absent_on_404,
-    as_kube,
 )
 from licensectl.kube.projections import tls_secret_from
 from licensectl.kube.raw import RawApi
@@ -138,22 +133,6 @@ def load_pair(context: ssl.SSLContext, cert: bytes, key: bytes) -> None:
         context.load_cert_chain(paths[0], paths[1])
 
 
-class ValidatingWebhooksApi:
-    """GET and JSON-patch one ValidatingWebhookConfiguration: the enforce webhook's caBundle."""
-
-    PATH = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
-
-    def __init__(self, api: AnyClient) -> None:
-        self._kube = as_kube(api)
-
-    def read_validating_webhook_configuration(self, name: str, **kw: Any) -> Awaitable[aiohttp.ClientResponse]:
-        return self._kube.request("GET", f"{self.PATH}/{quote(name, safe='')}")
-
-    def patch_validating_webhook_configuration(self, name: str, body: Any,
-                                               **kw: Any) -> Awaitable[aiohttp.ClientResponse]:
-        return self._kube.request("PATCH", f"{self.PATH}/{quote(name, safe='')}", body=body, content_type=JSON_PATCH)
-
-
 # -- the shell --------------------------------------------------------------------------------------
 class ServingTLS:
     """The serving certificate of this process: `context` for listeners, `ca_bundle` for clients."""
@@ -172,7 +151,6 @@ class ServingTLS:
         self.hosts = serving_hosts(settings.namespace, settings.tls_hosts)
         self._core: Any = RawApi(CoreV1Api(api))
         self._admission: Any = RawApi(AdmissionregistrationV1Api(api))
-        self._validating: Any = RawApi(ValidatingWebhooksApi(api))
         self._is_leader = is_leader
         self._clock = clock
         self._metrics = metrics
@@ -422,8 +400,8 @@ class ServingTLS:
                              self._admission.patch_mutating_webhook_configuration)
         if self.settings.vgpu_driver_check == "enforce":
             await self._sync_one("ValidatingWebhookConfiguration", name, ca_pem,
-                                 self._validating.read_validating_webhook_configuration,
-                                 self._validating.patch_validating_webhook_configuration)
+                                 self._admission.read_validating_webhook_configuration,
+                                 self._admission.patch_validating_webhook_configuration)
 
     async def _sync_one(self, kind: str, name: str, ca_pem: bytes, read: Callable[[str], Awaitable[Any]],
                         patch_call: Callable[[str, Any], Awaitable[Any]]) -> None:
