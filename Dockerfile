@@ -9,7 +9,9 @@
 # checks that this file, the locks and pyproject.toml agree. For a bit-for-bit base, pin the base
 # image by digest: --build-arg BASE_IMAGE=python:3.11-slim@sha256:<digest>.
 #
-# The final stage has no pip in its virtualenv and no build files: it runs as uid/gid 65532 (non-root, no home directory) and works with a read-only root filesystem. It writes
+# The final stage's virtualenv holds exactly the locked packages and licensectl: the pip and setuptools
+# that `python -m venv` seeds are removed (they are unlocked), and the build fails if anything else
+# is installed. It has no build files: it runs as uid/gid 65532 (non-root, no home directory) and works with a read-only root filesystem. It writes
 # nothing but logs to stdout; Python's bytecode cache is disabled, and the Deployment mounts an
 # emptyDir at /tmp for the temporary files of the Python runtime.
 ARG BASE_IMAGE=python:3.11-slim
@@ -32,7 +34,12 @@ RUN /opt/build/bin/pip wheel --no-deps --no-build-isolation --no-index --wheel-d
  && /opt/licensectl/bin/pip install --no-deps --no-index /wheels/licensectl-*.whl \
  && /opt/licensectl/bin/pip check \
  && /opt/licensectl/bin/licensectl --version \
- && /opt/licensectl/bin/python -m pip uninstall -y pip
+ && /opt/licensectl/bin/python -m pip uninstall -y setuptools pip \
+ && /opt/licensectl/bin/python -c 'import importlib.metadata as m, re, sys; \
+norm = lambda n: re.sub(r"[-_.]+", "-", n).lower(); \
+locked = {norm(ln.split("==")[0]) for ln in open("requirements.lock") if "==" in ln and not ln.startswith("#")}; \
+extra = sorted({norm(d.metadata["Name"]) for d in m.distributions()} - locked - {"licensectl"}); \
+sys.exit("unlocked packages in the image: " + ", ".join(extra) if extra else 0)' 
 
 FROM ${BASE_IMAGE}
 # HOME: kubernetes-asyncio resolves ~/.kube/config at import time, and uid 65532 has no passwd
@@ -43,7 +50,8 @@ ENV PATH=/opt/licensectl/bin:$PATH \
     PYTHONUNBUFFERED=1
 COPY --from=build /opt/licensectl /opt/licensectl
 USER 65532:65532
-# metrics: /metrics, /healthz, /readyz; reports: POST /v1/reports from guests.
-EXPOSE 8080 8443
+# metrics: /metrics, /healthz, /readyz; reports: POST /v1/reports from guests; webhook: the
+# apiserver's admission calls (the chart's and manifests' containerPorts; tests/chart checks them).
+EXPOSE 8080 8443 9443
 ENTRYPOINT ["licensectl"]
 CMD ["run"]

@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup system-deps controlplane go-tools lock test lint demo bench reliability reliability-long config-reference clean
+.PHONY: setup system-deps controlplane go-tools lock test lint demo bench reliability reliability-long config-reference chart-files clean
 
 # The dev and test tooling (licensectl_dev/) is not part of the licensectl package: this venv, and
 # only this one, sees it through a .pth file naming the checkout.
@@ -49,6 +49,11 @@ reliability-long: setup
 
 config-reference: $(VENV)/.installed
 	$(BIN)/licensectl config-reference
+
+# charts/licensectl/files/ are copies (not links) of the RBAC, alert rules, dashboard, policy and
+# CRDs: run after editing any of them; tests/chart fails while a copy differs from its source.
+chart-files:
+	$(PYTHON) scripts/sync-chart-files
 
 # Hash-pinned locks the Dockerfile installs from: runtime dependencies (requirements.lock) and the
 # build backend (requirements-build.lock). Run after changing pyproject.toml's dependencies; existing

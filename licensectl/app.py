@@ -19,14 +19,16 @@ from typing import Any
 from aiohttp import web
 
 from licensectl import __version__, config, logs
+from licensectl.controllers.delivery_probe import DeliveryProbe
 from licensectl.controllers.guests import GuestStore
 from licensectl.controllers.replication_loop import CONFLICT_RECHECK_SECONDS, ReplicationController
 from licensectl.controllers.rollout_loop import RolloutController, vmi_object
 from licensectl.controllers.rotation_loop import RotationController
 from licensectl.controllers.runner import IDLE, Result, TaskRunner, reconcile_loop
 from licensectl.controllers.settings import tenant_settings
-from licensectl.core import boot_image
-from licensectl.core.delivery import Delivery, DeliveryView, plan_delivery, wanted_replicas, wanted_volumes
+from licensectl.core import boot_image, credentials
+from licensectl.core import readiness as health
+from licensectl.core.delivery import Delivery, DeliveryView, Skip, plan_delivery, wanted_replicas, wanted_volumes
 from licensectl.core.entitlement import customer_tenant
 from licensectl.core.guest_report import GuestState
 from licensectl.core.model import ANN_REVISION, DOMAIN, ObjectRef, Vmi
@@ -80,8 +82,11 @@ class App:
         self.metrics = Metrics()
         for verdict in boot_image.Verdict:
             self.metrics.webhook_boot_image.labels(verdict.value)
+        for skip in Skip:  # a bounded set: every reason starts at 0, so increase() is 0, not empty
+            self.metrics.webhook_skipped.labels(skip.value)
         self._driver_images = boot_image.parse_image_patterns(settings.vgpu_driver_images)
-        self.guests = GuestStore(settings.report_interval_seconds)
+        self.guests = GuestStore(settings.report_interval_seconds,
+                                 boot_allowance_seconds=settings.guest_boot_allowance_seconds)
         self._repl_trigger = asyncio.Event()
         self._roll_trigger = asyncio.Event()
         self.tasks = TaskRunner()
@@ -93,6 +98,7 @@ class App:
         self.reports_port = 0
         self.webhook_port = 0
         self.webhook: WebhookServer | None = None
+        self.delivery_probe: DeliveryProbe | None = None
         self._main_loop: asyncio.AbstractEventLoop | None = None
         self.elector: LeaderElector | None = None
         self.started_at = time.monotonic()
@@ -138,12 +144,19 @@ class App:
             caches=self.caches, writer=SecretWriter(CoreV1Api(self.api), dry_run=s.dry_run), events=self.events,
             metrics=self.metrics, settings=s, credential_for=self._credential_for,
             report_url=config.report_url_for(s), clock=self.clock, report_ca=self._report_ca,
-            gpu_class_api_version=f"{s.gpu_group}/{s.gpu_version}", rotations=self._rotations)
+            gpu_class_api_version=f"{s.gpu_group}/{s.gpu_version}", rotations=self._rotations,
+            credential_key=self._credential_key, credential_epoch=self._credential_epoch)
+        # Evidence that a restarted VMI would get its volume (docs/design.md#delivery-readiness): only where
+        # this deployment runs the webhook; without one, VM templates mount their replica themselves.
+        if s.webhook_address:
+            self.delivery_probe = DeliveryProbe(self.api, s.namespace, metrics=self.metrics,
+                                                on_change=lambda _ready: self._roll_trigger.set(),
+                                                active=lambda: self.is_leader)
         self.rollout = RolloutController(
             caches=self.caches,
             kubevirt=KubevirtClient(self.api, dry_run=s.dry_run, fallback_delete=s.restart_fallback_delete),
             events=self.events, metrics=self.metrics, settings=s, guests=self.guests, clock=self.clock,
-            wanted=self._wanted_volumes, token_sha_for=self._token_sha)
+            wanted=self._wanted_volumes, token_sha_for=self._token_sha, delivery_ready=self.delivery_ready)
         self.rotation = RotationController(
             caches=self.caches, api=CoreV1Api(self.api), events=self.events, metrics=self.metrics, settings=s,
             guests=self.guests, clock=self.clock, replication_plan=lambda: self.replication.status.plan,
@@ -155,13 +168,13 @@ class App:
                               s.leader_elect, clock=self.clock, metrics=self.metrics, events=self.events,
                               on_ca_change=self._repl_trigger.set)
         await self.tls.start()
-        internal = make_internal_app(self.metrics, ready=self.ready, healthy=self.healthy, status=self.status)
+        internal = make_internal_app(self.metrics, ready=self.readiness, live=self.liveness, status=self.status)
         runner, self.metrics_port = await start_site(internal, s.metrics_address)
         self._runners.append(runner)
         reports = make_reports_app(
             keyring_provider=self._keyring_for_reports, uuid_known=self._uuid_known, token_sha_for=self._token_sha,
             on_report=self._on_report, on_result=lambda r: self.metrics.reports_total.labels(r).inc(),
-            limits=EndpointLimits(key_grace=dt.timedelta(seconds=s.key_grace_seconds)), clock=self.clock)
+            limits=EndpointLimits(), clock=self.clock)
         runner, self.reports_port = await start_site(
             reports, s.reports_address, ssl_context=None if s.reports_plain_http else self.tls.context)
         self._runners.append(runner)
@@ -175,7 +188,8 @@ class App:
             check = None if s.vgpu_driver_check == "off" else self._check_boot
             self.webhook = WebhookServer(make_webhook_app(
                 decide=self._admit, on_admission=self._on_admission, check_boot=check,
-                enforce=s.vgpu_driver_check == "enforce", on_validation=self._on_validation), s.webhook_address)
+                enforce=s.vgpu_driver_check == "enforce", on_validation=self._on_validation,
+                probe_namespace=s.namespace, probe_answer=self._probe_answer), s.webhook_address)
             self.tls.subscribe(self.webhook.reload)
             self.webhook_port = await asyncio.to_thread(self.webhook.start)
 
@@ -194,6 +208,8 @@ class App:
             self.guests.start_receiving(self.clock())
         self.tasks.start_loop("replication", self._loop("replication", self._repl_trigger, self._replicate))
         self.tasks.start_loop("rollout", self._loop("rollout", self._roll_trigger, self._roll))
+        if self.delivery_probe is not None:
+            self.tasks.start_daemon("delivery-probe", self.delivery_probe.run())
         log.info("licensectl started", version=__version__, identity=self.identity, metrics_port=self.metrics_port,
                  reports_port=self.reports_port, leader_elect=s.leader_elect, dry_run=s.dry_run)
 
@@ -246,10 +262,13 @@ class App:
             return WAIT_FOR_ROLLOUT_CACHES
         # The rotation reads what the rollout just decided (docs/design.md#safe-rotation).
         await self.rotation.reconcile(leader=self.is_leader)
+        # Key holders are VMIs, so the pass that sees VMIs come and go retires keys (docs/design.md#key-ring).
+        prune_due = await self._prune_keys() if self.is_leader else None
         if self.rollout.awaiting_own_writes:
             return WAIT_FOR_OWN_WRITES
-        # A settle period ends, a restart is due a re-issue, or a rotation wave is due its analysis.
-        wakeups = [t for t in (plan.next_wakeup, self.rotation.next_check) if t is not None]
+        # A settle period ends, a restart is due a re-issue, a rotation wave is due its analysis, or an
+        # unheld signing key its retirement.
+        wakeups = [t for t in (plan.next_wakeup, self.rotation.next_check, prune_due) if t is not None]
         if not wakeups:
             return IDLE
         return Result.after(max(0.1, (min(wakeups) - self.clock()).total_seconds()))
@@ -266,6 +285,8 @@ class App:
         self._repl_trigger.set()
         self._roll_trigger.set()
         self.tls.wake()  # a new leader renews the certificate and the webhook caBundle if due
+        if self.delivery_probe is not None:
+            self.delivery_probe.wake()  # fresh evidence before the new leader's first restart
         if not self._stopping:
             self.tasks.spawn("label-pod", self._label_pod(leader))
 
@@ -298,6 +319,14 @@ class App:
         if view is None:
             return None
         return plan_delivery(vmi, wanted_replicas(namespace, projections.vmi_gpu_claims(vmi), view))
+
+    def delivery_ready(self) -> bool:
+        """The rollout's gate for restarts: evidence that admission delivers (True without a webhook)."""
+        return self.delivery_probe is None or self.delivery_probe.ready()
+
+    def _probe_answer(self) -> str | None:
+        """Webhook thread: a delivery probe is answered only by a replica that could deliver now."""
+        return self.identity if self.delivery_view() is not None else None
 
     def _check_boot(self, namespace: str, vmi: Mapping[str, Any]) -> boot_image.Judgement | None:
         """The boot image of a vGPU VMI against the marks (webhook thread: keyed cache lookups only)."""
@@ -356,6 +385,33 @@ class App:
         ring = self.keys.keyring
         return ring.credential(namespace) if ring is not None else ""
 
+    def _credential_key(self) -> str:
+        ring = self.keys.keyring
+        return ring.current_id if ring is not None else ""
+
+    def _credential_epoch(self) -> str:
+        ring = self.keys.keyring
+        return ring.revocation if ring is not None else ""
+
+    def key_holders(self) -> credentials.Holders:
+        """Which signing keys running VMIs may hold, from the VMI and replica caches (docs/design.md#key-ring)."""
+        vmis = self.caches.vmis
+        if vmis is None or not (vmis.synced and vmis.healthy) or not self.caches.replicas.synced:
+            return credentials.holders_from(None)
+        return credentials.holders_from(credentials.vmi_keys(vmis.cache.values(), self.caches.replicas.cache))
+
+    async def _prune_keys(self) -> dt.datetime | None:
+        """Retire older signing keys no running VMI holds; a failed write is retried. Returns when an
+        unheld key may be retired next (the pass comes back then), or None."""
+        holders = self.key_holders()
+        try:
+            await self.keys.prune(holders)
+        except (ApiException, ValueError, RuntimeError) as e:
+            log.warning("could not retire signing keys", error=str(e) if not isinstance(e, ApiException)
+                        else f"HTTP {e.status}")
+            return self.clock() + dt.timedelta(seconds=5)
+        return self.keys.next_prune_at(holders)
+
     def _keyring_for_reports(self) -> Any:
         if not self._reports_open or not self.is_leader:
             return None  # standbys answer 503 so the probe retries against the leader
@@ -399,6 +455,13 @@ class App:
         self.guests.record(namespace, vmi, state, feature_type=self._feature_type(namespace, vmi))
         self._roll_trigger.set()
 
+    def vmi_starts(self) -> dict[tuple[str, str], dt.datetime | None]:
+        """When each cached VMI started (running since, else created): a new guest's patience counts from it."""
+        vmis = self.caches.vmis
+        if vmis is None:
+            return {}
+        return {(v.namespace, v.name): v.running_since or v.created for v in vmis.cache.values()}
+
     def affected_vmis(self) -> list[tuple[str, str]]:
         """VMIs that mount a licensectl replica: the guests we expect reports from."""
         vmis = self.caches.vmis
@@ -409,13 +472,24 @@ class App:
                 if any((v.namespace, s) in replicas for s in v.secret_volumes)]
 
     # -- health, metrics, status --------------------------------------------------------------------
-    def ready(self) -> bool:
+    def readiness(self) -> health.Readiness:
+        """/readyz: can this replica answer admission correctly now (docs/design.md#readiness)."""
         tls_needed = not (self.settings.reports_plain_http and not self.settings.webhook_address)
-        return not self._stopping and self.caches.core_synced() and (self.tls.ready or not tls_needed)
+        return health.readiness(
+            stopping=self._stopping, caches_synced=self.caches.core_synced(),
+            admission_decidable=not self.settings.webhook_address or self.delivery_view() is not None,
+            tls_ready=self.tls.ready or not tls_needed, stale_seconds=self.caches.core_stale_seconds())
+
+    def ready(self) -> bool:
+        return self.readiness().ready
 
     def _report_ca(self) -> bytes:
         """The CA bundle guests verify the reports listener with (none over plain HTTP)."""
         return b"" if self.settings.reports_plain_http else self.tls.ca_bundle
+
+    def liveness(self) -> health.Readiness:
+        """/livez: the loops and listeners run; the apiserver's health never enters (docs/design.md#readiness)."""
+        return health.liveness(stopping=self._stopping, loops_healthy=self.tasks.healthy())
 
     def healthy(self) -> bool:
         return not self._stopping and self.tasks.healthy()
@@ -433,8 +507,11 @@ class App:
         out.extend(self.rotation.samples())
         if self.is_leader:
             out.extend(self.rollout.samples())
-            out.extend(self.guests.samples(now, live, tenant_of=self._tenant_of(),
+            out.extend(self.guests.samples(now, live, tenant_of=self._tenant_of(), started=self.vmi_starts(),
                                            per_vmi=self.settings.guest_metrics == "per-vmi"))
+        if self.delivery_probe is not None:
+            out.extend(self.delivery_probe.samples())
+        out.extend(self.tls.samples())
         out.append(GaugeSample("leader", (), 1.0 if self.is_leader else 0.0))
         out.append(GaugeSample("ready", (), 1.0 if self.ready() else 0.0))
         return out
@@ -448,6 +525,7 @@ class App:
     def status(self) -> dict[str, Any]:
         now = self.clock()
         live = self.affected_vmis()
+        started = self.vmi_starts()
         return {
             "version": __version__,
             "identity": self.identity,
@@ -456,14 +534,16 @@ class App:
             "replication": self.replication.status_dict(),
             "rollout": self.rollout.status_dict(),
             "rotation": self.rotation.status_dict(),
+            "delivery": {**(self.delivery_probe.status_dict() if self.delivery_probe is not None else {"ready": True}),
+                         "webhook_configurations": self.tls.configuration_status()},
             "guests": {
-                "counts": self.guests.counts(now, live),
+                "counts": self.guests.counts(now, live, started),
                 "list": [{"namespace": v.namespace, "vmi": v.vmi, "state": v.state,
                           "product": v.report.product if v.report else None,
                           "expiry": v.report.expiry.isoformat() if v.report and v.report.expiry else None,
                           "token_current": v.report.token_current if v.report else None,
                           "reason": v.reason, "wrong_product": v.wrong_product}
-                         for v in self.guests.views(now, live)],
+                         for v in self.guests.views(now, live, started)],
             },
         }
 

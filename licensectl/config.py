@@ -106,6 +106,7 @@ class Settings:
     # Guest reports.
     report_url: str = ""
     report_interval_seconds: float = 60.0
+    guest_boot_allowance_seconds: float = 300.0
     key_grace_seconds: float = 7 * 24 * 3600.0
     guest_metrics: str = "per-vmi"
     # HTTP listeners.
@@ -138,6 +139,37 @@ def report_url_for(s: Settings) -> str:
     """The URL written into replicas: the configured one, else the in-cluster reports Service."""
     scheme = "http" if s.reports_plain_http else "https"
     return s.report_url or f"{scheme}://licensectl-reports.{s.namespace}.svc:8443/v1/reports"
+
+
+# JSON-schema patterns (RE2 syntax, as Helm's validator reads them) of the string settings: the chart's
+# schema refuses at install time what the parser would refuse at start (tests/chart/test_schema_patterns.py
+# runs both over the same good and bad values). Surrounding blanks are allowed where the parser strips.
+_PERCENT = r"0*([1-9][0-9]?(\.[0-9]*)?|100(\.0*)?|\.[0-9]*[1-9][0-9]*)%"
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+_DNS_SUBDOMAIN = rf"{_DNS_LABEL}(\.{_DNS_LABEL})*"
+_HOST_PORT = r"(\[[0-9A-Fa-f:.]+\]|[^\s:\[\]]*):[0-9]{1,5}"
+PATTERNS: Mapping[str, str] = {
+    "canary": rf"^\s*([0-9]+|{_PERCENT}|namespaces:[\s,]*{_DNS_LABEL}(\s*,[\s,]*{_DNS_LABEL})*[\s,]*)\s*$",
+    "rollout_steps": rf"^[\s,]*({_PERCENT}([\s,]*,[\s,]*{_PERCENT})*)?[\s,]*$",
+    "namespace": rf"^{_DNS_LABEL}$",
+    "root_tenant": rf"^{_DNS_LABEL}$",
+    "vgpu_label": rf"^({_DNS_SUBDOMAIN}/)?[A-Za-z0-9]([-A-Za-z0-9_.]{{0,61}}[A-Za-z0-9])?$",
+    "tenant_label_prefix": rf"^{_DNS_SUBDOMAIN}/$",
+    "gpu_group": rf"^{_DNS_SUBDOMAIN}$",
+    "gpu_version": r"^v[1-9][0-9]*((alpha|beta)[1-9][0-9]*)?$",
+    "gpu_class_plural": rf"^{_DNS_LABEL}$",
+    "gpu_claim_plural": rf"^{_DNS_LABEL}$",
+    "token_key": r"^[-._a-zA-Z0-9]+$",
+    "report_url": r"^(https?://[^\s]+)?$",
+    "metrics_address": rf"^{_HOST_PORT}$",
+    "reports_address": rf"^{_HOST_PORT}$",
+    "webhook_address": rf"^({_HOST_PORT})?$",
+    "tls_secret": rf"^{_DNS_SUBDOMAIN}$",
+    "tls_hosts": r"^[^\s,]*(\s*,\s*[^\s,]*)*$",
+    "webhook_configuration": rf"^{_DNS_SUBDOMAIN}$",
+    "vgpu_driver_images": r"^\s*[^\s,]*(\s*,\s*[^\s,]*)*\s*$",
+    "lease_name": rf"^{_DNS_SUBDOMAIN}$",
+}
 
 
 @dataclass(frozen=True)
@@ -173,7 +205,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_unavailable", "VMIs restarting at once: a count or a percentage of affected VMIs.",
            _max_unavailable),
     Option("max_per_namespace", "VMIs restarting at once within one namespace.", int),
-    Option("max_failures", "Failed restarts after which the rollout pauses.", int),
+    Option("max_failures", "Failed restarts in one namespace after which that namespace's rollout pauses; "
+           "the whole source pauses when failures span max(2, this) namespaces.", int),
     Option("restart_timeout_seconds", "A restarted VMI must be done within this time or counts as failed.",
            float),
     Option("manual_deadline_seconds", "A manual-restart VM still stale after this is reported overdue.", float),
@@ -196,11 +229,15 @@ OPTIONS: tuple[Option, ...] = (
            "Without the restart subresource, delete the VMI of a runStrategy Always VM instead.", _bool),
     Option("report_url", "URL guests POST reports to (written into each replica)."),
     Option("report_interval_seconds", "Expected guest report interval; 3 missed make a guest unknown.", float),
-    Option("key_grace_seconds", "After a signing-key rotation, the previous key is accepted this long.",
+    Option("guest_boot_allowance_seconds", "Time a new VMI has from its start to its first guest report (boot, "
+           "license unit, the probe's first timer run), on top of 3 report intervals, before it counts as not "
+           "reporting.", float),
+    Option("key_grace_seconds", "An older signing key no running VMI holds is still accepted this long after "
+           "its rotation (held keys stay regardless; docs/design.md#key-ring).",
            float),
     Option("guest_metrics", "Guest series: per-vmi (one set per VMI), or per-tenant (only the per-tenant "
            "counts, for very large fleets; per-VMI alerts then stay silent).", _choice("per-vmi", "per-tenant")),
-    Option("metrics_address", "host:port of the internal listener (/metrics, /healthz, /readyz)."),
+    Option("metrics_address", "host:port of the internal listener (/metrics, /livez, /readyz, /v1/status)."),
     Option("reports_address", "host:port of the tenant-facing listener (POST /v1/reports)."),
     Option("webhook_address", "host:port of the VMI admission webhook listener (HTTPS); empty disables it."),
     Option("tls_mode", "Serving certificate: self-managed (licensectl keeps its own CA and certificate in "
@@ -209,8 +246,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("tls_secret", "Secret (in --namespace) holding tls.crt, tls.key and ca.crt for both HTTPS listeners."),
     Option("tls_hosts", "Extra DNS names or IPs for the self-managed certificate, comma-separated (the "
            "webhook and reports Service names are always included)."),
-    Option("webhook_configuration", "MutatingWebhookConfiguration whose caBundle licensectl keeps current "
-           "in self-managed mode."),
+    Option("webhook_configuration", "Name of the Mutating (and Validating) WebhookConfiguration: licensectl "
+           "checks it exists and carries a caBundle (a Warning Event and metric if not) and keeps that caBundle "
+           "current in self-managed mode. The chart names its objects with this same value."),
     Option("reports_plain_http", "Serve guest reports over plain HTTP (opt-out of TLS; not recommended).", _bool),
     Option("vgpu_driver_check", "Boot images of vGPU VMIs without the vGPU guest driver mark: warn (the client "
            "sees a warning, the VMI an Event), enforce (also deny them, through the ValidatingWebhookConfiguration "
@@ -349,5 +387,7 @@ def helm_values_schema(options: Sequence[Option] = OPTIONS) -> dict[str, Any]:
             schema = {"type": ["string", "integer", "null"], "pattern": MAX_UNAVAILABLE_PATTERN, "minimum": 1}
         else:
             schema = {"type": ["string", "null"]}
+        if o.field in PATTERNS:
+            schema["pattern"] = PATTERNS[o.field]
         props[helm_key(o.field)] = {"description": o.help, **schema}
     return {"type": "object", "additionalProperties": False, "properties": props}

@@ -40,29 +40,49 @@ SNAPSHOT_GAUGES: dict[str, str] = {
                                    "passthrough class's is neither 2 nor 4), 0 otherwise.",
     "class_license_changed": "1 while a GPU class's license fields were edited in place and its replicas are "
                              "held until the change is accepted, 0 otherwise.",
-    "source_revision_info": "Current license revision per source and class (value is always 1).",
+    "source_revision_info": "Current source revision (12 hex of the source content hash, the replicas' "
+                            "licensectl.io/source-revision) per source and class (value is always 1).",
     "token_expiry_timestamp_seconds": "exp claim of the source token (JWT payload, unverified).",
     "token_expiry_known": "1 when the source token's expiry could be decoded, 0 when unknown.",
     "token_format": "Source token format (jwt, not_jwt, no_expiry; value is always 1): only jwt has a known expiry.",
+    "source_token_unreadable": "1 when a source's token is not a JWT and the source is not marked "
+                               "licensectl.io/token-opaque (probably the wrong file), 0 otherwise.",
     "tenant_problems": "Tenant namespaces whose tenant links are broken, by kind.",
     "informer_synced": "1 when the cache of a watched resource completed its initial list and is healthy.",
+    "watch_stale_seconds": "Seconds since the cache of a watched resource last heard from the apiserver (a list, "
+                           "a watch opening or any watch event); a quiet healthy watch stays below 630.",
     "deletions_deferred": "Replica deletions waiting for the deletion cap.",
     # Rollout
-    "rollout_vmis": "Affected VMIs by rollout state (current, stale, restarting, failed, blocked, manual, overdue).",
+    "rollout_vmis": "Affected VMIs by rollout state (current, stale, restarting, failed, blocked, manual, "
+                    "awaiting-evidence, undeliverable, overdue).",
     "rotation_phase": "1 for the current safe-rotation phase of a source (stable, canary, promoting, promoted, "
                       "aborted, undone), 0 for the others.",
     "rotation_wave": "The running wave of a source's rotation: 0 canary, i step i.",
     "rotation_namespaces": "Entitled namespaces whose replicas carry the stable or the candidate revision "
                            "under the current rotation decision.",
     "rollout_in_progress": "1 while a rollout for a source is settling or progressing.",
-    "rollout_paused": "1 while a rollout is paused, by reason (failures, manual).",
+    "rollout_paused": "1 while a rollout is paused, by reason (failures, manual, tenant_failures, webhook).",
     "rollout_last_progress_timestamp_seconds": "Last time a rollout issued or completed a restart.",
     "rollout_manual_restart_overdue": "1 per manual-restart VMI still on an old token past the manual deadline.",
     "vmis_missing_license_volume": "Running VMIs of entitled vGPU claims without their license volume, by "
                                    "namespace (the backstop restarts them).",
+    "vmis_delivery_blocked": "Running VMIs without their license volume whose spec the webhook cannot add it to "
+                             "(a volume name or disk serial taken), by namespace and reason: never restarted.",
+    "vmis_backstop_retrying": "VMIs whose backstop restart came back without the license volume and are retried "
+                              "with backoff, by namespace.",
+    "rollout_failed_restarts": "Failed restarts counted against a source's failure budgets (all namespaces).",
+    "rollout_namespace_failed_restarts": "Failed restarts counted against a namespace's failure budget, per source.",
+    "rollout_namespace_paused": "1 while a namespace's part of a source's rollout is paused by its own failures.",
+    # Delivery (docs/operations.md#delivery-readiness)
+    "delivery_ready": "1 while this replica holds fresh evidence that the apiserver reaches a licensectl webhook "
+                      "that mutates (the delivery probe); backstop and rollout restarts wait for it.",
+    "webhook_configuration_problem": "1 when a webhook configuration licensectl needs is missing or has a webhook "
+                                     "without a caBundle, by kind, name and problem (missing, no_ca_bundle).",
     # Guests
     "guest_license_state": "Guest license state reported by the in-guest probe, one series per state (0/1).",
     "guest_license_expiry_timestamp_seconds": "Earliest license expiry reported by a guest.",
+    "guest_license_lease_seconds": "Lease length as observed: expiry minus report time when the guest's expiry was "
+                                   "first seen or last moved (an underestimate by at most one report interval).",
     "guest_last_report_timestamp_seconds": "Time of the last accepted report from a guest.",
     "guest_token_current": "1 when the guest runs the current token of its replica.",
     "guest_clock_skew_seconds": "Guest clock minus controller clock at report time.",
@@ -71,7 +91,7 @@ SNAPSHOT_GAUGES: dict[str, str] = {
     "guests": "Guests by license state and tenant.",
     # Controller
     "leader": "1 on the replica that holds the leader Lease.",
-    "ready": "1 once every cache completed its initial sync.",
+    "ready": "1 while /readyz answers ok: this replica can answer admission correctly (docs/design.md#readiness).",
 }
 
 
@@ -132,7 +152,7 @@ class Metrics:
         self.deletion_cap_hits = Counter(f"{PREFIX}_deletion_cap_hits_total",
                                          "Times the per-minute replica deletion cap deferred deletions.", registry=r)
         self.restarts_total = Counter(f"{PREFIX}_restarts_total",
-                                      "VMI restarts by result (issued, fallback_delete, error, done, failed).",
+                                      "VMI restarts by result (issued, fallback_delete, error, done, failed, retry).",
                                       ["result"], registry=r)
         self.rollout_duration = Histogram(f"{PREFIX}_rollout_duration_seconds",
                                           "Time from a revision being written to its rollout completing.",
@@ -140,7 +160,7 @@ class Metrics:
                                           buckets=(10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400))
         self.webhook_admissions = Counter(
             f"{PREFIX}_webhook_admissions_total",
-            "VMI admission reviews answered, by result (mutated, unchanged, not_ready, ignored).",
+            "VMI admission reviews answered, by result (mutated, stamped, unchanged, not_ready, ignored, probe).",
             ["result"], registry=r)
         self.webhook_skipped = Counter(
             f"{PREFIX}_webhook_skipped_total",
@@ -156,6 +176,10 @@ class Metrics:
         self.webhook_duration = Histogram(
             f"{PREFIX}_webhook_duration_seconds", "Time to answer one admission review (in-process).",
             registry=r, buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5))
+        self.delivery_probes = Counter(
+            f"{PREFIX}_delivery_probes_total",
+            "Delivery probes (dry-run VMI creates through the apiserver) by result (mutated, unchanged, error).",
+            ["result"], registry=r)
         self.reports_total = Counter(f"{PREFIX}_reports_total", "Guest reports by result.", ["result"],
                                      registry=r)
         # Serving TLS (webhook and guest reports listeners): docs/operations.md#serving-tls.

@@ -1,7 +1,10 @@
-"""Hoster actions that write to the cluster: `licensectl rollout pause|resume|retry|undo`, `keys rotate`.
+"""Hoster actions that write to the cluster: `licensectl rollout pause|resume|retry|undo` (`keys rotate`: keys.py).
 
 Kept apart from `licensectl.cli.status` (which only reads) so that what can change a cluster is visible
-from the module name alone. Each action is one small write; the controller reacts to it.
+from the module name alone. Each action reads first (the Secret it was pointed at, the GPUClasses that
+name it, the source's rotation record), refuses what makes no sense like kubectl does
+(core/rollout_actions.py), then makes one annotation patch guarded by the resourceVersion it read and
+writes one Event on the source Secret. The controller reacts to the annotation.
 """
 
 from __future__ import annotations
@@ -12,75 +15,115 @@ import sys
 from typing import Any
 
 from licensectl import config
-from licensectl.core.model import ANN_ROLLOUT_PAUSED, ANN_ROLLOUT_RESUMED_AT
-from licensectl.core.rotation import ANN_RETRY_AT, ANN_UNDO_AT
-from licensectl.core.timecodec import format_micro_time
-from licensectl.kube.api import ApiException, CoreV1Api, VersionApi
+from licensectl.cli.errors import CliError, api_error
+from licensectl.core import rollout_actions as ra
+from licensectl.core.model import ObjectRef
+from licensectl.core.ports import InvolvedObject
+from licensectl.core.rotation import RotationRecord
+from licensectl.core.timecodec import format_time
+from licensectl.kube import contract
+from licensectl.kube import revision_store as rs
+from licensectl.kube.api import AnyClient, ApiException, CoreV1Api, CustomObjectsApi, VersionApi
 from licensectl.kube.client import make_api_client, request_tracing
+from licensectl.kube.events import event_name
 from licensectl.kube.raw import RawApi, checked
 from licensectl.kube.server_clock import ServerClock
-from licensectl.kube.signing_key import SECRET_NAME, SigningKeyStore
+
+COMPONENT = "licensectl-cli"
 
 
 def rollout_action_annotations(verb: str, server_now: dt.datetime) -> dict[str, str | None]:
-    """The annotation patch for `rollout pause|resume|retry|undo`; `server_now` must be the apiserver's time.
+    """The annotation patch for `rollout pause|resume|retry|undo` (core/rollout_actions.py)."""
+    return ra.patch_annotations(ra.Verb(verb), server_now)
 
-    The controller compares `resumed-at` with restart times it stamped on the apiserver's clock
-    (docs/design.md), so a workstation clock that is off would reset or extend the failure budget.
-    """
-    if verb == "resume":
-        return {ANN_ROLLOUT_PAUSED: None, ANN_ROLLOUT_RESUMED_AT: format_micro_time(server_now)}
-    if verb == "retry":  # an aborted or undone candidate starts again from the canary
-        return {ANN_RETRY_AT: format_micro_time(server_now)}
-    if verb == "undo":  # every namespace back on the stable revision (docs/design.md#safe-rotation)
-        return {ANN_UNDO_AT: format_micro_time(server_now)}
-    return {ANN_ROLLOUT_PAUSED: "true"}
+
+async def _is_class_source(api: AnyClient, settings: config.Settings, ref: ObjectRef) -> bool | None:
+    """Whether a GPUClass names `ref` as its license source; None when the classes cannot be listed
+    (no permission, or no GPUClass API here): then only the Secret's own marks are checked."""
+    from licensectl.cli.status import list_all
+    from licensectl.kube import projections
+
+    try:
+        classes = await list_all(contract.gpu_class_lister(CustomObjectsApi(api), settings),
+                                 projections.gpu_class_from)
+    except ApiException as e:
+        if e.status in (403, 404):
+            return None
+        raise
+    return any(c.secret_ref == ref for c in classes)
+
+
+async def _record(raw: RawApi, settings: config.Settings, ref: ObjectRef) -> RotationRecord | None:
+    """The source's rotation record from its revision store in licensectl's namespace; None if none."""
+    try:
+        store = await raw.read_namespaced_secret(rs.store_name(ref), settings.namespace)
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise CliError(api_error(e, f"reading the revision store of {ref} in {settings.namespace}")) from None
+    return RotationRecord.from_annotations((store.get("metadata") or {}).get("annotations") or {})
+
+
+def _event_body(secret: dict[str, Any], verb: ra.Verb, record: RotationRecord | None,
+                now: dt.datetime) -> dict[str, Any]:
+    meta = secret.get("metadata") or {}
+    obj = InvolvedObject("v1", "Secret", meta.get("namespace", ""), meta.get("name", ""), meta.get("uid", ""))
+    type_, reason, message = ra.event(verb, record)
+    ts = format_time(now)
+    return {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": event_name(obj, reason, f"{message}@{ts}"), "namespace": obj.namespace},
+        "involvedObject": obj.as_dict(), "type": type_, "reason": reason.value, "message": message,
+        "source": {"component": COMPONENT}, "reportingComponent": COMPONENT, "reportingInstance": COMPONENT,
+        "firstTimestamp": ts, "lastTimestamp": ts, "count": 1,
+    }
 
 
 async def rollout_action_main(args: Any, settings: config.Settings) -> int:
-    """Pause, resume, retry or undo the rollout of one source Secret by annotating it (`args.rollout_command`)."""
-    verb, source = args.rollout_command, args.source
+    """Pause, resume, retry or undo the rollout of one source Secret (`args.rollout_command`)."""
+    verb, source = ra.Verb(args.rollout_command), args.source
     ns, _, name = source.partition("/")
-    if not ns or not name:
+    if not ns or not name or "/" in name:
         print(f"licensectl rollout {verb}: SOURCE must be NAMESPACE/NAME", file=sys.stderr)
         return 2
+    if getattr(args, "namespace", None):
+        settings = dataclasses.replace(settings, namespace=args.namespace)
+    ref = ObjectRef(ns, name)
     clock = ServerClock()
     api = await make_api_client(settings, trace_configs=[request_tracing(clock=clock)])
     try:
         raw = RawApi(CoreV1Api(api))
+        # One cheap request first (GET /version, allowed to every authenticated user): its response's
+        # Date header sets the clock the annotations are stamped with.
+        await checked(VersionApi(api).get_code(_preload_content=False))
         try:
-            # One cheap request first (GET /version, allowed to every authenticated user): its
-            # response's Date header sets the clock; the Secret itself is never read.
-            await checked(VersionApi(api).get_code(_preload_content=False))
-            ann = rollout_action_annotations(verb, clock.now())
-            await raw.patch_namespaced_secret(name, ns, {"metadata": {"annotations": ann}})
+            secret = await raw.read_namespaced_secret(name, ns)
         except ApiException as e:
-            print(f"licensectl rollout {verb}: {source}: HTTP {e.status} {e.reason}", file=sys.stderr)
-            return 1
-        done = {"pause": "paused", "resume": "resumed", "retry": "retried from the canary",
-                "undo": "undone: every namespace returns to the stable revision"}[verb]
-        print(f"rollout of {source} {done}")
-        return 0
-    finally:
-        await api.close()
-
-
-async def keys_rotate_main(args: Any, settings: config.Settings) -> int:
-    """Rotate the report signing key. The controller rewrites every replica's credential (no
-    revision change, so no VM restart); guests keep reporting with the previous credential until
-    their next restart, accepted for LICENSECTL_KEY_GRACE_SECONDS."""
-    if args.namespace:
-        settings = dataclasses.replace(settings, namespace=args.namespace)
-    api = await make_api_client(settings)
-    try:
-        store = SigningKeyStore(api, settings.namespace, grace=dt.timedelta(seconds=settings.key_grace_seconds))
+            if e.status == 404:
+                raise CliError(f"Secret {source} not found") from None
+            raise CliError(api_error(e, f"reading Secret {source}")) from None
+        meta = secret.get("metadata") or {}
+        target = ra.Target(ref=ref, labels=meta.get("labels") or {}, annotations=meta.get("annotations") or {},
+                           is_class_source=await _is_class_source(api, settings, ref),
+                           record=await _record(raw, settings, ref))
+        why = ra.refusal(verb, target)
+        if why is not None:
+            raise CliError(why)
+        now = clock.now()
+        patch = {"metadata": {"resourceVersion": meta.get("resourceVersion"),
+                              "annotations": ra.patch_annotations(verb, now)}}
         try:
-            ring = await store.rotate()
-        except (RuntimeError, ApiException, ValueError) as e:
-            print(f"licensectl keys rotate: {e}", file=sys.stderr)
-            return 1
-        print(f"signing key rotated in {settings.namespace}/{SECRET_NAME} at {ring.rotated_at:%Y-%m-%dT%H:%M:%SZ}; "
-              f"the previous key is accepted for {settings.key_grace_seconds:g} s")
+            await raw.patch_namespaced_secret(name, ns, patch)
+        except ApiException as e:
+            if e.status == 409:
+                raise CliError(f"Secret {source} changed while this command read it; run it again") from None
+            raise CliError(api_error(e, f"patching Secret {source}")) from None
+        print(ra.done_text(verb, source, target.record))
+        try:
+            await raw.create_namespaced_event(ns, _event_body(secret, verb, target.record, now))
+        except ApiException as e:
+            print(f"licensectl rollout {verb}: the annotation is written, but its Event on {source} is not: "
+                  f"{api_error(e)}", file=sys.stderr)
         return 0
     finally:
         await api.close()

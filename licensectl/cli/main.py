@@ -10,6 +10,7 @@ import asyncio
 import dataclasses
 import json
 import sys
+import traceback
 from collections.abc import Sequence
 
 from licensectl import __version__, config
@@ -18,15 +19,18 @@ from licensectl import __version__, config
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="licensectl",
-        description="NVIDIA vGPU license lifecycle for Cozystack + KubeVirt: replicate, rotate, observe.")
+        description="NVIDIA vGPU license lifecycle for Cozystack + KubeVirt: replicate, rotate, observe.",
+        epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"licensectl {__version__}")
+    p.add_argument("--debug", action="store_true", help="show the Python traceback of an error")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     run = sub.add_parser("run", help="run the controller (in-cluster or with a kubeconfig)")
     config.add_arguments(run)
 
     status = sub.add_parser("status", help="sources, revisions, replicas, rollout and guests at a glance, "
-                                           "as the running controller decided them")
+                                           "as the running controller decided them",
+                            epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     status.add_argument("-o", "--output", choices=("table", "json"), default="table")
     status.add_argument("--kubeconfig", default=None)
     status.add_argument("--context", default=None)
@@ -34,24 +38,38 @@ def _parser() -> argparse.ArgumentParser:
 
     rollout = sub.add_parser("rollout", help="rollout status / pause / resume / retry / undo")
     rsub = rollout.add_subparsers(dest="rollout_command", metavar="VERB", required=True)
-    rs = rsub.add_parser("status", help="print progress; exit 0 when complete, non-zero when paused/failed")
-    rs.add_argument("--watch", "-w", action="store_true")
-    rs.add_argument("--timeout", type=float, default=0.0, help="give up after this many seconds (0: never)")
+    rs = rsub.add_parser("status", help="progress per wave; exit 0 complete, 4 paused, 5 aborted (see below)",
+                         epilog=ROLLOUT_STATUS_EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    rs.add_argument("--watch", "-w", action="store_true",
+                    help="follow until the rollout completes (0), pauses (4) or its rotation aborts (5)")
+    rs.add_argument("--timeout", type=float, default=0.0, help="give up after this many seconds (0: never; exit 2)")
+    rs.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text")
+    rs.add_argument("--vms", action="store_true",
+                    help="also list the failed, blocked, undeliverable, manual, restarting and awaiting-evidence VMIs "
+                         "with their reasons")
     _controller_arguments(rs)
     helps = {"pause": "pause the rollout of a source Secret", "resume": "resume the rollout of a source Secret",
              "retry": "start an aborted or undone candidate again from the canary",
              "undo": "return every namespace to the stable revision (the candidate is bad)"}
     for verb, text in helps.items():
-        v = rsub.add_parser(verb, help=text)
+        v = rsub.add_parser(verb, help=text, epilog=ACTION_EXIT_CODES,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
         v.add_argument("source", help="NAMESPACE/NAME of the source Secret")
+        v.add_argument("--namespace", default=None,
+                       help="licensectl's namespace, where the rotation records live (default: LICENSECTL_NAMESPACE)")
     for r in rsub.choices.values():
         r.add_argument("--kubeconfig", default=None)
         r.add_argument("--context", default=None)
+        _debug_argument(r)
+    _debug_argument(status)
     rs.add_argument("source", nargs="?", help="NAMESPACE/NAME of the source Secret (default: all)")
 
     keys = sub.add_parser("keys", help="the guest-report signing key")
     ksub = keys.add_subparsers(dest="keys_command", metavar="VERB", required=True)
-    kr = ksub.add_parser("rotate", help="new signing key; the previous one stays valid for the grace period")
+    kr = ksub.add_parser("rotate", help="new signing key; older keys stay valid while running VMs hold them")
+    kr.add_argument("--revoke-older", action="store_true",
+                    help="end every older key now; names the VMs that stop reporting until they restart")
+    _debug_argument(kr)
     kr.add_argument("--kubeconfig", default=None)
     kr.add_argument("--context", default=None)
     kr.add_argument("--namespace", default=None, help="licensectl's namespace (default: LICENSECTL_NAMESPACE)")
@@ -67,6 +85,12 @@ def _parser() -> argparse.ArgumentParser:
     ref.add_argument("--format", choices=("markdown", "helm-values", "helm-schema"), default="markdown",
                      help="markdown: the README table; helm-values / helm-schema: the chart's config block")
     return p
+
+
+def _debug_argument(p: argparse.ArgumentParser) -> None:
+    """`--debug` after the command too; SUPPRESS keeps a top-level `licensectl --debug CMD` intact."""
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                   help="show the Python traceback of an error")
 
 
 def _controller_arguments(p: argparse.ArgumentParser) -> None:
@@ -93,6 +117,63 @@ def _command_settings(args: argparse.Namespace) -> config.Settings:
                                context=getattr(args, "context", None) or s.context)
 
 
+EXIT_CODES = """exit codes:
+  0  done
+  1  error, or an action refused (one line on stderr: no kubeconfig, API server unreachable,
+     forbidden, not found, "is already paused", ...; the traceback only with --debug)
+  2  usage error
+`rollout status` also: 2 timed out, 3 still in progress (no --watch), 4 paused, 5 rotation aborted
+or undone. See docs/operations.md#cli-exit-codes."""
+
+ROLLOUT_STATUS_EXIT_CODES = """exit codes:
+  0  complete: every selected source's VMIs current and no rotation running
+  1  error (cluster or controller unreachable and no offline view, unknown source)
+  2  --timeout passed
+  3  still in progress (without --watch)
+  4  paused: by hand (`rollout resume`), or the failure budget is spent
+  5  the rotation was aborted or undone: every namespace back on stable, waiting for you"""
+
+ACTION_EXIT_CODES = """exit codes:
+  0  written: the annotation on the source Secret and one Event on it
+  1  refused (e.g. "is already paused", "is not paused", "no rollout history found", not a source
+     Secret) or failed (no kubeconfig, API server unreachable, forbidden, not found)
+  2  usage error"""
+
+
+def _cluster_command(args: argparse.Namespace) -> int:
+    """status / rollout * / keys: every error becomes one line on stderr and exit 1 (traceback with --debug)."""
+    from licensectl import logs
+    from licensectl.cli.errors import describe
+
+    logs.configure("console", "warning")  # stdout is for the command's output
+    name = " ".join(str(x) for x in (args.command, getattr(args, "rollout_command", None),
+                                     getattr(args, "keys_command", None)) if x)
+    try:
+        settings = _command_settings(args)
+        if args.command == "status":
+            from licensectl.cli.status import status_main
+
+            return asyncio.run(status_main(args, settings))
+        if args.command == "rollout" and args.rollout_command == "status":
+            from licensectl.cli.status import rollout_status_main
+
+            return asyncio.run(rollout_status_main(args, settings))
+        if args.command == "rollout":  # pause | resume | retry | undo
+            from licensectl.cli.actions import rollout_action_main
+
+            return asyncio.run(rollout_action_main(args, settings))
+        from licensectl.cli.keys import keys_rotate_main
+
+        return asyncio.run(keys_rotate_main(args, settings))
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:
+        if getattr(args, "debug", False):
+            traceback.print_exc()
+        print(f"licensectl {name}: {describe(e)}", file=sys.stderr)
+        return 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -117,25 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return asyncio.run(run(settings))
     if args.command in ("status", "rollout", "keys"):
-        from licensectl import logs
-
-        logs.configure("console", "warning")  # stdout is for the command's output
-    if args.command == "status":
-        from licensectl.cli.status import status_main
-
-        return asyncio.run(status_main(args, _command_settings(args)))
-    if args.command == "rollout" and args.rollout_command == "status":
-        from licensectl.cli.status import rollout_status_main
-
-        return asyncio.run(rollout_status_main(args, _command_settings(args)))
-    if args.command == "rollout":  # pause | resume | retry | undo
-        from licensectl.cli.actions import rollout_action_main
-
-        return asyncio.run(rollout_action_main(args, _command_settings(args)))
-    if args.command == "keys":
-        from licensectl.cli.actions import keys_rotate_main
-
-        return asyncio.run(keys_rotate_main(args, _command_settings(args)))
+        return _cluster_command(args)
     if args.command == "demo":
         try:
             from licensectl_dev.demo import demo_main

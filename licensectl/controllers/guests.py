@@ -2,7 +2,8 @@
 
 Guest state is observation, not decision state: after a restart the store is empty and fills again
 within one report interval. A guest silent for three intervals becomes `unknown`; a guest whose
-VMI is gone disappears (series included) — both judged at read time with the clock passed in.
+VMI is gone disappears (series included) — both judged at read time with the clock passed in. A VMI
+that never reported is judged only once its patience is over (core/guest_report/observation.py).
 """
 
 from __future__ import annotations
@@ -12,12 +13,20 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from licensectl.core.guest_report import REASON_LEASE_EXPIRED, REASON_UNKNOWN, GuestState, LicenseState, wrong_product
+from licensectl.core.guest_report import (
+    REASON_LEASE_EXPIRED,
+    REASON_UNKNOWN,
+    GuestState,
+    LicenseState,
+    observation,
+    wrong_product,
+)
+from licensectl.core.guest_report.observation import MISSED_INTERVALS as MISSED_INTERVALS
 from licensectl.core.rollout import GuestGate
 from licensectl.metrics import GaugeSample
 
 STATES: tuple[str, ...] = tuple(s.value for s in LicenseState)
-MISSED_INTERVALS = 3
+Started = Mapping[tuple[str, str], dt.datetime | None]  # (namespace, VMI) -> when the VMI started
 # States in which a guest holds no usable license and gets an unlicensed reason.
 NO_LICENSE_STATES: frozenset[str] = frozenset({LicenseState.UNLICENSED.value, LicenseState.RESTRICTED.value,
                                                LicenseState.GRACE.value, LicenseState.EXPIRED.value})
@@ -50,11 +59,14 @@ def effective_state(g: GuestState, now: dt.datetime, interval_seconds: float) ->
 
 
 class GuestStore:
-    def __init__(self, interval_seconds: float, max_guests: int = 200_000) -> None:
+    def __init__(self, interval_seconds: float, max_guests: int = 200_000,
+                 boot_allowance_seconds: float = observation.BOOT_ALLOWANCE_SECONDS) -> None:
         self.interval_seconds = interval_seconds
+        self.boot_allowance_seconds = boot_allowance_seconds
         self.max_guests = max_guests
         self._states: dict[tuple[str, str], GuestState] = {}
         self._feature_types: dict[tuple[str, str], int | None] = {}
+        self._leases: dict[tuple[str, str], float] = {}  # lease length as observed (observation.lease_seconds)
         # When this replica started receiving reports (became leader, or runs alone); None while a
         # standby. Silence is judged from here, not from process start: a replica that just took
         # over has heard from nobody yet and must not call the whole fleet "not reporting".
@@ -70,40 +82,63 @@ class GuestStore:
         self.receiving_since = None
         self._states.clear()
         self._feature_types.clear()
+        self._leases.clear()
 
-    def awaiting_first_report(self, now: dt.datetime) -> bool:
+    def awaiting_first_report(self, now: dt.datetime, vmi_started: dt.datetime | None = None) -> bool:
         """True while a guest that never reported to this replica may still be within its chance."""
+        return observation.awaiting_first_report(now, receiving_since=self.receiving_since, vmi_started=vmi_started,
+                                                 interval_seconds=self.interval_seconds,
+                                                 boot_seconds=self.boot_allowance_seconds)
+
+    def evidence_complete_at(self) -> dt.datetime:
+        """From when "no report" means "never reported" rather than "not yet" (the rollout's and the
+        rotation's one wait after a takeover, docs/design.md#evidence-after-takeover): one silence
+        window after this replica started receiving; never while a standby."""
         since = self.receiving_since
-        return since is None or (now - since).total_seconds() <= MISSED_INTERVALS * self.interval_seconds
+        if since is None:
+            return dt.datetime.max.replace(tzinfo=dt.UTC)
+        return since + dt.timedelta(seconds=MISSED_INTERVALS * self.interval_seconds)
 
     def record(self, namespace: str, vmi: str, state: GuestState, *, feature_type: int | None = None) -> None:
         """Keep the latest report; `feature_type` is the FeatureType of the class whose replica the
         VMI mounts (None: unknown), what the held product is checked against."""
         if len(self._states) >= self.max_guests and (namespace, vmi) not in self._states:
             return  # bounded: the VMI cache caps real guests far below this
-        self._states[(namespace, vmi)] = state
-        self._feature_types[(namespace, vmi)] = feature_type
+        key = (namespace, vmi)
+        prev = self._states.get(key)
+        lease = observation.lease_seconds(previous_expiry=prev.expiry if prev else None,
+                                          previous_lease=self._leases.get(key), expiry=state.expiry,
+                                          reported_at=state.reported_at)
+        if lease is None:
+            self._leases.pop(key, None)
+        else:
+            self._leases[key] = lease
+        self._states[key] = state
+        self._feature_types[key] = feature_type
 
     def prune(self, live: Iterable[tuple[str, str]]) -> None:
         keep = set(live)
         for key in [k for k in self._states if k not in keep]:
             del self._states[key]
             self._feature_types.pop(key, None)
+            self._leases.pop(key, None)
 
     def get(self, namespace: str, vmi: str) -> GuestState | None:
         return self._states.get((namespace, vmi))
 
-    def views(self, now: dt.datetime, live: Iterable[tuple[str, str]] | None = None) -> list[GuestView]:
+    def views(self, now: dt.datetime, live: Iterable[tuple[str, str]] | None = None,
+              started: Started | None = None) -> list[GuestView]:
         """One view per guest; with `live` (the VMIs that carry a license volume) exactly those,
         silent ones as unknown, so a guest that never reports is visible too -- but only once it
-        had its chance: a guest that has not reported since this replica started receiving is left
-        out (not judged) for MISSED_INTERVALS intervals, the same patience a reporting guest gets."""
+        had its chance: a guest that has not reported is left out (not judged) while this replica
+        only just started receiving, or while its VMI (`started`) may still be booting
+        (observation.awaiting_first_report)."""
         keys = sorted(self._states) if live is None else sorted(set(live))
-        patient = self.awaiting_first_report(now)
+        starts = started or {}
         out: list[GuestView] = []
         for ns, vmi in keys:
             g = self._states.get((ns, vmi))
-            if g is None and patient:
+            if g is None and self.awaiting_first_report(now, starts.get((ns, vmi))):
                 continue
             state = LicenseState.UNKNOWN.value if g is None else effective_state(g, now, self.interval_seconds)
             wrong = None
@@ -128,13 +163,14 @@ class GuestStore:
                              reported_at=g.reported_at) for k, g in self._states.items()}
 
     def samples(self, now: dt.datetime, live: Iterable[tuple[str, str]] | None = None, *,
-                tenant_of: Callable[[str], str] | None = None, per_vmi: bool = True) -> Iterable[GaugeSample]:
+                tenant_of: Callable[[str], str] | None = None, per_vmi: bool = True,
+                started: Started | None = None) -> Iterable[GaugeSample]:
         """Per-VMI series (docs/operations.md#metrics-cardinality) plus the per-tenant aggregate
         `guests{state, tenant}`. `tenant_of` maps a namespace to its Cozystack tenant label (the
         customer: see `entitlement.customer_tenant`); `per_vmi=False` keeps only the aggregate."""
         agg: Counter[tuple[str, str]] = Counter()
         tenants: dict[str, str] = {}
-        for v in self.views(now, live):
+        for v in self.views(now, live, started):
             tenant = tenants.get(v.namespace)
             if tenant is None:
                 tenant = tenants[v.namespace] = tenant_of(v.namespace) if tenant_of else v.namespace
@@ -148,6 +184,9 @@ class GuestStore:
             if r is not None:
                 if r.expiry is not None:
                     yield GaugeSample("guest_license_expiry_timestamp_seconds", base, r.expiry.timestamp())
+                lease = self._leases.get((v.namespace, v.vmi))
+                if lease is not None:
+                    yield GaugeSample("guest_license_lease_seconds", base, lease)
                 yield GaugeSample("guest_last_report_timestamp_seconds", base, r.reported_at.timestamp())
                 yield GaugeSample("guest_token_current", base, 1.0 if r.token_current else 0.0)
                 yield GaugeSample("guest_clock_skew_seconds", base, r.clock_skew_seconds)
@@ -158,6 +197,7 @@ class GuestStore:
         for (state, tenant), n in sorted(agg.items()):
             yield GaugeSample("guests", (("state", state), ("tenant", tenant)), float(n))
 
-    def counts(self, now: dt.datetime, live: Iterable[tuple[str, str]] | None = None) -> dict[str, int]:
-        c = Counter(v.state for v in self.views(now, live))
+    def counts(self, now: dt.datetime, live: Iterable[tuple[str, str]] | None = None,
+               started: Started | None = None) -> dict[str, int]:
+        c = Counter(v.state for v in self.views(now, live, started))
         return {s: c.get(s, 0) for s in STATES}

@@ -24,6 +24,7 @@ from licensectl.core.model import (
     ANN_REVISION,
     ANN_SOURCE_NAME,
     ANN_SOURCE_NAMESPACE,
+    ANN_SOURCE_REVISION,
     ObjectRef,
     ReplicaSecret,
 )
@@ -47,6 +48,7 @@ from licensectl.core.replication import (
     SourceRevisions,
     plan_replication,
 )
+from licensectl.core.revision_text import replica_revision, short, source_revision
 from licensectl.metrics import GaugeSample, Metrics
 
 log = logs.get(__name__)
@@ -142,6 +144,8 @@ class ReplicationStatus:
     conflicts: dict[tuple[str, str], float] = field(default_factory=dict)
     token_expiry: dict[ObjectRef, dt.datetime | None] = field(default_factory=dict)
     token_format: dict[ObjectRef, tokeninfo.TokenFormat] = field(default_factory=dict)
+    # Per source: is its token readable, unreadable (a source problem) or knowingly opaque.
+    token_readability: dict[ObjectRef, tokeninfo.Readability] = field(default_factory=dict)
     last_pass: dt.datetime | None = None
 
 
@@ -151,7 +155,8 @@ class ReplicationController:
                  clock: WallClock | None = None, monotonic: MonotonicClock = time.monotonic,
                  concurrency: int = 32, gpu_class_api_version: str = "gpu.cozystack.io/v1alpha1",
                  report_ca: Callable[[], bytes] = bytes,
-                 rotations: Callable[[], Mapping[ObjectRef, SourceRevisions] | None] = lambda: None) -> None:
+                 rotations: Callable[[], Mapping[ObjectRef, SourceRevisions] | None] = lambda: None,
+                 credential_key: Callable[[], str] = str, credential_epoch: Callable[[], str] = str) -> None:
         self.caches = caches
         # Safe rotation (docs/design.md#safe-rotation): replicas follow each source's record; None
         # (tests of replication alone) follows the live source.
@@ -162,6 +167,8 @@ class ReplicationController:
         self.metrics = metrics
         self.settings = settings
         self.credential_for = credential_for
+        self.credential_key = credential_key  # id of the key credential_for derives from (docs/design.md#key-ring)
+        self.credential_epoch = credential_epoch  # the last key revocation, part of every revision
         self.report_url = report_url
         self.report_ca = report_ca  # current serving CA bundle (kube/serving_tls.py), read every pass
         self.clock: WallClock = clock or (lambda: dt.datetime.now(dt.UTC))
@@ -206,6 +213,8 @@ class ReplicationController:
             now=self.clock(),
             rotations=self.rotations(),
             steps=self.steps,
+            credential_key=self.credential_key(),
+            credential_epoch=self.credential_epoch(),
         ))
 
     # -- act --------------------------------------------------------------------------------------
@@ -312,19 +321,19 @@ class ReplicationController:
             self.status.conflicts.pop((d.namespace, d.name), None)
         elif res is WriteResult.UPDATED and action == "rotate":
             key = (d.annotations.get(ANN_SOURCE_NAMESPACE, ""), d.annotations.get(ANN_SOURCE_NAME, ""),
-                   d.class_name, d.revision)
+                   d.class_name, _revision_text(d))
             self._rotated[key] = self._rotated.get(key, 0) + 1
         elif res is WriteResult.UPDATED:
             await self.events.emit(obj, "Normal", Reason.REPLICA_REVERTED,
                                    f"License replica for class {d.class_name} reverted to the desired content "
-                                   f"(revision {d.revision[:12]})")
+                                   f"({replica_revision(d.revision)})")
 
     async def _rotation_events(self) -> None:
         """One Event per rotated (source, class) per pass, on the source Secret."""
-        for (ns, name, class_name, revision), n in sorted(self._rotated.items()):
+        for (ns, name, class_name, revision_text), n in sorted(self._rotated.items()):
             if ns and name:
                 await self.events.emit(secret_object(ns, name), "Normal", Reason.LICENSE_ROTATED,
-                                       f"License revision {revision[:12]} of class {class_name} written to "
+                                       f"{revision_text} of class {class_name} written to "
                                        f"{n} replica{'s' if n != 1 else ''}")
 
     async def _delete(self, r: ReplicaSecret) -> None:
@@ -388,7 +397,8 @@ class ReplicationController:
         (and so the expiry alert) is unknown: say so once per revision, naming only the Secret."""
         for ref, fmt in sorted(self.status.token_format.items(), key=lambda kv: str(kv[0])):
             token_sha = self._token_sha.get(ref, "")
-            if fmt is tokeninfo.TokenFormat.JWT:
+            if fmt is tokeninfo.TokenFormat.JWT or \
+                    self.status.token_readability.get(ref) is tokeninfo.Readability.OPAQUE:
                 self._reported_tokens.pop(ref, None)
                 continue
             if self._reported_tokens.get(ref) == token_sha:
@@ -435,6 +445,12 @@ class ReplicationController:
                                    license_change_message(change))
         self._logged_changes = logged
 
+    def _token_readability(self, class_name: str) -> tokeninfo.Readability:
+        gc = self.caches.classes.snapshot().get(("", class_name))
+        ref = gc.secret_ref if gc is not None else None
+        return self.status.token_readability.get(ref, tokeninfo.Readability.READABLE) if ref else \
+            tokeninfo.Readability.READABLE
+
     def _class_object(self, class_name: str) -> InvolvedObject:
         return InvolvedObject(self._class_api_version, "GPUClass", "", class_name)
 
@@ -456,12 +472,19 @@ class ReplicationController:
             self._token_sha[gc.secret_ref] = lic.token_sha256
         self.status.token_expiry = out
         self.status.token_format = formats
+        live = self.caches.source_states()
+        self.status.token_readability = {
+            ref: tokeninfo.readability(fmt, s.annotations if (s := live.get(ref)) is not None else {})
+            for ref, fmt in formats.items()}
 
     # -- metrics ----------------------------------------------------------------------------------
     def samples(self) -> Iterable[GaugeSample]:
         plan = self.status.plan
         for inf in self.caches.all:
             yield GaugeSample("informer_synced", (("resource", inf.name),), 1.0 if inf.synced and inf.healthy else 0.0)
+            stale = getattr(inf, "stale_seconds", None)
+            if stale is not None:
+                yield GaugeSample("watch_stale_seconds", (("resource", inf.name),), round(stale, 1))
         if plan is None:
             return
         for ref, n in sorted(plan.entitled_per_source().items(), key=lambda kv: str(kv[0])):
@@ -480,7 +503,8 @@ class ReplicationController:
             if valid:
                 yield GaugeSample("source_revision_info",
                                   (("class", class_name), ("source_namespace", ref.namespace),
-                                   ("source_name", ref.name), ("revision", plan.licenses[class_name].revision[:12])),
+                                   ("source_name", ref.name),
+                                   ("revision", short(plan.licenses[class_name].source_revision))),
                                   1.0)
             else:
                 yield GaugeSample("source_problem", (("class", class_name),
@@ -491,6 +515,10 @@ class ReplicationController:
             fmt = self.status.token_format.get(ref)
             if fmt is not None:
                 yield GaugeSample("token_format", (*labels, ("format", fmt.value)), 1.0)
+            readable = self.status.token_readability.get(ref)
+            if readable is not None:
+                yield GaugeSample("source_token_unreadable", labels,
+                                  1.0 if readable is tokeninfo.Readability.UNREADABLE else 0.0)
             if exp is not None:
                 yield GaugeSample("token_expiry_timestamp_seconds", labels, exp.timestamp())
         for class_name, check in sorted(plan.feature_type_checks.items()):
@@ -515,7 +543,9 @@ class ReplicationController:
             "replicas": [{"namespace": ns, "name": name, "state": st}
                          for (ns, name), st in sorted(plan.states.items())],
             "replica_counts": dict(plan.state_counts()),
-            "sources": {cls: {"revision": lic.revision[:12], "valid": True} for cls, lic in plan.licenses.items()}
+            "sources": {cls: {"source_revision": short(lic.source_revision), "valid": True,
+                              "token": self._token_readability(cls).value}
+                        for cls, lic in plan.licenses.items()}
             | {cls: {"valid": False, "reason": sp.reason.value, "message": sp.message}
                for cls, sp in plan.source_problems.items()},
             "tenant_problems": [{"kind": p.kind.value, "object": str(p.ref), "message": p.message}
@@ -525,3 +555,10 @@ class ReplicationController:
             "token_expiry": {str(k): (v.isoformat() if v else None) for k, v in self.status.token_expiry.items()},
         }
 
+
+def _revision_text(d: DesiredReplica) -> str:
+    """A rotated replica in Event wording (core/revision_text.py): its source revision, capitalised
+    to open the message; the labelled replica revision for a replica written without one."""
+    src = d.annotations.get(ANN_SOURCE_REVISION)
+    text = source_revision(src) if src else replica_revision(d.revision)
+    return text[:1].upper() + text[1:]

@@ -18,7 +18,7 @@ from typing import Any
 from licensectl import config, logs
 from licensectl.controllers.guests import GuestStore
 from licensectl.controllers.settings import rollout_settings
-from licensectl.core.model import ObjectRef, Vmi
+from licensectl.core.model import ObjectRef, Vmi, source_of
 from licensectl.core.ports import (
     EventSink,
     InvolvedObject,
@@ -29,7 +29,9 @@ from licensectl.core.ports import (
     WallClock,
 )
 from licensectl.core.reasons import Reason
+from licensectl.core.revision_text import replica_revision, source_revision, source_revision_of
 from licensectl.core.rollout import (
+    RESULT_RETRY,
     PauseReason,
     Phase,
     PlanMemo,
@@ -37,11 +39,13 @@ from licensectl.core.rollout import (
     ReplicaRevision,
     RestartVm,
     RolloutPlan,
+    RolloutStatus,
     SourceControl,
     VmiState,
     plan_rollout,
 )
-from licensectl.core.rollout_view import rollout_json
+from licensectl.core.rollout_view import rollout_json, vmis_json
+from licensectl.core.timecodec import format_micro_time
 from licensectl.kube.api import ApiException
 from licensectl.metrics import GaugeSample, Metrics
 
@@ -77,7 +81,8 @@ class RolloutController:
     def __init__(self, *, caches: RolloutCaches, kubevirt: KubevirtApi, events: EventSink, metrics: Metrics,
                  settings: config.Settings, guests: GuestStore, clock: WallClock | None = None,
                  monotonic: MonotonicClock = time.monotonic, wanted: WantedVolumes | None = None,
-                 token_sha_for: Callable[[str, str], str | None] | None = None) -> None:
+                 token_sha_for: Callable[[str, str], str | None] | None = None,
+                 delivery_ready: Callable[[], bool] = lambda: True) -> None:
         self.caches = caches
         self.kubevirt = kubevirt
         self.events = events
@@ -91,6 +96,9 @@ class RolloutController:
         self._wanted: WantedVolumes = wanted or (lambda _vmis: {})
         # (namespace, VMI) -> SHA-256 of the token its replica holds now: judges guest evidence at plan time.
         self._token_sha_for = token_sha_for
+        # Evidence that the apiserver reaches a webhook that mutates (the App's delivery probe): no backstop
+        # or rollout restart without it, since a VMI admitted without the volume helps nobody.
+        self._delivery_ready = delivery_ready
         self.plan: RolloutPlan | None = None
         self._memo = PlanMemo()  # incremental planning: a pass re-evaluates only guests that changed
         self._expect: dict[tuple[str, str], tuple[str, float]] = {}  # vm -> (rv we wrote over, since)
@@ -129,7 +137,8 @@ class RolloutController:
                             vms=list(c.vms.snapshot().values()), guests=self.guests.gates(self._token_sha_for),
                             sources=sources,
                             settings=self.rollout_settings, now=self.clock(), wanted=self._wanted(vmis),
-                            memo=self._memo)
+                            memo=self._memo, evidence_at=self.guests.evidence_complete_at(),
+                            delivery_ready=self._delivery_ready())
 
     def _replica_revisions(self) -> list[ReplicaRevision]:
         """Parsed revisions of all replicas, re-parsed only for replicas whose resourceVersion changed
@@ -191,9 +200,15 @@ class RolloutController:
         for (ns, vmi), st in plan.vmi_states.items():
             if st.state is VmiState.BLOCKED:
                 await self.events.emit(vmi_object(ns, vmi), "Warning", Reason.RESTART_BLOCKED,
-                                       f"VMI runs license revision older than {st.revision[:12]} but cannot be "
+                                       f"VMI runs an older license than {replica_revision(st.revision)} but cannot be "
                                        f"restarted by licensectl: {st.reason or 'no owning VirtualMachine'}")
-            if st.missing_volume:
+            if st.state is VmiState.UNDELIVERABLE:
+                await self.events.emit(vmi_object(ns, vmi), "Warning", Reason.LICENSE_DELIVERY_BLOCKED,
+                                       f"VMI of an entitled vGPU claim runs without its license volume "
+                                       f"({st.replica}) and the admission webhook cannot add one to this spec "
+                                       f"({st.blocker}): not restarted; rename the VM's conflicting volume or disk "
+                                       f"serial, then restart it")
+            elif st.missing_volume:
                 await self.events.emit(vmi_object(ns, vmi), "Warning", Reason.LICENSE_VOLUME_MISSING,
                                        f"VMI of an entitled vGPU claim runs without its license volume "
                                        f"({st.replica}): {st.state.value}, {st.reason}")
@@ -209,10 +224,16 @@ class RolloutController:
         self._mark_progress(rec.namespace, rec.vm)
         # A done restart is routine: counted in licensectl_restarts_total, no Event
         # (docs/design.md#event-policy); a failed one is where a person must look.
-        if rec.result != "done":
+        if rec.result == RESULT_RETRY:
+            st = self.plan.vmi_states.get((rec.namespace, rec.vm)) if self.plan else None
+            when = format_micro_time(st.retry_at) if st is not None and st.retry_at else "after a backoff"
+            await self.events.emit(vm_object(rec.namespace, rec.vm), "Warning", Reason.LICENSE_VOLUME_MISSING,
+                                   f"The restarted VMI came back without its license volume (restart "
+                                   f"{st.attempt if st else '?'}); retrying at {when}")
+        elif rec.result != "done":
             await self.events.emit(vm_object(rec.namespace, rec.vm), "Warning", Reason.RESTART_FAILED,
                                    f"VMI did not come back done within {self.settings.restart_timeout_seconds:g}s "
-                                   f"after the restart for revision {rec.revision[:12]}")
+                                   f"after the restart for {replica_revision(rec.revision)}")
 
     async def _restart(self, r: RestartVm) -> None:
         # 1. Intent first, guarded by the resourceVersion the plan was made from.
@@ -265,17 +286,32 @@ class RolloutController:
             if before == st.phase or (before is None and st.phase in (Phase.IDLE, Phase.COMPLETE)):
                 continue
             obj = InvolvedObject("v1", "Secret", ref.namespace, ref.name)
-            rev = st.revisions[-1][:12] if st.revisions else ""
+            rev = self._revision_text(ref, st)
             if st.phase is Phase.PROGRESSING and before in (None, Phase.IDLE, Phase.SETTLING, Phase.COMPLETE):
                 stale = st.counts.get(VmiState.STALE, 0)
                 await self.events.emit(obj, "Normal", Reason.ROLLOUT_STARTED,
-                                       f"Rolling out license revision {rev}: {stale} of {st.affected} VMIs to "
+                                       f"Rolling out {rev}: {stale} of {st.affected} VMIs to "
                                        f"restart (maxUnavailable {st.max_unavailable})")
             elif st.phase is Phase.PAUSED:
                 await self.events.emit(obj, "Warning", Reason.ROLLOUT_PAUSED, st.message or "rollout paused")
             elif st.phase is Phase.COMPLETE and before in (Phase.PROGRESSING, Phase.PAUSED, Phase.SETTLING):
-                await self.events.emit(obj, "Normal", Reason.ROLLOUT_COMPLETED, f"License revision {rev} rolled out")
+                await self.events.emit(obj, "Normal", Reason.ROLLOUT_COMPLETED,
+                                       f"{rev[:1].upper()}{rev[1:]} rolled out")
                 self._observe_duration(ref, now)
+
+    def _source_revision(self, ref: ObjectRef, st: RolloutStatus) -> str | None:
+        """The source revision the newest replica revision of `ref` was rendered from (the replicas say)."""
+        if not st.revisions:
+            return None
+        mine = (s.annotations for s in self.caches.replicas.cache.values() if source_of(s.annotations) == ref)
+        return source_revision_of(mine, st.revisions[-1])
+
+    def _revision_text(self, ref: ObjectRef, st: RolloutStatus) -> str:
+        """Event wording (core/revision_text.py): the source revision, else the labelled replica revision."""
+        src = self._source_revision(ref, st)
+        if src:
+            return source_revision(src)
+        return replica_revision(st.revisions[-1]) if st.revisions else "the current license"
 
     def _observe_duration(self, ref: ObjectRef, completed: dt.datetime) -> None:
         """Revision written -> rollout complete, both on the apiserver's clock, once per revision.
@@ -311,12 +347,30 @@ class RolloutController:
             at = self._progress_at.get(ref)
             if at is not None:
                 yield GaugeSample("rollout_last_progress_timestamp_seconds", labels, at.timestamp())
+            # Failure budgets per tenant first (docs/design.md#failure-budget-per-tenant).
+            yield GaugeSample("rollout_failed_restarts", labels, float(st.failures))
+            for ns, n in st.failures_by_namespace.items():
+                yield GaugeSample("rollout_namespace_failed_restarts", (*labels, ("namespace", ns)), float(n))
+                yield GaugeSample("rollout_namespace_paused", (*labels, ("namespace", ns)),
+                                  1.0 if ns in st.paused_namespaces else 0.0)
         missing: dict[str, int] = {}
+        blocked: dict[tuple[str, str], int] = {}
+        retrying: dict[str, int] = {}
         for (ns, _vmi), vs in plan.vmi_states.items():
             if vs.missing_volume:
                 missing[ns] = missing.get(ns, 0) + 1
+            if vs.state is VmiState.UNDELIVERABLE:
+                blocked[(ns, vs.blocker)] = blocked.get((ns, vs.blocker), 0) + 1
+            if vs.attempt:
+                retrying[ns] = retrying.get(ns, 0) + 1
         for ns, n in sorted(missing.items()):
             yield GaugeSample("vmis_missing_license_volume", (("namespace", ns),), float(n))
+        for (ns, why), n in sorted(blocked.items()):
+            yield GaugeSample("vmis_delivery_blocked", (("namespace", ns), ("reason", why)), float(n))
+        # Every namespace with a VMI missing its volume (a retrying one always is), 0 when none retries:
+        # the same label set as vmis_missing_license_volume, so "none retrying" is a value, not a gap.
+        for ns in sorted(missing.keys() | retrying.keys()):
+            yield GaugeSample("vmis_backstop_retrying", (("namespace", ns),), float(retrying.get(ns, 0)))
         # Per VMI, but only the overdue manual ones (a handful): what LicensectlManualRestartOverdue names.
         for (ns, vmi), vs in sorted(plan.vmi_states.items()):
             if vs.overdue:
@@ -328,14 +382,20 @@ class RolloutController:
         plan = self.plan
         if plan is None:
             return {"synced": False}
-        return {
-            "synced": True,
-            "sources": {str(ref): rollout_json(st)
-                        for ref, st in sorted(plan.sources.items(), key=lambda kv: str(kv[0]))},
-            "vmis": [{"namespace": ns, "vmi": vmi, "state": st.state.value, "revision": st.revision[:12],
-                      "overdue": st.overdue, "reason": st.reason}
-                     for (ns, vmi), st in sorted(plan.vmi_states.items())],
-        }
+        sources: dict[str, Any] = {}
+        for ref, st in sorted(plan.sources.items(), key=lambda kv: str(kv[0])):
+            sources[str(ref)] = {**rollout_json(st, self._source_revision(ref, st)), "failures": st.failures,
+                                 "failures_by_namespace": dict(st.failures_by_namespace),
+                                 "paused_namespaces": list(st.paused_namespaces),
+                                 "awaiting_evidence": st.counts.get(VmiState.AWAITING_EVIDENCE, 0),
+                                 "undeliverable": st.counts.get(VmiState.UNDELIVERABLE, 0)}
+        vmis = vmis_json(plan)
+        for row in vmis:  # which rule judged it, and the backstop's retries (docs/operations.md#rollout-status)
+            vs = plan.vmi_states[(row["namespace"], row["vmi"])]
+            row.update({"rule": vs.rule.value if vs.rule else None, "blocker": vs.blocker or None,
+                        "attempt": vs.attempt,
+                        "retry_at": format_micro_time(vs.retry_at) if vs.retry_at else None})
+        return {"synced": True, "sources": sources, "vmis": vmis}
 
 
 def rollout_started_at(replicas: Iterable[ReplicaRevision], source: ObjectRef) -> tuple[str, dt.datetime] | None:

@@ -28,6 +28,7 @@ from licensectl.core.ports import EventSink, InvolvedObject, WallClock
 from licensectl.core.reasons import Reason
 from licensectl.core.replication import ReplicationPlan, SourceRevisions
 from licensectl.core.rollout import RolloutPlan, SourceControl, VmiState
+from licensectl.core.rollout_view import rotation_json
 from licensectl.core.rotation import (
     ACTIVE,
     HosterControl,
@@ -74,15 +75,12 @@ class RotationController:
         self._lock = asyncio.Lock()
         self._invalid: set[str] = set()  # stores already reported unreadable (one Event each)
         self.next_check: dt.datetime | None = None
+        # source -> (VMIs of the running wave settled on the candidate, VMIs in it): `rollout status` progress.
+        self._wave_progress: dict[ObjectRef, tuple[int, int]] = {}
 
     # -- what replication reads -------------------------------------------------------------------
     def stores(self) -> dict[ObjectRef, RevisionStore]:
-        out: dict[ObjectRef, RevisionStore] = {}
-        for store in self.caches.revision_stores.cache.values():
-            ref = store.source
-            if ref is not None and store.name == rs.store_name(ref):
-                out[ref] = store
-        return out
+        return rs.stores_by_source(self.caches.revision_stores.cache.values())
 
     def rotations(self) -> Mapping[ObjectRef, SourceRevisions]:
         """Per source with a readable record: the record and the bytes it names. A source without one
@@ -96,17 +94,7 @@ class RotationController:
                 rev = rs.live_revision(src, self.settings.token_key)
                 if ref not in stores and src is not None and rev is not None:
                     out[ref] = SourceRevisions(RotationRecord(stable=rev), src, None)
-        for ref, store in stores.items():
-            src = live.get(ref)
-            rec = RotationRecord.from_annotations(store.annotations)
-            if src is None or rec is None:
-                continue
-            stable = rs.slot_source(store, "stable", live=src, token_key=self.settings.token_key)
-            if stable is None:
-                continue
-            cand = (rs.slot_source(store, "candidate", live=src, token_key=self.settings.token_key)
-                    if rec.candidate else None)
-            out[ref] = SourceRevisions(rec, stable, cand)
+        out.update(rs.source_rotations(stores, live, token_key=self.settings.token_key))
         return out
 
     # -- decide + act -----------------------------------------------------------------------------
@@ -146,6 +134,9 @@ class RotationController:
             view = self._view(ref, record, live_rev, control, namespaces, now)
             if view is None:
                 continue
+            if record is not None and record.phase in ACTIVE:
+                judged = wave_status(record, view, st.steps)
+                self._wave_progress[ref] = (max(0, judged.members - judged.pending), judged.members)
             d = decide(record, view, st=st, now=now)
             if d.next_check is not None:
                 checks.append(d.next_check)
@@ -209,11 +200,12 @@ class RotationController:
             out.append(WaveVmi(
                 namespace=ns, name=name, on_candidate=on_cand,
                 settled=vs.state in (VmiState.CURRENT, VmiState.DONE),
-                hoster_only=vs.state in (VmiState.BLOCKED, VmiState.MANUAL),
+                hoster_only=vs.state in (VmiState.BLOCKED, VmiState.MANUAL, VmiState.UNDELIVERABLE),
                 reported=g is not None, licensed=licensed, failure=failure))
         # A leader that just took over has heard from no guest yet: where the canary was chosen among
-        # reporting guests, it waits one silence window before judging a wave (docs/design.md#safe-rotation).
-        patient = record is not None and record.evidence and self.guests.awaiting_first_report(now)
+        # reporting guests, it waits one silence window before judging a wave -- the same wait the rollout
+        # takes before a decision that needs guest evidence (docs/design.md#evidence-after-takeover).
+        patient = record is not None and record.evidence and now < self.guests.evidence_complete_at()
         return SourceView(live=live, control=control, namespaces=ns_view, vmis=out, evidence_ready=not patient)
 
     async def _invalid_store(self, ref: ObjectRef, store: RevisionStore) -> None:
@@ -252,9 +244,8 @@ class RotationController:
             if rec is None:
                 out[str(ref)] = {"phase": "invalid"}
                 continue
-            out[str(ref)] = {"phase": rec.phase.value, "wave": rec.wave, "stable": rec.stable[:12],
-                             "candidate": rec.candidate[:12], "canary": list(rec.canary),
-                             "evidence": rec.evidence, "reason": rec.reason,
-                             "waveStartedAt": rec.wave_started_at.isoformat() if rec.wave_started_at else None}
+            st = self.rotation_settings
+            out[str(ref)] = rotation_json(rec, steps=st.steps, canary=not st.canary.none,
+                                          progress=self._wave_progress.get(ref) if rec.phase in ACTIVE else None)
         return out
 

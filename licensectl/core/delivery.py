@@ -7,21 +7,40 @@ GPUClaim the VMI uses, is its class in vGPU mode, is the namespace entitled to t
 the replica exist? Decisions come from cache snapshots (plain mappings): no API call, no clock.
 
 The patch only ever *adds* (docs/design.md#webhook-adds-only): a volume the user wrote is never
-removed or renamed, a VMI already carrying the replica is returned unchanged (reinvocation-safe),
-and a VMI that cannot be licensed is admitted as it is, with the reason named.
+removed or renamed, a VMI already carrying the replica gets no second one (reinvocation-safe), and a
+VMI that cannot be licensed is admitted as it is, with the reason named. The only other change is
+the delivery stamp (docs/design.md#delivery-stamp): licensectl's own annotations naming the replica
+revisions (and signing key) the VMI got, so "is this VMI current" compares revisions, not times.
+
+`refusal` is the one rule for "the webhook will not add this volume": the webhook applies it to the
+object it is asked about, `delivery_blocker` to a running VMI's projection, so the backstop never
+restarts a VM whose new VMI would be refused again (docs/design.md#backstop).
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from licensectl.core.model import GpuClaim, GpuClass, GpuMode, ReplicaSecret, Vmi
-from licensectl.core.render import replica_name
+from licensectl.core.model import (
+    ANN_CREDENTIAL_KEY,
+    ANN_DELIVERED_KEY,
+    ANN_DELIVERED_REVISION,
+    ANN_DELIVERY_PROBE,
+    ANN_DELIVERY_PROBE_ANSWER,
+    ANN_GPU_CLAIMS,
+    ANN_REVISION,
+    GpuClaim,
+    GpuClass,
+    GpuMode,
+    ReplicaSecret,
+    Vmi,
+)
+from licensectl.core.render import REPLICA_PREFIX, replica_name
 
 # docs/guest.md: the scripts look for this serial, then this label. Further volumes (a VMI with
 # claims of several classes) get LICENSECTL-2, LICENSECTL-3, ...
@@ -39,7 +58,14 @@ class Skip(StrEnum):
     NOT_ENTITLED = "not_entitled"
     REPLICA_MISSING = "replica_missing"
     VOLUME_NAME_TAKEN = "volume_name_taken"
+    # The VMI's first license volume must carry serial LICENSECTL (the guest installs the disk with that
+    # serial, then that label); another disk or label already using it would be installed instead.
+    SERIAL_TAKEN = "serial_taken"
     MALFORMED = "malformed"
+
+
+# What a running VMI's spec can block delivery with (never a matter of caches or entitlement).
+BLOCKING = frozenset({Skip.VOLUME_NAME_TAKEN, Skip.SERIAL_TAKEN, Skip.MALFORMED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +84,9 @@ class Wanted:
 
     replicas: tuple[tuple[str, str], ...]  # (class name, replica Secret name), in claim order
     skipped: tuple[tuple[str, Skip], ...]  # (claim name, reason)
+    # For the delivery stamp: (replica name, its licensectl.io/revision), (replica name, its credential key).
+    revisions: tuple[tuple[str, str], ...] = ()
+    keys: tuple[tuple[str, str], ...] = ()
 
 
 def wanted_replicas(namespace: str, claims: Sequence[str], view: DeliveryView) -> Wanted:
@@ -65,6 +94,8 @@ def wanted_replicas(namespace: str, claims: Sequence[str], view: DeliveryView) -
     not a licensing matter and are neither wanted nor skipped."""
     out: list[tuple[str, str]] = []
     skipped: list[tuple[str, Skip]] = []
+    revisions: list[tuple[str, str]] = []
+    keys: list[tuple[str, str]] = []
     for claim_name in claims:
         claim = view.claims.get((namespace, claim_name))
         if claim is None or not claim.class_name:
@@ -86,7 +117,11 @@ def wanted_replicas(namespace: str, claims: Sequence[str], view: DeliveryView) -
             continue
         if (gpu_class.name, name) not in out:
             out.append((gpu_class.name, name))
-    return Wanted(tuple(out), tuple(skipped))
+            if revision := replica.annotations.get(ANN_REVISION):
+                revisions.append((name, revision))
+            if key := replica.annotations.get(ANN_CREDENTIAL_KEY):
+                keys.append((name, key))
+    return Wanted(tuple(out), tuple(skipped), tuple(revisions), tuple(keys))
 
 
 def wanted_volumes(vmis: Iterable[Vmi], view: DeliveryView) -> dict[tuple[str, str], tuple[str, ...]]:
@@ -119,10 +154,12 @@ class Delivery:
     added: tuple[str, ...]  # replica names whose volume the patch adds
     present: tuple[str, ...]  # replica names the VMI already carries
     skipped: tuple[tuple[str, Skip], ...]
+    stamped: bool = False  # the patch sets the delivery stamp (docs/design.md#delivery-stamp)
 
     @property
     def mutated(self) -> bool:
-        return bool(self.patch)
+        """A license volume was added (a stamp alone is not a delivery)."""
+        return bool(self.added)
 
 
 def _list_of_dicts(v: object) -> list[dict[str, Any]] | None:
@@ -132,11 +169,26 @@ def _list_of_dicts(v: object) -> list[dict[str, Any]] | None:
     return [x for x in v if isinstance(x, dict)] if isinstance(v, list) else []
 
 
+def refusal(volume: str, names: Collection[object], serials: Collection[object], *, first: bool) -> Skip | None:
+    """Why the webhook will not add license volume `volume`; None: it will.
+
+    `names`: the volume (and disk) names in use; `serials`: disk serials and secret volume labels in
+    use; `first`: the VMI carries no license volume yet and none was added before this one, so this one
+    must get serial LICENSECTL. The webhook never renames what the user wrote, so a taken name or
+    serial is a refusal, named, not a workaround the guest would not find.
+    """
+    if volume in names:
+        return Skip.VOLUME_NAME_TAKEN
+    if first and SERIAL in serials:
+        return Skip.SERIAL_TAKEN
+    return None
+
+
 def plan_delivery(vmi: Mapping[str, Any], wanted: Wanted) -> Delivery:
-    """The patch adding a secret volume and a disk for each wanted replica the VMI lacks.
+    """The patch adding a secret volume and a disk for each wanted replica the VMI lacks, and the stamp.
 
     `optional: true` so that a VMI whose entitlement is revoked before it starts still boots
-    (unlicensed, and reported as such). Serials and labels skip values the user already uses.
+    (unlicensed, and reported as such). Further volumes get serials and labels no disk uses yet.
     """
     spec = vmi.get("spec")
     domain = spec.get("domain") if isinstance(spec, dict) else None
@@ -156,18 +208,18 @@ def plan_delivery(vmi: Mapping[str, Any], wanted: Wanted) -> Delivery:
     serials = {d.get("serial") for d in disks or []}
     labels = {(v.get("secret") or {}).get("volumeLabel") for v in volumes or [] if isinstance(v.get("secret"), dict)}
 
-    present: list[str] = []
+    present: list[str] = [r for _, r in wanted.replicas if r in mounted]
     added: list[str] = []
     skipped = list(wanted.skipped)
     new_volumes: list[dict[str, Any]] = []
     new_disks: list[dict[str, Any]] = []
     for class_name, replica in wanted.replicas:
         if replica in mounted:
-            present.append(replica)
             continue
         name = volume_name(class_name)
-        if name in names:
-            skipped.append((class_name, Skip.VOLUME_NAME_TAKEN))
+        reason = refusal(name, names, serials | labels, first=not present and not added)
+        if reason is not None:
+            skipped.append((class_name, reason))
             continue
         serial = _free_serial(serials | labels)
         serials.add(serial)
@@ -184,7 +236,130 @@ def plan_delivery(vmi: Mapping[str, Any], wanted: Wanted) -> Delivery:
             patch.append({"op": "add", "path": "/spec/domain/devices", "value": {"disks": new_disks}})
         else:
             patch += _append("/spec/domain/devices/disks", disks, new_disks)
-    return Delivery(tuple(patch), tuple(added), tuple(present), tuple(skipped))
+    stamp = _stamp_patch(vmi, wanted, [r for _, r in wanted.replicas if r in mounted or r in added])
+    return Delivery(tuple(patch + stamp), tuple(added), tuple(present), tuple(skipped), stamped=bool(stamp))
+
+
+# -- the delivery stamp (docs/design.md#delivery-stamp) --------------------------------------------
+def render_stamp(pairs: Iterable[tuple[str, str]]) -> str:
+    """`<replica>=<revision>` pairs, comma-separated (replica names are DNS names: no `,` or `=`)."""
+    return ",".join(f"{name}={revision}" for name, revision in pairs)
+
+
+def parse_stamp(value: str | None) -> tuple[tuple[str, str], ...]:
+    """The pairs of a stamp; malformed entries are dropped (a tenant may have written anything)."""
+    out: list[tuple[str, str]] = []
+    for item in (value or "").split(","):
+        name, sep, revision = item.strip().partition("=")
+        name, revision = name.strip(), revision.strip()
+        if sep and name and revision and "=" not in revision:
+            out.append((name, revision))
+    return tuple(out)
+
+
+def stamp_annotations(wanted: Wanted, delivered: Sequence[str]) -> dict[str, str | None]:
+    """The stamp for a VMI that carries `delivered` replicas: revision pairs, and the signing key of the
+    first delivered replica that names one (None: remove a stale key stamp). Empty: nothing to stamp."""
+    revisions = dict(wanted.revisions)
+    pairs = [(r, revisions[r]) for r in delivered if r in revisions]
+    if not pairs:
+        return {}
+    keys = dict(wanted.keys)
+    key = next((keys[r] for r in delivered if r in keys), None)
+    return {ANN_DELIVERED_REVISION: render_stamp(pairs), ANN_DELIVERED_KEY: key}
+
+
+def _pointer(key: str) -> str:
+    """RFC 6901: `~` and `/` escaped in a JSON pointer segment."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def _stamp_patch(vmi: Mapping[str, Any], wanted: Wanted, delivered: Sequence[str]) -> list[dict[str, Any]]:
+    want = stamp_annotations(wanted, delivered)
+    if not want:
+        return []
+    meta = vmi.get("metadata")
+    current = meta.get("annotations") if isinstance(meta, dict) else None
+    if not isinstance(meta, dict) or (current is not None and not isinstance(current, dict)):
+        return []  # nowhere to put it; the rollout falls back to the time rule for this VMI
+    if current is None:
+        return [{"op": "add", "path": "/metadata/annotations", "value": {k: v for k, v in want.items() if v}}]
+    ops: list[dict[str, Any]] = []
+    for k, v in want.items():
+        if v is None and k in current:
+            ops.append({"op": "remove", "path": f"/metadata/annotations/{_pointer(k)}"})
+        elif v is not None and current.get(k) != v:
+            ops.append({"op": "add", "path": f"/metadata/annotations/{_pointer(k)}", "value": v})
+    return ops
+
+
+# -- what the backstop may restart -----------------------------------------------------------------
+def replica_volume_name(replica: str) -> str:
+    """The volume name the webhook gives `replica` (`volume_name` of its class).
+
+    The class is the name without REPLICA_PREFIX. A replica name cut to MAX_NAME_LENGTH (a class name
+    over 233 characters) does not hold its class: its volume name is then a guess, and a wrong guess
+    only means a restart that comes back without the volume, which the rollout retries."""
+    cls = replica[len(REPLICA_PREFIX):] if replica.startswith(REPLICA_PREFIX) else replica
+    return volume_name(cls)
+
+
+def delivery_blocker(vmi: Vmi, wanted_replicas: tuple[str, ...]) -> Skip | None:
+    """Why a new VMI built from this VMI's spec would not get every wanted replica; None: it would.
+
+    The same `refusal` as the webhook, over the projection (`volume_names`, `disk_serials`,
+    `secret_volumes`), in the webhook's order: the first replica it would refuse names the reason.
+    A VMI blocked here is reported, never restarted by the backstop, and never counted as failed."""
+    present = set(vmi.secret_volumes)
+    names = set(vmi.volume_names)
+    first = not any(r in present for r in wanted_replicas)
+    for replica in wanted_replicas:
+        if replica in present:
+            continue
+        name = replica_volume_name(replica)
+        reason = refusal(name, names, vmi.disk_serials, first=first)
+        if reason is not None:
+            return reason
+        names.add(name)
+        first = False
+    return None
+
+
+# -- the delivery readiness probe (docs/design.md#delivery-readiness) ------------------------------
+PROBE_PREFIX = "licensectl-delivery-probe-"
+
+
+def probe_vmi(nonce: str) -> dict[str, Any]:
+    """The VMI the leader dry-run creates in licensectl's own namespace: valid for KubeVirt (memory
+    set), through the webhook configuration's matchConditions (the gpu-claims annotation, empty: no
+    claim), and marked as a probe. Nothing is stored (dryRun=All)."""
+    return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {"generateName": PROBE_PREFIX,
+                         "annotations": {ANN_GPU_CLAIMS: "", ANN_DELIVERY_PROBE: nonce}},
+            "spec": {"domain": {"devices": {}, "resources": {"requests": {"memory": "64Mi"}}}}}
+
+
+def is_probe(vmi: Mapping[str, Any], *, namespace: str, own_namespace: str, dry_run: bool) -> bool:
+    """A probe only as a dry run in licensectl's own namespace: anywhere else the annotation is inert."""
+    if not dry_run or not own_namespace or namespace != own_namespace:
+        return False
+    meta = vmi.get("metadata")
+    ann = meta.get("annotations") if isinstance(meta, dict) else None
+    return isinstance(ann, dict) and isinstance(ann.get(ANN_DELIVERY_PROBE), str)
+
+
+def probe_patch(answer: str) -> tuple[dict[str, Any], ...]:
+    """The probe's answer: one annotation added (the annotations map exists: it holds the probe mark)."""
+    return ({"op": "add", "path": f"/metadata/annotations/{_pointer(ANN_DELIVERY_PROBE_ANSWER)}",
+             "value": answer},)
+
+
+def probe_answered(obj: Mapping[str, Any] | None, nonce: str) -> bool:
+    """The dry-run result came back mutated by licensectl's webhook, for this probe."""
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    ann = meta.get("annotations") if isinstance(meta, Mapping) else None
+    return (isinstance(ann, Mapping) and ann.get(ANN_DELIVERY_PROBE) == nonce
+            and bool(ann.get(ANN_DELIVERY_PROBE_ANSWER)))
 
 
 def _secret_name(volume: Mapping[str, Any]) -> str | None:
@@ -207,3 +382,24 @@ def _append(path: str, existing: list[dict[str, Any]] | None, items: list[dict[s
     if existing is None:
         return [{"op": "add", "path": path, "value": items}]
     return [{"op": "add", "path": f"{path}/-", "value": item} for item in items]
+
+
+
+# -- the webhook configuration (docs/operations.md#webhook-configuration) --------------------------
+CONFIGURATION_MISSING = "missing"
+CONFIGURATION_NO_CA_BUNDLE = "no_ca_bundle"
+CONFIGURATION_PROBLEMS = (CONFIGURATION_MISSING, CONFIGURATION_NO_CA_BUNDLE)
+
+
+def configuration_problem(obj: Mapping[str, Any] | None) -> str | None:
+    """What keeps the apiserver from calling licensectl through this webhook configuration: absent, or a
+    webhook without a caBundle (the apiserver cannot verify licensectl's certificate; with
+    `failurePolicy: Ignore` every VMI is then admitted unchanged). None: nothing visible is wrong."""
+    if obj is None:
+        return CONFIGURATION_MISSING
+    hooks = obj.get("webhooks")
+    for hook in hooks if isinstance(hooks, list) else []:
+        cc = hook.get("clientConfig") if isinstance(hook, Mapping) else None
+        if not isinstance(cc, Mapping) or not cc.get("caBundle"):
+            return CONFIGURATION_NO_CA_BUNDLE
+    return None

@@ -61,6 +61,24 @@ ANN_RESTART_VMI_UID = f"{DOMAIN}/restart-vmi-uid"
 ANN_RESTART_REPLICA = f"{DOMAIN}/restart-replica"
 # Last time the restart subresource was (about to be) called; re-issue is timed from here.
 ANN_RESTART_ATTEMPTED_AT = f"{DOMAIN}/restart-attempted-at"
+# Which restart for this revision the intent is (1, 2, ...): backstop retries back off on it.
+ANN_RESTART_ATTEMPT = f"{DOMAIN}/restart-attempt"
+# Whether the VM's guest had reported when the restart was issued ("true"/"false"; absent: the leader could
+# not know yet): the done gate's evidence, kept in the cluster so a new leader has it too.
+ANN_RESTART_GUEST_REPORTS = f"{DOMAIN}/restart-guest-reports"
+
+# VMI annotations stamped by the admission webhook on the VMI it admits (docs/design.md#delivery-stamp):
+# what it delivered, so "is this VMI current" compares revisions, never times.
+# `<replica name>=<replica licensectl.io/revision>` pairs, comma-separated, one per license volume added.
+ANN_DELIVERED_REVISION = f"{DOMAIN}/delivered-revision"
+# The signing-key id of the report credential in the replica(s) at admission (docs/design.md#key-ring).
+ANN_DELIVERED_KEY = f"{DOMAIN}/delivered-key"
+# Replica annotation: the signing-key id its report credential was derived from.
+ANN_CREDENTIAL_KEY = f"{DOMAIN}/credential-key"
+# Delivery readiness probe (docs/design.md#delivery-readiness): a server-side dry-run VMI in licensectl's
+# own namespace carries ANN_DELIVERY_PROBE; the webhook answers it by adding ANN_DELIVERY_PROBE_ANSWER.
+ANN_DELIVERY_PROBE = f"{DOMAIN}/delivery-probe"
+ANN_DELIVERY_PROBE_ANSWER = f"{DOMAIN}/delivery-probe-answer"
 
 # VMI annotation naming the GPUClaims of a VMI on platforms without DRA (comma-separated names in
 # the VMI's namespace; docs/design.md#vmi-claims).
@@ -69,6 +87,10 @@ ANN_GPU_CLAIMS = f"{DOMAIN}/gpu-claims"
 # Serving TLS Secret annotation: set by licensectl on the Secret it created (self-managed mode).
 ANN_TLS = f"{DOMAIN}/tls"
 MODE_SELF_MANAGED = "self-managed"
+
+# Source Secret annotation: "true" marks its token as knowingly opaque (not a JWT on purpose, e.g. if
+# NVIDIA changes the format): no "unreadable" warning, status or alert for it (docs/operations.md#opaque-tokens).
+ANN_TOKEN_OPAQUE = f"{DOMAIN}/token-opaque"
 
 # Source Secret annotation: rollout-wide pause switch set by the hoster.
 ANN_ROLLOUT_PAUSED = f"{DOMAIN}/rollout-paused"
@@ -241,6 +263,14 @@ class Vmi:
     deleting: bool = False
     # GPUClaims the VMI uses, resolved by the contract adapter (docs/design.md#vmi-claims).
     gpu_claims: tuple[str, ...] = ()
+    # spec.volumes[].name: a license volume name already taken blocks delivery.
+    volume_names: tuple[str, ...] = ()
+    # The webhook's stamp (ANN_DELIVERED_REVISION): (replica name, replica revision) pairs.
+    delivered_revisions: tuple[tuple[str, str], ...] = ()
+    # The webhook's stamp (ANN_DELIVERED_KEY): the signing-key id the guest's credential came from.
+    delivered_key: str | None = None
+    # Disk serials and secret volume labels: what a guest finds a disk by; a serial taken blocks delivery.
+    disk_serials: tuple[str, ...] = ()
 
     @property
     def created(self) -> dt.datetime:

@@ -40,6 +40,7 @@ class Reason(StrEnum):
     ROLLOUT_ABORTED = "RolloutAborted"  # a wave failed its analysis: every namespace back to stable
     ROLLOUT_UNDONE = "RolloutUndone"  # the hoster ran `licensectl rollout undo`
     CANDIDATE_WITHDRAWN = "CandidateWithdrawn"  # the source holds the stable revision again
+    ROTATION_SUPERSEDED = "RotationSuperseded"  # a new source revision replaced a candidate not yet promoted
     REVISION_STORE_INVALID = "RevisionStoreInvalid"  # the revision store holds no readable record
 
     # -- rollout (controllers/rollout_loop.py) ----------------------------------------------------
@@ -49,6 +50,14 @@ class Reason(StrEnum):
     RESTART_FAILED = "RestartFailed"  # a restarted VMI did not come back, or no way to restart exists
     RESTART_BLOCKED = "RestartBlocked"  # a stale VMI licensectl cannot restart (e.g. no owning VM)
     LICENSE_VOLUME_MISSING = "LicenseVolumeMissing"  # a VMI of an entitled vGPU claim lacks its volume
+    # A VMI lacks its volume and its spec makes delivery impossible (a volume name or serial taken): not restarted.
+    LICENSE_DELIVERY_BLOCKED = "LicenseDeliveryBlocked"
+
+    # -- hoster actions (cli/actions.py, `licensectl rollout pause|resume|retry|undo`) ---------------
+    ROLLOUT_PAUSE_REQUESTED = "RolloutPauseRequested"  # the hoster paused a source's rollout
+    ROLLOUT_RESUME_REQUESTED = "RolloutResumeRequested"  # the hoster resumed it
+    ROLLOUT_RETRY_REQUESTED = "RolloutRetryRequested"  # the hoster retried an aborted or undone candidate
+    ROLLOUT_UNDO_REQUESTED = "RolloutUndoRequested"  # the hoster undid a candidate
 
     # -- admission (app.py, from the webhook's answers) -------------------------------------------
     LICENSE_NOT_DELIVERED = "LicenseNotDelivered"  # a VMI admitted unchanged, without a license volume
@@ -56,3 +65,6 @@ class Reason(StrEnum):
 
     # -- serving certificate (kube/serving_tls.py) ------------------------------------------------
     FOREIGN_TLS_SECRET = "ForeignTLSSecret"  # the serving-certificate Secret is not licensectl's
+    # The webhook configuration licensectl needs is missing, or a webhook of it has no caBundle: VMIs are
+    # admitted without their license volume (failurePolicy Ignore) while it lasts.
+    WEBHOOK_CONFIGURATION_PROBLEM = "WebhookConfigurationProblem"

@@ -21,6 +21,7 @@ from types import MappingProxyType
 from licensectl.core.model import (
     ANN_CLASS,
     ANN_CLASS_LICENSE,
+    ANN_CREDENTIAL_KEY,
     ANN_REVISION,
     ANN_REVISION_TIME,
     ANN_SOURCE_NAME,
@@ -43,6 +44,7 @@ from licensectl.core.model import (
     data_digest,
     u64,
 )
+from licensectl.core.rotation import content_revision
 from licensectl.core.timecodec import annotation_time, format_time
 
 REPLICA_PREFIX = "nvidia-vgpu-license-"
@@ -112,6 +114,8 @@ class RenderedLicense:
     feature_type: int
     revision: str
     token_sha256: str  # what the guest probe reports for the installed token
+    # The source revision it renders (core/rotation.content_revision): what the hoster rotates.
+    source_revision: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,12 +152,14 @@ class ReplicaState(StrEnum):
     HELD = "held"
 
 
-def _revision(token: bytes, gridd_conf: bytes) -> str:
+def _revision(token: bytes, gridd_conf: bytes, credential_epoch: str = "") -> str:
     h = hashlib.sha256(b"licensectl-revision-v1\0")
     h.update(u64(len(token)))
     h.update(token)
     h.update(u64(len(gridd_conf)))
     h.update(gridd_conf)
+    if credential_epoch:  # absent: the revision every release before key revocation computed
+        h.update(b"credential-epoch\0" + credential_epoch.encode())
     return h.hexdigest()
 
 
@@ -210,8 +216,11 @@ def _class_ref(c: GpuClass) -> ObjectRef:
 
 
 def render_license(source: SourceSecret | None, gpu_class: GpuClass,
-                   token_key: str) -> RenderedLicense | SourceProblem:
-    """Validate the class and its source Secret, and build what the guest will consume."""
+                   token_key: str, *, credential_epoch: str = "") -> RenderedLicense | SourceProblem:
+    """Validate the class and its source Secret, and build what the guest will consume.
+
+    `credential_epoch` (the signing-key revocation, docs/design.md#key-ring) is part of the revision:
+    a revoked key is a reason to restart every VM, like a new token."""
     cref = _class_ref(gpu_class)
     if gpu_class.secret_ref is None:
         return SourceProblem(SourceProblemReason.SECRET_REF_MISSING, cref,
@@ -235,8 +244,9 @@ def render_license(source: SourceSecret | None, gpu_class: GpuClass,
     token, hoster = content
     conf = _render_gridd_conf(hoster, ft)
     return RenderedLicense(token=token, gridd_conf=conf, feature_type=ft,
-                           revision=_revision(token, conf),
-                           token_sha256=hashlib.sha256(token).hexdigest())
+                           revision=_revision(token, conf, credential_epoch),
+                           token_sha256=hashlib.sha256(token).hexdigest(),
+                           source_revision=content_revision(token, source.data.get(SOURCE_GRIDD_CONF_KEY)))
 
 
 def source_content(source: SourceSecret, token_key: str) -> tuple[bytes, str] | SourceProblem:
@@ -287,11 +297,14 @@ def _revision_time(existing: ReplicaSecret | None, revision: str, now: dt.dateti
 
 def render_replica(lic: RenderedLicense, *, namespace: str, gpu_class: GpuClass, source: SourceSecret,
                    report_url: str, credential: str, existing: ReplicaSecret | None,
-                   now: dt.datetime, report_ca: bytes = b"", source_revision: str = "") -> DesiredReplica:
+                   now: dt.datetime, report_ca: bytes = b"", source_revision: str = "",
+                   credential_key: str = "") -> DesiredReplica:
     """The complete desired replica Secret for one namespace and class.
 
     `report_ca` (the reports listener's CA bundle) is delivered like the URL: outside the revision.
     `source_revision` names the stable or candidate source revision it carries (docs/design.md#safe-rotation).
+    `credential_key` is the id of the signing key `credential` comes from (docs/design.md#key-ring): an
+    annotation only, outside the revision, so a key rotation restarts no VM.
     """
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware")
@@ -317,6 +330,7 @@ def render_replica(lic: RenderedLicense, *, namespace: str, gpu_class: GpuClass,
         ANN_REVISION_TIME: format_time(revision_time),
         **({ANN_SOURCE_REVISION: source_revision} if source_revision else {}),
         **({ANN_CLASS_LICENSE: recorded} if recorded is not None else {}),
+        **({ANN_CREDENTIAL_KEY: credential_key} if credential_key else {}),
     })
     return DesiredReplica(
         namespace=namespace, name=replica_name(gpu_class.name), class_name=gpu_class.name,
@@ -351,6 +365,10 @@ def replica_diff(existing: ReplicaSecret | None, desired: DesiredReplica) -> Rep
         # Likewise a replica from a release before the class-license record: it gains the record with
         # its next write, not with one of its own.
         want = {k: v for k, v in want.items() if k != ANN_CLASS_LICENSE}
+    if ANN_CREDENTIAL_KEY not in existing.annotations:
+        # And a replica from a release before the key ring: without the mark its key counts as unknown, so
+        # every key is kept (docs/design.md#key-ring); the mark comes with its next write.
+        want = {k: v for k, v in want.items() if k != ANN_CREDENTIAL_KEY}
     if (existing.data_digest != desired.data_digest or not _subset(desired.labels, existing.labels)
             or not _subset(want, existing.annotations)):
         return ReplicaAction.UPDATE

@@ -53,6 +53,10 @@ class ReplicationInputs:
     # unknown (its store not written yet): its replicas are kept as they are.
     rotations: Mapping[ObjectRef, SourceRevisions] | None = None
     steps: tuple[float, ...] = (100.0,)
+    # Id of the signing key `credential_for` derives from (docs/design.md#key-ring); "" writes no annotation.
+    credential_key: str = ""
+    # The signing-key revocation (KeyRing.revocation): part of every revision, so a revocation restarts VMs.
+    credential_epoch: str = ""
 
 
 @dataclass(frozen=True)
@@ -129,7 +133,7 @@ def plan_replication(inp: ReplicationInputs) -> ReplicationPlan:
         if ref is None or ref not in inp.sources:
             unknown.add(class_name)
             continue
-        rendered = render_license(inp.sources[ref], gpu_class, inp.token_key)
+        rendered = render_license(inp.sources[ref], gpu_class, inp.token_key, credential_epoch=inp.credential_epoch)
         if isinstance(rendered, SourceProblem):
             problems[class_name] = rendered
             continue
@@ -141,8 +145,9 @@ def plan_replication(inp: ReplicationInputs) -> ReplicationPlan:
         if rot is None:
             unknown.add(class_name)
             continue
-        stable = render_license(rot.stable, gpu_class, inp.token_key)
-        cand = None if rot.candidate is None else render_license(rot.candidate, gpu_class, inp.token_key)
+        stable = render_license(rot.stable, gpu_class, inp.token_key, credential_epoch=inp.credential_epoch)
+        cand = None if rot.candidate is None else render_license(rot.candidate, gpu_class, inp.token_key,
+                                                                 credential_epoch=inp.credential_epoch)
         if isinstance(stable, SourceProblem) or isinstance(cand, SourceProblem):
             unknown.add(class_name)  # stored bytes the class cannot render: keep replicas, change nothing
             continue
@@ -186,7 +191,7 @@ def plan_replication(inp: ReplicationInputs) -> ReplicationPlan:
         desired = render_replica(lic, namespace=ns, gpu_class=inp.classes[class_name], source=source,
                                  report_url=inp.report_url, credential=inp.credential_for(ns),
                                  existing=existing, now=inp.now, report_ca=inp.report_ca,
-                                 source_revision=source_revision)
+                                 source_revision=source_revision, credential_key=inp.credential_key)
         action = replica_diff(existing, desired)
         states[key] = replica_state(existing, desired).value
         if action is ReplicaAction.CREATE:

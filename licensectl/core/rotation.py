@@ -34,6 +34,7 @@ from enum import StrEnum
 
 from licensectl.core.model import DOMAIN, u64
 from licensectl.core.reasons import Reason
+from licensectl.core.revision_text import source_revision
 from licensectl.core.timecodec import annotation_time, format_micro_time
 
 # Record annotations on the revision store Secret.
@@ -371,20 +372,24 @@ def wave_status(record: RotationRecord, view: SourceView, steps: Sequence[float]
 
 
 def _fresh(record: RotationRecord, candidate: str, view: SourceView, st: RotationSettings,
-           now: dt.datetime, how: str) -> Decision:
+           now: dt.datetime, how: str, carried: tuple[str, ...] = ()) -> Decision:
+    """A new candidate's canary. ``carried``: namespaces on a superseded candidate, which go straight to
+    the new one (docs/design.md#supersede): back to stable first would cost their VMs a restart."""
     canary, evidence = select_canary(candidate, view.vmis, namespaces=view.namespaces, spec=st.canary)
+    canary = tuple(sorted(set(canary) | set(carried)))
     if st.canary.none:  # no canary configured: straight to the first step
         rec = replace(record, candidate=candidate, phase=RotationPhase.PROMOTING, wave=1, wave_started_at=now,
-                      canary=(), evidence=evidence, reason="", acted_at=now)
+                      canary=tuple(sorted(carried)), evidence=evidence, reason="", acted_at=now)
         return Decision(rec, (RotationEvent("Normal", Reason.ROTATION_STARTED,
-                                            f"Candidate revision {candidate[:12]} ({how}): no canary, step 1 of "
+                                            f"Candidate {source_revision(candidate)} ({how}): no canary, step 1 of "
                                             f"{len(st.steps)} ({st.steps[0]:g}% of namespaces); stable "
-                                            f"{record.stable[:12]}"),))
+                                            f"{source_revision(record.stable)}"),))
     rec = replace(record, candidate=candidate, phase=RotationPhase.CANARY, wave=0, wave_started_at=now,
                   canary=canary, evidence=evidence, reason="", acted_at=now)
     events = [RotationEvent("Normal", Reason.ROTATION_STARTED,
-                            f"Candidate revision {candidate[:12]} ({how}): canary in {len(canary)} namespace(s) "
-                            f"{', '.join(canary[:5])}{' ...' if len(canary) > 5 else ''}; stable {record.stable[:12]}")]
+                            f"Candidate {source_revision(candidate)} ({how}): canary in {len(canary)} namespace(s) "
+                            f"{', '.join(canary[:5])}{' ...' if len(canary) > 5 else ''}; stable "
+                            f"{source_revision(record.stable)}")]
     if not canary:
         events.append(RotationEvent("Warning", Reason.CANARY_EMPTY,
                                     "No VM fits the canary (--canary names no entitled namespace with VMs, "
@@ -423,16 +428,21 @@ def decide(record: RotationRecord | None, view: SourceView, *, st: RotationSetti
     if live is not None and live not in (record.stable, record.candidate):
         base = record
         promote = False
+        carried: tuple[str, ...] = ()
         if record.phase is RotationPhase.PROMOTED:  # it passed everywhere: now it is stable
             base, promote = replace(record, stable=record.candidate), True
-        d = _fresh(base, live, view, st, now, "new source revision")
+        elif record.phase in ACTIVE:
+            carried = tuple(wave_members(record, view.namespaces, st.steps))
+        d = _fresh(base, live, view, st, now, "new source revision", carried)
+        if record.candidate and record.phase is not RotationPhase.PROMOTED:
+            d = replace(d, events=(_superseded(record, live, carried), *d.events))
         return replace(d, snapshot="candidate", promote=promote)
     if live is not None and live == record.stable and record.phase is not RotationPhase.STABLE:
         return Decision(replace(record, phase=RotationPhase.STABLE, candidate="", wave=0, canary=(),
                                 wave_started_at=None, reason="", acted_at=now),
                         (RotationEvent("Normal", Reason.CANDIDATE_WITHDRAWN,
-                                       f"The source is back on stable revision {record.stable[:12]}: "
-                                       f"candidate {record.candidate[:12]} withdrawn"),))
+                                       f"The source is back on stable {source_revision(record.stable)}: "
+                                       f"candidate {source_revision(record.candidate)} withdrawn"),))
 
     # 2. The hoster's explicit actions, each handled once.
     ctl = view.control
@@ -442,8 +452,8 @@ def decide(record: RotationRecord | None, view: SourceView, *, st: RotationSetti
         return Decision(replace(record, phase=RotationPhase.UNDONE, reason="undone by the hoster",
                                 acted_at=ctl.undo_at),
                         (RotationEvent("Warning", Reason.ROLLOUT_UNDONE,
-                                       f"Candidate revision {record.candidate[:12]} undone: every namespace "
-                                       f"returns to stable revision {record.stable[:12]}"),))
+                                       f"Candidate {source_revision(record.candidate)} undone: every namespace "
+                                       f"returns to stable {source_revision(record.stable)}"),))
     if ctl.retry_at is not None and (acted is None or ctl.retry_at > acted) and record.phase in REJECTED:
         return _fresh(record, record.candidate, view, st, max(now, ctl.retry_at), "retried by the hoster")
 
@@ -455,24 +465,33 @@ def decide(record: RotationRecord | None, view: SourceView, *, st: RotationSetti
     wave_name = "canary" if record.wave == 0 else f"step {record.wave} of {len(st.steps)}"
     if st.max_unlicensed >= 1 and len(ws.failures) >= st.max_unlicensed:
         why = (f"{wave_name}: {len(ws.failures)} guest(s) failed to license with candidate "
-               f"{record.candidate[:12]} ({'; '.join(ws.failures[:3])})")
+               f"{source_revision(record.candidate)} ({'; '.join(ws.failures[:3])})")
         return _abort(record, why, now)
     if ws.pending == 0 and ws.proven == ws.capable and view.evidence_ready:
         if record.wave >= len(st.steps):
             return Decision(replace(record, phase=RotationPhase.PROMOTED, reason=""),
                             (RotationEvent("Normal", Reason.ROTATION_PROMOTED,
-                                           f"Candidate revision {record.candidate[:12]} runs everywhere "
+                                           f"Candidate {source_revision(record.candidate)} runs everywhere "
                                            f"({ws.proven} guest(s) proved licensed in the last step)"),))
         nxt = record.wave + 1
         return Decision(replace(record, phase=RotationPhase.PROMOTING, wave=nxt, wave_started_at=now),
                         (RotationEvent("Normal", Reason.ROTATION_STEP_STARTED,
                                        f"{wave_name} passed ({ws.proven} of {ws.capable} reporting guest(s) "
                                        f"licensed); step {nxt} of {len(st.steps)}: {st.steps[nxt - 1]:g}% of "
-                                       f"namespaces get candidate {record.candidate[:12]}"),))
+                                       f"namespaces get candidate {source_revision(record.candidate)}"),))
     if now >= deadline and not ctl.paused:
         return _abort(record, now=now, why=f"{wave_name}: analysis deadline passed with {ws.pending} VMI(s) not "
                                            f"done and {ws.proven} of {ws.capable} reporting guest(s) proved licensed")
     return Decision(None, next_check=None if ctl.paused else deadline)
+
+
+def _superseded(record: RotationRecord, new: str, carried: tuple[str, ...]) -> RotationEvent:
+    """Names both revisions: the hoster wrote a new token before the last one finished."""
+    where = (f"its {len(carried)} namespace(s) on it ({', '.join(carried[:5])}{' ...' if len(carried) > 5 else ''}) "
+             "move straight to the new candidate" if carried else "no namespace was on it")
+    return RotationEvent("Normal", Reason.ROTATION_SUPERSEDED,
+                         f"Candidate {source_revision(record.candidate)} ({record.phase.value}) superseded by "
+                         f"candidate {source_revision(new)}: {where}; stable {source_revision(record.stable)}")
 
 
 def _abort(record: RotationRecord, why: str, now: dt.datetime) -> Decision:
@@ -480,5 +499,5 @@ def _abort(record: RotationRecord, why: str, now: dt.datetime) -> Decision:
     restart the candidate the moment it is aborted)."""
     return Decision(replace(record, phase=RotationPhase.ABORTED, reason=why, acted_at=now),
                     (RotationEvent("Warning", Reason.ROLLOUT_ABORTED,
-                                   f"Candidate revision {record.candidate[:12]} aborted, every namespace returns "
-                                   f"to stable {record.stable[:12]}: {why}"),))
+                                   f"Candidate {source_revision(record.candidate)} aborted, every namespace returns "
+                                   f"to stable {source_revision(record.stable)}: {why}"),))

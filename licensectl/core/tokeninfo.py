@@ -13,8 +13,11 @@ import base64
 import datetime as dt
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+
+from licensectl.core.model import ANN_TOKEN_OPAQUE
 
 # Tokens are a few KiB; refuse to parse anything absurd.
 _MAX_TOKEN_BYTES = 64 * 1024
@@ -83,3 +86,21 @@ def token_info(token: bytes) -> TokenInfo:
 def token_expiry(token: bytes) -> dt.datetime | None:
     """`exp` of a JWT token as an aware UTC datetime; None if not a JWT or no sane numeric exp."""
     return token_info(token).expiry
+
+
+class Readability(StrEnum):
+    """Whether licensectl can read a source's token, as status and the unreadable-token alert show it."""
+
+    READABLE = "readable"  # a JWT (with or without exp): its format is the one NVIDIA documents
+    UNREADABLE = "unreadable"  # not a JWT: probably the wrong file, delivered anyway (a source problem)
+    OPAQUE = "opaque"  # not a JWT, and the hoster marked the source as knowingly opaque
+
+
+def readability(fmt: TokenFormat, source_annotations: Mapping[str, str]) -> Readability:
+    """A token that is not a JWT is a source problem unless the hoster annotated the source
+    `licensectl.io/token-opaque: "true"` (docs/operations.md#opaque-tokens)."""
+    if fmt is not TokenFormat.NOT_JWT:
+        return Readability.READABLE
+    if source_annotations.get(ANN_TOKEN_OPAQUE, "").strip().lower() == "true":
+        return Readability.OPAQUE
+    return Readability.UNREADABLE

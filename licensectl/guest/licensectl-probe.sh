@@ -241,6 +241,30 @@ error_reason() {
 	sed -n 's/.*"error": *"\([a-z_]*\)".*/\1/p' "$WORK/resp" | head -n 1
 }
 
+# client_error: why the HTTP client got no (usable) answer, from its stderr: curl's `curl: (7) Failed
+# to connect ...` or `curl: (60) SSL certificate problem ...` (its first line: curl explains on more),
+# wget's `wget: ...` error, else the client's last line. Bounded to one line of 200 printable
+# characters; header lines are skipped and anything that looks like a credential (a Bearer value, a
+# run of 32+ base64url characters) is masked, so no secret is logged.
+client_error() {
+	[ -s "$WORK/err" ] || return 0
+	_line=$(grep -e '^curl: ' -e '^wget: ' "$WORK/err" | head -n 1)
+	[ -n "$_line" ] || _line=$(grep -v -e '^ ' -e '^HTTP/' -e '^--' -e '^$' "$WORK/err" | tail -n 1)
+	printf '%s\n' "$_line" |
+		sed -e 's/[Bb]earer [^ ]*/Bearer ***/g' -e 's/[A-Za-z0-9_-]\{32,\}/***/g' |
+		tr -d '\000-\037\177' | cut -c 1-200
+}
+
+# failure_detail CODE: "HTTP <code>" plus the server's error reason or the client's error, if any.
+failure_detail() {
+	_detail="HTTP $1"
+	_reason=$(error_reason)
+	_client=$(client_error)
+	[ -z "$_reason" ] || _detail="$_detail $_reason"
+	[ -z "$_client" ] || _detail="$_detail; $_client"
+	printf '%s' "$_detail"
+}
+
 start=$(date +%s)
 attempt=1
 delay=$BACKOFF
@@ -261,16 +285,16 @@ while :; do
 			log "report already accepted by an earlier attempt"
 			exit 0
 		fi
-		die 4 "report refused (HTTP 409 $(error_reason))"
+		die 4 "report refused ($(failure_detail 409))"
 		;;
 	408 | 429 | 5?? | 000)
-		log "attempt $attempt failed (HTTP $code $(error_reason))"
+		log "attempt $attempt failed ($(failure_detail "$code"))"
 		;;
 	4??)
-		die 4 "report refused (HTTP $code $(error_reason))"
+		die 4 "report refused ($(failure_detail "$code"))"
 		;;
 	*)
-		log "attempt $attempt failed (unexpected HTTP status $code)"
+		log "attempt $attempt failed (unexpected status; $(failure_detail "$code"))"
 		;;
 	esac
 	attempt=$((attempt + 1))

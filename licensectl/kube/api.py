@@ -263,6 +263,12 @@ class CustomObjectsApi(_Api):
         path = f"{self._base(group, version)}/namespaces/{_seg(namespace)}/{_seg(plural)}/{_seg(name)}"
         return self._send("GET", path, kw)
 
+    def create_namespaced_custom_object(self, group: str, version: str, namespace: str, plural: str, body: Any,
+                                        **kw: Any) -> Awaitable[aiohttp.ClientResponse]:
+        """Only ever with dry_run="All" (the delivery probe, docs/design.md#delivery-readiness)."""
+        return self._send("POST", f"{self._base(group, version)}/namespaces/{_seg(namespace)}/{_seg(plural)}", kw,
+                          body=body)
+
     def patch_namespaced_custom_object(self, group: str, version: str, namespace: str, plural: str, name: str,
                                        body: Any, **kw: Any) -> Awaitable[aiohttp.ClientResponse]:
         path = f"{self._base(group, version)}/namespaces/{_seg(namespace)}/{_seg(plural)}/{_seg(name)}"

@@ -71,6 +71,12 @@ class CacheHealth:
     def core_healthy(self) -> bool:
         return all(c.synced and c.healthy for c in self.core)
 
+    def core_stale_seconds(self) -> float | None:
+        """The longest any core cache has not heard from the apiserver (None before they all listed once)."""
+        ages = [getattr(c, "stale_seconds", None) for c in self.core]
+        known = [a for a in ages if a is not None]
+        return max(known) if known and len(known) == len(ages) else None
+
     def kubevirt_healthy(self) -> bool:
         return all(c is not None and c.synced and c.healthy for c in (self.vms, self.vmis))
 
@@ -153,7 +159,8 @@ class Caches(CacheHealth):
             inf: Informer[SourceSecret] = Informer(
                 f"source:{ref}", functools.partial(self._core.list_namespaced_secret, ref.namespace),
                 projections.source_secret_from, field_selector=f"metadata.name={ref.name}",
-                on_change=lambda _k, _o, _n: self._on_change("source"), hooks=self._hooks)
+                on_change=lambda _k, _o, _n: self._on_change("source"),
+                on_synced=lambda: self._on_change("source"), hooks=self._hooks)
             self.sources[ref] = inf
             self._source_tasks[ref] = asyncio.create_task(inf.run(), name=f"informer-source-{ref}")
             log.info("watching source secret", source=str(ref))

@@ -19,6 +19,7 @@ from types import MappingProxyType
 from typing import Any, TypedDict
 
 from licensectl.core import boot_image, model
+from licensectl.core.delivery import parse_stamp
 from licensectl.core.timecodec import parse_time, to_epoch_us
 
 KUBEVIRT_GROUP = "kubevirt.io"
@@ -300,6 +301,26 @@ def vmi_gpu_claims(obj: object) -> tuple[str, ...]:
     return tuple(out)
 
 
+@functools.lru_cache(maxsize=256)
+def _stamp(value: str) -> tuple[tuple[str, str], ...]:
+    """One parsed stamp per distinct value: every VMI admitted at one revision carries the same."""
+    return tuple((_shared(n), _shared(r)) for n, r in parse_stamp(value))
+
+
+def _disk_ids(spec: Mapping[str, Any]) -> tuple[str, ...]:
+    """Disk serials and secret volume labels: what a guest finds a disk by (core.delivery.refusal)."""
+    out: list[str] = []
+    for d in _list(_path(spec, "domain", "devices", "disks")):
+        serial = _str(_path(d, "serial"))
+        if serial is not None and serial not in out:
+            out.append(serial)
+    for v in _list(spec.get("volumes")):
+        label = _str(_path(v, "secret", "volumeLabel"))
+        if label is not None and label not in out:
+            out.append(label)
+    return tuple(out)
+
+
 def vmi_from(obj: object) -> model.Vmi | None:
     meta = _meta(obj)
     m = _common(obj)
@@ -319,6 +340,10 @@ def vmi_from(obj: object) -> model.Vmi | None:
         for v in _list(spec.get("volumes"))
         if (sn := _str(_path(v, "secret", "secretName"))) is not None
     )
+    volume_names = tuple(n for v in _list(spec.get("volumes")) if (n := _str(_path(v, "name"))) is not None)
+    annotations = _dict(meta.get("annotations"))
+    stamp = annotations.get(model.ANN_DELIVERED_REVISION)
+    key = annotations.get(model.ANN_DELIVERED_KEY)
     name = m["name"]
     owner_vm = _str(owner.get("name")) if owner else None
     running = _running_since(status)
@@ -335,6 +360,10 @@ def vmi_from(obj: object) -> model.Vmi | None:
         firmware_uuid=_str(_path(spec, "domain", "firmware", "uuid")),
         deleting=bool(meta.get("deletionTimestamp")),
         gpu_claims=_shared_tuple(vmi_gpu_claims(obj)),
+        volume_names=_shared_tuple(volume_names),
+        delivered_revisions=_stamp(stamp) if isinstance(stamp, str) and stamp else (),
+        delivered_key=_shared(key) if isinstance(key, str) and key else None,
+        disk_serials=_shared_tuple(_disk_ids(spec)),
     )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -26,6 +26,7 @@ from licensectl.core.model import (
     RevisionStore,
     SourceSecret,
 )
+from licensectl.core.replication import SourceRevisions
 from licensectl.core.rotation import Decision, RotationRecord, content_revision
 from licensectl.kube.api import ApiException, CoreV1Api
 from licensectl.kube.raw import RawApi
@@ -66,6 +67,36 @@ def slot_source(store: RevisionStore, slot: str, *, live: SourceSecret, token_ke
         data[render.SOURCE_GRIDD_CONF_KEY] = store.data[ck]
     return SourceSecret(live.namespace, live.name, live.uid, live.resource_version, MappingProxyType(data),
                         live.annotations)
+
+
+def stores_by_source(stores: Iterable[RevisionStore]) -> dict[ObjectRef, RevisionStore]:
+    """The stores keyed by the source they name; a Secret whose name is not its source's store name
+    (a copy, a hand-made one) is no store."""
+    out: dict[ObjectRef, RevisionStore] = {}
+    for store in stores:
+        ref = store.source
+        if ref is not None and store.name == store_name(ref):
+            out[ref] = store
+    return out
+
+
+def source_rotations(stores: Mapping[ObjectRef, RevisionStore], live: Mapping[ObjectRef, SourceSecret | None], *,
+                     token_key: str) -> dict[ObjectRef, SourceRevisions]:
+    """Per source with a readable record: the record and the bytes it names (what replication renders
+    from). A source without one is left out: replication then changes nothing for it (unknown, not
+    "no revision"). The controller and the CLI's offline view read stores through this one function."""
+    out: dict[ObjectRef, SourceRevisions] = {}
+    for ref, store in stores.items():
+        src = live.get(ref)
+        rec = RotationRecord.from_annotations(store.annotations)
+        if src is None or rec is None:
+            continue
+        stable = slot_source(store, "stable", live=src, token_key=token_key)
+        if stable is None:
+            continue
+        cand = slot_source(store, "candidate", live=src, token_key=token_key) if rec.candidate else None
+        out[ref] = SourceRevisions(rec, stable, cand)
+    return out
 
 
 def slot_revision(store: RevisionStore, slot: str) -> str | None:

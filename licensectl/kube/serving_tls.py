@@ -9,6 +9,10 @@ The certificate lives in one Secret in licensectl's namespace (docs/operations.m
   caBundle of the MutatingWebhookConfiguration equal to the CA, and that of the
   ValidatingWebhookConfiguration of the same name with --vgpu-driver-check=enforce.
 
+In both modes the leader checks those configurations: a missing one, or a webhook without a caBundle,
+is a Warning Event, the `licensectl_webhook_configuration_problem` gauge and an alert
+(docs/operations.md#webhook-configuration), never only a log line.
+
 Every replica serves from one `ssl.SSLContext` that is reloaded in place, so listeners started
 once present a renewed certificate on their next handshake without a restart. Failures are logged
 and counted, never raised out of the watch loop.
@@ -30,6 +34,7 @@ from typing import Any
 
 from licensectl import config, logs
 from licensectl.core import certs
+from licensectl.core.delivery import CONFIGURATION_MISSING, CONFIGURATION_PROBLEMS, configuration_problem
 from licensectl.core.model import ANN_TLS, MODE_SELF_MANAGED, TLSSecret
 from licensectl.core.ports import EventSink, InvolvedObject
 from licensectl.core.reasons import Reason
@@ -43,7 +48,7 @@ from licensectl.kube.api import (
 from licensectl.kube.projections import tls_secret_from
 from licensectl.kube.raw import RawApi
 from licensectl.kube.watch import Informer
-from licensectl.metrics import Metrics
+from licensectl.metrics import GaugeSample, Metrics
 
 log = logs.get(__name__)
 
@@ -170,7 +175,9 @@ class ServingTLS:
         self._subscribers: list[Callable[[bytes, bytes], None]] = []
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self._logged: set[str] = set()  # one-time log lines (absent webhook configuration, ...)
+        self._logged: set[str] = set()  # one-time log lines (absent TLS Secret, ...)
+        # (kind, name) -> its problem (core.delivery.configuration_problem), as the leader last saw it.
+        self.configurations: dict[tuple[str, str], str | None] = {}
         self.informer: Informer[TLSSecret] = Informer(
             f"tls-secret:{self.namespace}/{self.secret_name}",
             functools.partial(CoreV1Api(api).list_namespaced_secret, self.namespace), tls_secret_from,
@@ -244,6 +251,8 @@ class ServingTLS:
                 self._absent()
             else:
                 self._load(secret)
+            if self._is_leader():
+                await self._sync_ca_bundle(b"")  # the issuer's injector sets it: check only
             return
         if secret is None:
             secret = await self._create()
@@ -393,7 +402,7 @@ class ServingTLS:
     async def _sync_ca_bundle(self, ca_pem: bytes) -> None:
         """Leader only: every webhook of the configurations trusts our CA (read, compare, patch if different)."""
         name = self.settings.webhook_configuration
-        if not name or not ca_pem or self._dry_run:
+        if not name or self._dry_run:
             return
         await self._sync_one("MutatingWebhookConfiguration", name, ca_pem,
                              self._admission.read_mutating_webhook_configuration,
@@ -405,16 +414,55 @@ class ServingTLS:
 
     async def _sync_one(self, kind: str, name: str, ca_pem: bytes, read: Callable[[str], Awaitable[Any]],
                         patch_call: Callable[[str, Any], Awaitable[Any]]) -> None:
-        absent = f"{kind}-absent"
         obj = await absent_on_404(read(name))
-        if obj is None:
-            if absent not in self._logged:
-                self._logged.add(absent)
-                log.info(f"{kind} not found; will set its caBundle once it exists", name=name)
+        problem = configuration_problem(obj)
+        patch = ca_bundle_patch(obj, ca_pem) if obj is not None and ca_pem else []
+        if patch:
+            try:
+                await patch_call(name, patch)
+            except ApiException:
+                await self._configuration_state(kind, name, problem, obj)  # a refused patch stays visible
+                raise
+            log.info("webhook caBundle updated", kind=kind, name=name, webhooks=len(patch) - 1)
+            problem = None
+        await self._configuration_state(kind, name, problem, obj)
+
+    async def _configuration_state(self, kind: str, name: str, problem: str | None, obj: Any) -> None:
+        """Record a configuration's problem: a Warning Event on it (aggregated by the recorder) and a log
+        line when it changes; a cleared problem is logged once."""
+        before = self.configurations.get((kind, name), "unknown")
+        self.configurations[(kind, name)] = problem
+        if problem is None:
+            if before not in (None, "unknown"):
+                log.info("webhook configuration fixed", kind=kind, name=name, was=before)
             return
-        self._logged.discard(absent)
-        patch = ca_bundle_patch(obj, ca_pem)
-        if not patch:
-            return
-        await patch_call(name, patch)
-        log.info("webhook caBundle updated", kind=kind, name=name, webhooks=len(patch) - 1)
+        if problem == CONFIGURATION_MISSING:
+            msg = (f"{kind} {name} does not exist: the apiserver does not call licensectl when VMIs are created, "
+                   f"so they start without their license volume. Install it under this name, or set "
+                   f"--webhook-configuration (Helm: config.webhookConfiguration) to its name.")
+        else:
+            fix = ("Check that the issuer's CA injector (cert-manager's cainjector) sets it."
+                   if self.mode == MODE_SECRET
+                   else "licensectl sets it itself: check its RBAC (get and patch on this name).")
+            msg = (f"{kind} {name} has a webhook without a caBundle: the apiserver cannot verify licensectl's "
+                   f"certificate and admits VMIs without their license volume (failurePolicy Ignore). {fix}")
+        if before != problem:
+            log.warning("webhook configuration problem", kind=kind, name=name, problem=problem)
+        if self._events is not None:
+            meta = obj.get("metadata") if isinstance(obj, dict) else None
+            raw_uid = meta.get("uid") if isinstance(meta, dict) else None
+            uid = raw_uid if isinstance(raw_uid, str) else ""
+            await self._events.emit(InvolvedObject("admissionregistration.k8s.io/v1", kind, "", name, uid),
+                                    "Warning", Reason.WEBHOOK_CONFIGURATION_PROBLEM, msg)
+
+    def samples(self) -> list[GaugeSample]:
+        """The leader's view of the configurations it checks (a standby checks none)."""
+        if not self._is_leader():
+            return []
+        return [GaugeSample("webhook_configuration_problem", (("kind", kind), ("name", name), ("problem", p)),
+                            1.0 if problem == p else 0.0)
+                for (kind, name), problem in sorted(self.configurations.items()) for p in CONFIGURATION_PROBLEMS]
+
+    def configuration_status(self) -> list[dict[str, str | None]]:
+        return [{"kind": kind, "name": name, "problem": problem}
+                for (kind, name), problem in sorted(self.configurations.items())]

@@ -1,7 +1,8 @@
-"""The internal HTTP listener: /metrics, /healthz, /readyz and /v1/status.
+"""The internal HTTP listener: /metrics, /livez (alias /healthz), /readyz and /v1/status.
 
 Tenant traffic never reaches this port: guest reports have their own listener (reports.py), so
-a NetworkPolicy can open one to tenants and keep the other for monitoring only.
+a NetworkPolicy can open one to tenants and keep the other for monitoring only. What ready and
+live mean is decided in core/readiness.py (docs/design.md#readiness); the body says why not.
 """
 
 from __future__ import annotations
@@ -13,27 +14,33 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from licensectl.core.readiness import Readiness
 from licensectl.metrics import Metrics
 
 
-def make_internal_app(metrics: Metrics, *, ready: Callable[[], bool], healthy: Callable[[], bool],
+def _answer(r: Readiness) -> web.Response:
+    return web.Response(text="ok\n") if r.ready else web.Response(status=503, text=f"{r.reason}\n")
+
+
+def make_internal_app(metrics: Metrics, *, ready: Callable[[], Readiness], live: Callable[[], Readiness],
                       status: Callable[[], Mapping[str, Any]]) -> web.Application:
     async def metrics_handler(_: web.Request) -> web.Response:
         body = generate_latest(metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    async def healthz(_: web.Request) -> web.Response:
-        return web.Response(text="ok\n") if healthy() else web.Response(status=503, text="unhealthy\n")
+    async def livez(_: web.Request) -> web.Response:
+        return _answer(live())
 
     async def readyz(_: web.Request) -> web.Response:
-        return web.Response(text="ok\n") if ready() else web.Response(status=503, text="caches not synced\n")
+        return _answer(ready())
 
     async def status_handler(_: web.Request) -> web.Response:
         return web.json_response(status())
 
     app = web.Application()
     app.router.add_get("/metrics", metrics_handler)
-    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/livez", livez)
+    app.router.add_get("/healthz", livez)  # the name manifests of earlier releases probe
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/v1/status", status_handler)
     return app

@@ -107,7 +107,6 @@ class EndpointLimits:
     global_burst: float = 1000.0
     # A guest clock outside now ± window is refused, so a future clock cannot poison replay state.
     clock_window: dt.timedelta = dt.timedelta(hours=1)
-    key_grace: dt.timedelta = dt.timedelta(days=7)
     read_timeout_seconds: float = 10.0
     max_tracked: int = 100_000  # bound on per-namespace buckets and per-VMI replay entries
 
@@ -237,7 +236,7 @@ def make_reports_app(
                 request.content_type != "text/plain" or (request.charset or "utf-8").lower() != "utf-8"):
             raise _Reject(BAD_CONTENT_TYPE, "Content-Type must be text/plain (UTF-8)")
         auth = _BEARER.fullmatch(request.headers.get("Authorization", ""))
-        if auth is None or not ring.verify(namespace, auth.group(1), now=now, grace=lim.key_grace):
+        if auth is None or not ring.verify(namespace, auth.group(1)):
             raise _Reject(UNAUTHORIZED, "missing or invalid credential for this namespace",
                           {"WWW-Authenticate": 'Bearer realm="licensectl"'})
         ctx["namespace"] = namespace

@@ -5,9 +5,13 @@ request, ask the controller's caches, answer. The mutating webhook refuses nothi
 (docs/design.md#webhook-adds-only): every well-formed review is allowed, with a JSONPatch when a license
 volume is due and a warning when a vGPU VMI boots from an image not marked as carrying the vGPU guest
 driver; anything it cannot judge (caches not synced yet, a malformed object) is admitted unchanged,
-and the backstop catches it later. Only the opt-in validating webhook (`VALIDATE_PATH`,
---vgpu-driver-check=enforce) denies, and only such a VMI (docs/design.md#boot-image-mark). Every
-replica answers, leader or not, so admission never waits for an election.
+and the backstop catches it later. A VMI it delivers to (or finds carrying its volume) also gets the
+delivery stamp (docs/design.md#delivery-stamp). A dry-run probe VMI in licensectl's own namespace is
+answered with one annotation, so the leader has evidence that the apiserver reaches a webhook that
+mutates before it restarts anything (docs/design.md#delivery-readiness). Only the opt-in validating
+webhook (`VALIDATE_PATH`, --vgpu-driver-check=enforce) denies, and only such a VMI
+(docs/design.md#boot-image-mark). Every replica answers, leader or not, so admission never waits for
+an election.
 
 It is served from its own thread and event loop (`WebhookServer`): a VMI creation waits on this
 answer, and must not queue behind a reconcile pass that holds the controller's loop for tens of
@@ -33,7 +37,7 @@ from aiohttp import web
 
 from licensectl import logs
 from licensectl.core.boot_image import Judgement, Verdict, denial, warning
-from licensectl.core.delivery import Delivery
+from licensectl.core.delivery import Delivery, is_probe, probe_patch
 from licensectl.kube.serving_tls import load_pair, server_context
 from licensectl.serve.http import start_site
 
@@ -54,7 +58,7 @@ class Admission:
 
     namespace: str
     name: str  # metadata.name; "" while the apiserver has not named it yet (generateName)
-    result: str  # mutated | unchanged | not_ready | ignored
+    result: str  # mutated | stamped | unchanged | not_ready | ignored | probe
     delivery: Delivery | None
     seconds: float
     dry_run: bool = False  # a dry run must cause no side effect (sideEffects: None): no Event
@@ -92,11 +96,20 @@ def _name_of(obj: Mapping[str, Any]) -> str:
     return name if isinstance(name, str) else ""
 
 
-def review_response(uid: str, delivery: Delivery | None, warnings: tuple[str, ...] = ()) -> dict[str, Any]:
+def admission_result(delivery: Delivery | None) -> str:
+    """The `result` label: a volume added, only the stamp set, nothing to change, or no decision."""
+    if delivery is None:
+        return "not_ready"
+    return "mutated" if delivery.mutated else ("stamped" if delivery.patch else "unchanged")
+
+
+def review_response(uid: str, delivery: Delivery | None, *, warnings: tuple[str, ...] = (),
+                    patch: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
     response: dict[str, Any] = {"uid": uid, "allowed": True}
-    if delivery is not None and delivery.mutated:
+    ops = delivery.patch if delivery is not None else patch
+    if ops:
         response["patchType"] = "JSONPatch"
-        response["patch"] = base64.b64encode(json.dumps(list(delivery.patch)).encode()).decode()
+        response["patch"] = base64.b64encode(json.dumps(list(ops)).encode()).decode()
     if warnings:
         response["warnings"] = list(warnings)
     return {"apiVersion": ADMISSION_VERSION, "kind": "AdmissionReview", "response": response}
@@ -129,10 +142,16 @@ async def _read_review(request: web.Request) -> _Review | web.Response:
 
 def make_webhook_app(*, decide: Decide, on_admission: Callable[[Admission], None],
                      check_boot: CheckBoot | None = None, enforce: bool = False,
-                     on_validation: Callable[[Validation], None] | None = None) -> web.Application:
+                     on_validation: Callable[[Validation], None] | None = None,
+                     probe_namespace: str = "", probe_answer: Callable[[], str | None] | None = None,
+                     ) -> web.Application:
     """The mutating webhook at PATH; at VALIDATE_PATH the enforce webhook, which denies a vGPU VMI whose
     boot image is unmarked when `enforce` is set and allows everything otherwise (a configuration
-    registered without the setting must not start refusing)."""
+    registered without the setting must not start refusing).
+
+    `probe_answer()` is what a delivery probe in `probe_namespace` is answered with (the replica's
+    identity), or None while this replica could not deliver (caches not synced): then the probe comes
+    back unchanged and the leader keeps waiting."""
 
     async def mutate(request: web.Request) -> web.Response:
         start = time.perf_counter()
@@ -142,13 +161,19 @@ def make_webhook_app(*, decide: Decide, on_admission: Callable[[Admission], None
         if review.obj is None:
             on_admission(Admission(review.namespace, "", "ignored", None, time.perf_counter() - start))
             return web.json_response(review_response(review.uid, None))
+        if probe_answer is not None and is_probe(review.obj, namespace=review.namespace,
+                                                 own_namespace=probe_namespace, dry_run=review.dry_run):
+            answer = probe_answer()
+            # Counted apart from VMI reviews, answered or not: the probe's own metric says which.
+            on_admission(Admission(review.namespace, "", "probe", None, time.perf_counter() - start, dry_run=True))
+            return web.json_response(review_response(review.uid, None, patch=probe_patch(answer) if answer else ()))
         delivery = decide(review.namespace, review.obj)
         boot = check_boot(review.namespace, review.obj) if check_boot is not None else None
         text = warning(boot) if boot is not None else None
-        result = "not_ready" if delivery is None else ("mutated" if delivery.mutated else "unchanged")
+        result = admission_result(delivery)
         on_admission(Admission(review.namespace, _name_of(review.obj), result, delivery, time.perf_counter() - start,
                                dry_run=review.dry_run, boot=boot))
-        return web.json_response(review_response(review.uid, delivery, (text,) if text else ()))
+        return web.json_response(review_response(review.uid, delivery, warnings=(text,) if text else ()))
 
     async def validate(request: web.Request) -> web.Response:
         start = time.perf_counter()

@@ -20,6 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "licensectl"
 VALUES = Path(__file__).resolve().parent / "values"
 NAMESPACE = "licensectl-system"
+# image.repository, which the chart requires: the first values file of every render (`bare` leaves it out).
+REQUIRED = VALUES / "image.yaml"
 
 
 @dataclass(frozen=True)
@@ -50,10 +52,11 @@ class Helm:
 
     def template(self, values: Mapping[str, Any] | None = None, *, files: Sequence[Path] = (),
                  namespace: str = NAMESPACE, release: str = "licensectl",
-                 chart: Path = CHART) -> subprocess.CompletedProcess[str]:
-        """`helm template` with value files and a values document (applied last) on stdin."""
+                 chart: Path = CHART, bare: bool = False) -> subprocess.CompletedProcess[str]:
+        """`helm template` with value files and a values document (applied last) on stdin; the required
+        image.repository comes first unless `bare`."""
         args = ["template", release, str(chart), "--namespace", namespace]
-        for f in files:
+        for f in ([] if bare else [REQUIRED]) + list(files):
             args += ["--values", str(f)]
         if values is not None:
             args += ["--values", "-"]

@@ -12,6 +12,7 @@ import copy
 import json
 import re
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from licensectl import __version__, config
 from licensectl.cli import main as cli
 
 from ..manifests.test_manifests import gpuclass_policy, kustomize, static_kubectl
-from .helm import CHART, NAMESPACE, ROOT, VALUES, Helm, objects_by_key
+from .helm import CHART, NAMESPACE, REQUIRED, ROOT, VALUES, Helm, objects_by_key
 
 # They need the Go-built helm, helm-unittest and kubectl (the control plane's build): the slow tier.
 pytestmark = pytest.mark.cluster
@@ -37,6 +38,7 @@ TOGGLES = {
     "monitoring.prometheusOperator.enabled": False,
     "monitoring.victoriaMetrics.enabled": False,
     "monitoring.dashboard.enabled": False,
+    "monitoring.grafanaOperator.enabled": False,
     "config.restartFallbackDelete": None,
     "spreadAcrossNodes": True,
     "certManager.enabled": False,
@@ -58,9 +60,18 @@ def default_values() -> dict[str, Any]:
 
 def all_on() -> dict[str, Any]:
     v = default_values()
+    v["image"]["repository"] = "licensectl"
     for path in TOGGLES:
         set_path(v, path, True)
     v["replicaCount"] = 1  # so config.leaderElect can be switched off too
+    return v
+
+
+def with_standby(values: dict[str, Any]) -> dict[str, Any]:
+    """The same values with three replicas (and leader election): the PodDisruptionBudget renders."""
+    v = copy.deepcopy(values)
+    v["replicaCount"] = 3
+    v["config"]["leaderElect"] = True
     return v
 
 
@@ -75,7 +86,7 @@ def test_helm_is_the_pinned_v4(helm: Helm) -> None:
 
 @pytest.mark.parametrize("values", [{}, all_on(), "kustomize-example.yaml"], ids=["defaults", "all-on", "example"])
 def test_helm_lint_strict(helm: Helm, values: dict[str, Any] | str) -> None:
-    args = ["lint", "--strict", str(CHART), "--namespace", NAMESPACE]
+    args = ["lint", "--strict", str(CHART), "--namespace", NAMESPACE, "--values", str(REQUIRED)]
     if isinstance(values, str):
         res = helm.run(*args, "--values", str(VALUES / values))
     else:
@@ -212,8 +223,17 @@ SAMPLES: dict[str, Any] = {
     "monitoring.labels": {"release": "monitoring"},
     "monitoring.runbookBaseUrl": "https://docs.example.net/licensectl/operations.md",
     "monitoring.dashboard.namespace": "cozy-grafana",
+    "monitoring.grafanaOperator.namespace": "tenant-root",
+    "monitoring.grafanaOperator.instanceSelector.dashboards": "main",
+    "monitoring.grafanaOperator.folder": "Platform",
     "monitoring.dashboard.sidecarLabel.grafana_dashboard": "yes",
     "podDisruptionBudget.minAvailable": 2,
+    "config.leaseDurationSeconds": 30,
+    "config.reportUrl": "https://licensectl.example.net/v1/reports",
+    "config.gpuVersion": "v1beta1",
+    "config.tenantLabelPrefix": "tenant.example.net/",
+    "config.renewDeadlineSeconds": 12,
+    "config.retryPeriodSeconds": 3,
     "replicaCount": 3,
     "config.metricsAddress": "0.0.0.0:9000",
     "config.reportsAddress": "0.0.0.0:9443",
@@ -249,21 +269,24 @@ def changed(path: str, value: Any) -> Any:
 
 
 def test_no_dead_values(helm: Helm) -> None:
-    """Every value changes at least one rendered object when changed (with every toggle on)."""
-    base = all_on()
-    reference = objects_by_key(helm.render(base))
-    paths, variants = [], []
-    for parts, value in leaves(base):
+    """Every value changes at least one rendered object when changed (with every toggle on; the
+    PodDisruptionBudget's values with the replicas it needs)."""
+    bases = {"single": all_on(), "standby": with_standby(all_on())}
+    references = {name: objects_by_key(helm.render(base)) for name, base in bases.items()}
+    paths, variants, against = [], [], []
+    for parts, value in leaves(bases["single"]):
         path = ".".join(parts)
-        values = copy.deepcopy(base)
+        base = "standby" if path.startswith("podDisruptionBudget.") else "single"
+        values = copy.deepcopy(bases[base])
         set_path(values, parts, changed(path, value))
         paths.append(path)
         variants.append(values)
+        against.append(base)
     assert len(paths) > 60
     dead = []
-    for path, res in zip(paths, helm.template_many(variants), strict=True):
+    for path, base, res in zip(paths, against, helm.template_many(variants), strict=True):
         assert res.returncode == 0, f"{path}: {res.stderr}"
-        if objects_by_key([d for d in yaml.safe_load_all(res.stdout) if d]) == reference:
+        if objects_by_key([d for d in yaml.safe_load_all(res.stdout) if d]) == references[base]:
             dead.append(path)
     assert not dead, f"values that change nothing: {dead}"
 
@@ -282,11 +305,63 @@ def test_no_dead_values(helm: Helm) -> None:
     ({"gpuClassPolicy": {"enable": True}}, "enable"),
     ({"monitoring": {"runbookBaseUrl": "docs/operations.md"}}, "runbookBaseUrl"),
     ({"monitoring": {"runbookBaseUrl": "https://x.example/ops.md#anchor"}}, "runbookBaseUrl"),
+    # issue 26: every string setting licensectl parses has the parser's pattern.
+    ({"config": {"canary": "5 VMs"}}, "/config/canary"),
+    ({"config": {"canary": "0%"}}, "/config/canary"),
+    ({"config": {"canary": "namespaces:"}}, "/config/canary"),
+    ({"config": {"rolloutSteps": "10,50,100"}}, "/config/rolloutSteps"),
+    ({"config": {"rolloutSteps": "10%;100%"}}, "/config/rolloutSteps"),
+    ({"config": {"rolloutSteps": "150%"}}, "/config/rolloutSteps"),
+    ({"config": {"metricsAddress": "8080"}}, "/config/metricsAddress"),
+    ({"config": {"webhookAddress": "0.0.0.0:https"}}, "/config/webhookAddress"),
+    ({"config": {"reportUrl": "licensectl-reports:8443"}}, "/config/reportUrl"),
+    ({"config": {"vgpuDriverImages": "registry.example.com/a b"}}, "/config/vgpuDriverImages"),
+    ({"config": {"leaseName": "Licensectl_Lease"}}, "/config/leaseName"),
+    ({"config": {"gpuVersion": "1alpha1"}}, "/config/gpuVersion"),
+    ({"image": {"repository": "registry.example.com/licensectl@sha256:0"}}, "/image/repository"),
+    ({"monitoring": {"grafanaOperator": {"instanceSelector": {"dashboards": 1}}}},
+     "/monitoring/grafanaOperator/instanceSelector/dashboards"),
+    ({"monitoring": {"grafanaOperator": {"enable": True}}}, "enable"),
 ], ids=lambda v: json.dumps(v) if isinstance(v, dict) else v)
 def test_schema_rejects_bad_values_naming_them(helm: Helm, values: dict[str, Any], message: str) -> None:
     res = helm.template(values)
     assert res.returncode != 0
     assert "schema" in res.stderr and message in res.stderr, res.stderr
+
+
+def test_schema_requires_an_image_repository(helm: Helm) -> None:
+    """The chart has no default repository: leaving it out is an install error, not ImagePullBackOff."""
+    res = helm.template(bare=True)
+    assert res.returncode != 0
+    assert "schema" in res.stderr and "/image/repository" in res.stderr, res.stderr
+    res = helm.template({"image": {"repository": "registry.example.com/platform/licensectl"}}, bare=True)
+    assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"config": {"renewDeadlineSeconds": 20}},
+     "config.renewDeadlineSeconds (20) must be less than config.leaseDurationSeconds (15)"),
+    ({"config": {"leaseDurationSeconds": 8}},
+     "config.renewDeadlineSeconds (10) must be less than config.leaseDurationSeconds (8)"),
+    ({"config": {"renewDeadlineSeconds": 2}},
+     "config.retryPeriodSeconds (2) x 1.2 must be less than config.renewDeadlineSeconds (2)"),
+    ({"config": {"rolloutSteps": "50%,10%"}}, 'config.rolloutSteps "50%,10%" must increase'),
+    ({"replicaCount": 3, "podDisruptionBudget": {"minAvailable": 3}},
+     "podDisruptionBudget.minAvailable (3) must be less than replicaCount (3)"),
+], ids=lambda v: json.dumps(v) if isinstance(v, dict) else v)
+def test_templates_refuse_inconsistent_values(helm: Helm, values: dict[str, Any], message: str) -> None:
+    """What a per-value schema cannot see: lease timings (licensectl's defaults fill the unset ones),
+    step order, a PodDisruptionBudget that leaves nothing to evict."""
+    res = helm.template(values)
+    assert res.returncode != 0
+    assert message in res.stderr, res.stderr
+
+
+def test_one_replica_renders_no_pod_disruption_budget(helm: Helm) -> None:
+    single = {"replicaCount": 1, "config": {"leaderElect": False}}
+    assert not [o for o in helm.render(single) if o["kind"] == "PodDisruptionBudget"]
+    pdbs = [o for o in helm.render() if o["kind"] == "PodDisruptionBudget"]
+    assert [p["spec"]["minAvailable"] for p in pdbs] == [1]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -355,51 +430,66 @@ def test_chart_renders_the_shipped_gpuclass_policy(helm: Helm) -> None:
     assert policy_objects(helm.render({"gpuClassPolicy": {"enabled": False}})) == {}
 
 
-def test_chart_reads_alerts_dashboard_rbac_and_crds_from_their_one_file() -> None:
-    """files/ holds links to the single sources, not copies."""
-    files = CHART / "files"
-    crds = ROOT / "licensectl_dev" / "devcluster" / "crds"
-    components = ROOT / "manifests" / "components"
-    expected = {
-        "rbac.yaml": ROOT / "manifests" / "base" / "rbac.yaml",
-        "rbac-restart-fallback-delete.yaml": components / "restart-fallback-delete" / "rbac.yaml",
-        "rbac-vgpu-driver-enforce.yaml": components / "vgpu-driver-enforce" / "rbac.yaml",
-        "prometheusrule.yaml": components / "monitoring" / "prometheusrule.yaml",
-        "gpuclass-policy.yaml": components / "gpuclass-immutable" / "policy.yaml",
-        "dashboard.json": ROOT / "dashboards" / "licensectl.json",
-        "crds/gpu.cozystack.io_gpuclasses.yaml": crds / "gpu.cozystack.io_gpuclasses.yaml",
-        "crds/gpu.cozystack.io_gpuclaims.yaml": crds / "gpu.cozystack.io_gpuclaims.yaml",
-    }
-    present = {str(p.relative_to(files)) for p in files.rglob("*") if p.is_symlink() or p.is_file()}
-    assert present == set(expected)
-    for name, target in expected.items():
-        assert (files / name).is_symlink(), f"{name} must link to {target.relative_to(ROOT)}, not copy it"
-        assert (files / name).resolve() == target.resolve()
+def test_cozystack_example(helm: Helm) -> None:
+    """examples/cozystack.yaml: scraped from cozy-monitoring, VictoriaMetrics objects, the dashboard as a
+    GrafanaDashboard for grafana-operator (no sidecar ConfigMap, which Cozystack's Grafana ignores)."""
+    example = CHART / "examples" / "cozystack.yaml"
+    res = helm.run("lint", "--strict", str(CHART), "--namespace", NAMESPACE, "--values", str(example))
+    assert res.returncode == 0, res.stdout + res.stderr
+    objs = objects_by_key(helm.render(files=[example]))
+    policy = objs[("NetworkPolicy", NAMESPACE, "licensectl")]
+    metrics = next(r for r in policy["spec"]["ingress"] if r.get("ports") == [{"port": "metrics", "protocol": "TCP"}])
+    cozy = {"matchLabels": {"kubernetes.io/metadata.name": "cozy-monitoring"}}
+    assert metrics["from"] == [{"namespaceSelector": cozy}]
+    dashboard = objs[("GrafanaDashboard", NAMESPACE, "licensectl")]
+    assert dashboard["apiVersion"] == "grafana.integreatly.org/v1beta1"
+    assert dashboard["spec"]["instanceSelector"] == {"matchLabels": {"dashboards": "grafana"}}
+    assert dashboard["spec"]["allowCrossNamespaceImport"] is True
+    assert {k[0] for k in objs} >= {"VMServiceScrape", "VMRule", "GrafanaDashboard", "PodDisruptionBudget"}
+    assert not {k[0] for k in objs} & {"ServiceMonitor", "PrometheusRule"}
+    assert ("ConfigMap", NAMESPACE, "licensectl-dashboard") not in objs
+    image = objs[("Deployment", NAMESPACE, "licensectl")]["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image == f"registry.example.com/platform/licensectl:{__version__}"
 
 
-def test_packaged_chart_carries_the_linked_files(helm: Helm, tmp_path: Path) -> None:
-    """`helm package` stores the content behind files/ links: the archive renders like the directory."""
+EVERYTHING = {"gpuCRDs": True, "config": {"restartFallbackDelete": True},
+              "monitoring": {"prometheusOperator": {"enabled": True}, "victoriaMetrics": {"enabled": True},
+                             "dashboard": {"enabled": True}, "grafanaOperator": {"enabled": True}}}
+
+
+def test_copied_chart_renders_like_the_packaged_chart(helm: Helm, tmp_path: Path) -> None:
+    """`cp -r charts/licensectl` (vendoring into a platform tree) and `helm package` give the same chart."""
     res = helm.run("package", str(CHART), "--destination", str(tmp_path))
     assert res.returncode == 0, res.stderr
     archive = tmp_path / f"licensectl-{yaml.safe_load((CHART / 'Chart.yaml').read_text())['version']}.tgz"
-    everything = {"gpuCRDs": True, "config": {"restartFallbackDelete": True},
-                  "monitoring": {"prometheusOperator": {"enabled": True}, "dashboard": {"enabled": True}}}
-    from_dir = helm.template(everything)
-    from_archive = helm.template(everything, chart=archive)
+    vendored = tmp_path / "platform" / "packages" / "system"
+    vendored.mkdir(parents=True)
+    cp = subprocess.run(["cp", "-r", str(CHART), str(vendored)], capture_output=True, text=True, timeout=60,
+                        check=False)
+    assert cp.returncode == 0, cp.stderr
+    from_copy = helm.template(EVERYTHING, chart=vendored / "licensectl")
+    from_archive = helm.template(EVERYTHING, chart=archive)
+    assert from_copy.returncode == 0, from_copy.stderr
     assert from_archive.returncode == 0, from_archive.stderr
-    assert from_archive.stdout == from_dir.stdout
+    assert from_copy.stdout == from_archive.stdout
+    assert from_copy.stdout == helm.template(EVERYTHING).stdout
+    kinds = {d["kind"] for d in yaml.safe_load_all(from_copy.stdout) if d}
+    assert {"GrafanaDashboard", "PrometheusRule", "VMRule", "CustomResourceDefinition", "ConfigMap"} <= kinds
 
 
 def test_rendered_alerts_and_dashboard_are_the_files(helm: Helm) -> None:
     objs = objects_by_key(helm.render({"monitoring": {"prometheusOperator": {"enabled": True},
                                                       "victoriaMetrics": {"enabled": True},
-                                                      "dashboard": {"enabled": True}}}))
+                                                      "dashboard": {"enabled": True},
+                                                      "grafanaOperator": {"enabled": True}}}))
     source = yaml.safe_load((ROOT / "manifests" / "components" / "monitoring" / "prometheusrule.yaml").read_text())
     assert objs[("PrometheusRule", NAMESPACE, "licensectl")]["spec"] == source["spec"]
     assert objs[("VMRule", NAMESPACE, "licensectl")]["spec"] == source["spec"]
+    source_dashboard = json.loads((ROOT / "dashboards" / "licensectl.json").read_text())
     dashboard = objs[("ConfigMap", NAMESPACE, "licensectl-dashboard")]
-    assert json.loads(dashboard["data"]["licensectl.json"]) == json.loads(
-        (ROOT / "dashboards" / "licensectl.json").read_text())
+    assert json.loads(dashboard["data"]["licensectl.json"]) == source_dashboard
+    grafana = objs[("GrafanaDashboard", NAMESPACE, "licensectl")]
+    assert json.loads(grafana["spec"]["json"]) == source_dashboard
 
 
 def test_runbook_base_url_is_set_at_install_time(helm: Helm) -> None:
@@ -428,3 +518,29 @@ def test_deployment_env_names_are_licensectl_settings(helm: Helm) -> None:
     assert settings.deletions_per_minute == 7
     assert settings.settle_seconds == 7.5
     assert settings.restart_fallback_delete is True
+
+
+def test_image_exposes_every_port_the_chart_serves(helm: Helm) -> None:
+    """The Dockerfile's EXPOSE lists the Deployment's containerPorts (metrics, reports, webhook)."""
+    dep = objects_by_key(helm.render())[("Deployment", NAMESPACE, "licensectl")]
+    ports = {p["containerPort"] for p in dep["spec"]["template"]["spec"]["containers"][0]["ports"]}
+    exposed = {int(p) for line in (ROOT / "Dockerfile").read_text().splitlines() if line.startswith("EXPOSE ")
+               for p in line.split()[1:]}
+    assert exposed == ports == {8080, 8443, 9443}
+
+
+def test_template_defaults_are_licensectls() -> None:
+    """_helpers.tpl repeats two sets of licensectl's defaults: the in-cluster settings a release from
+    before a key existed gets, and the Lease timings the cross-check assumes when they are null."""
+    helpers = (CHART / "templates" / "_helpers.tpl").read_text()
+    m = re.search(r'\$inCluster := dict (.*?) -\}\}', helpers)
+    assert m is not None
+    words = re.findall(r'"([^"]*)"|(\btrue\b|\bfalse\b)', m.group(1))
+    items = [w[0] or w[1] for w in words]
+    in_cluster = {items[i]: items[i + 1] for i in range(0, len(items), 2)}
+    assert in_cluster == {config.helm_key(k): str(v).lower() if isinstance(v, bool) else v
+                          for k, v in config.IN_CLUSTER.items()}
+    timings = dict(re.findall(r'list \$config "(\w+)" ([0-9.]+)\)', helpers))
+    defaults = config.Settings()
+    assert timings == {config.helm_key(f): str(getattr(defaults, f))
+                       for f in ("lease_duration_seconds", "renew_deadline_seconds", "retry_period_seconds")}

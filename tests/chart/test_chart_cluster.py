@@ -34,7 +34,8 @@ from licensectl_dev.testkit.world import unique
 from ..e2e.support import controllers, create_pod, make_fleet, start_controller
 from ..integration.test_gpuclass_policy import wait_gpuclass_policy_lifted
 from ..manifests.test_manifests import cluster, dry_run, kustomize, operator_crds  # noqa: F401 - fixtures
-from .helm import CHART, NAMESPACE, ROOT, VALUES, Helm, objects_by_key
+from .helm import CHART, NAMESPACE, REQUIRED, ROOT, VALUES, Helm, objects_by_key
+from .test_chart_history import chart_commits
 
 VM_CRDS = sorted((Path(__file__).resolve().parent / "crds").glob("*.yaml"))
 
@@ -74,6 +75,8 @@ def combination(flags: dict[str, bool], single: bool) -> dict[str, Any]:
         for p in path[:-1]:
             node = node.setdefault(p, {})
         node[path[-1]] = flags[name]
+    # The GrafanaDashboard is independent of every other switch: it rides with the sidecar ConfigMap.
+    values["monitoring"]["grafanaOperator"] = {"enabled": flags["dashboard"]}
     if single:
         values["replicaCount"] = 1
         values.setdefault("config", {})["leaderElect"] = False
@@ -92,7 +95,7 @@ def test_every_valid_toggle_combination_passes_server_dry_run(helm: Helm, kube: 
                 unique_objs[json.dumps(o, sort_keys=True)] = o
     objs = list(unique_objs.values())
     kinds = {o["kind"] for o in objs}
-    assert {"VMRule", "VMServiceScrape", "PrometheusRule", "ServiceMonitor", "ConfigMap",
+    assert {"VMRule", "VMServiceScrape", "PrometheusRule", "ServiceMonitor", "ConfigMap", "GrafanaDashboard",
             "CustomResourceDefinition", "PodDisruptionBudget", "NetworkPolicy",
             "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} <= kinds
     res = dry_run(kube, objs)
@@ -225,7 +228,7 @@ async def test_install_run_as_its_service_account_upgrade_and_uninstall(
     # A second release (another namespace) is refused: licensectl is a cluster singleton.
     other = unique("lc-helm2")
     res = helm.run("install", "licensectl", str(CHART), "--namespace", other, "--create-namespace",
-                   kubeconfig=kubeconfig_path)
+                   "--values", str(REQUIRED), kubeconfig=kubeconfig_path)
     assert res.returncode != 0
     assert "ClusterRole" in res.stderr and "release-namespace" in res.stderr, res.stderr
     assert run([*kube, "get", "namespace", other]).returncode != 0  # refused before creating anything
@@ -266,7 +269,7 @@ async def test_install_run_as_its_service_account_upgrade_and_uninstall(
 
     # 3. Upgrade to the Cozystack setup: objects are updated in place, switched-off ones removed.
     uid = deployment["metadata"]["uid"]
-    res = helm.run("upgrade", "licensectl", str(CHART), "--namespace", ns,
+    res = helm.run("upgrade", "licensectl", str(CHART), "--namespace", ns, "--values", str(REQUIRED),
                    "--set", "monitoring.victoriaMetrics.enabled=true", "--set", "monitoring.dashboard.enabled=true",
                    "--set", "podDisruptionBudget.enabled=false", "--set", "config.maxUnavailable=5",
                    kubeconfig=kubeconfig_path)
@@ -300,3 +303,94 @@ async def test_install_run_as_its_service_account_upgrade_and_uninstall(
         await CoordinationV1Api(api_client).read_namespaced_lease("licensectl", ns)
     except ApiException as e:  # pragma: no cover - reported below
         pytest.fail(f"the Lease should outlive the release: {e.status}")
+    # Everything left in the namespace is in the Uninstall section's table (docs/operations.md#uninstall).
+    left = {n.split("/", 1)[1] for n in names(kube, ns, "secrets,leases,configmaps")} - {"kube-root-ca.crt"}
+    assert {"licensectl-tls", "licensectl-report-signing-key", "licensectl"} <= left, left
+    assert undocumented_leftovers(left) == set()
+
+
+def uninstall_section() -> str:
+    text = (ROOT / "docs" / "operations.md").read_text()
+    start = text.index("\n## Uninstall\n")
+    return text[start:text.index("\n## ", start + 1)]
+
+
+def undocumented_leftovers(left: set[str]) -> set[str]:
+    """Names (revision stores by their prefix) the Uninstall section does not mention in backquotes."""
+    section = uninstall_section()
+    return {n for n in left
+            if f"`{n}`" not in section and not (n.startswith("licensectl-revisions-")
+                                                 and "`licensectl-revisions-<hash>`" in section)}
+
+
+def test_uninstall_docs_check_catches_an_unlisted_object() -> None:
+    assert undocumented_leftovers({"licensectl-tls", "licensectl-revisions-0123456789abcdef"}) == set()
+    assert undocumented_leftovers({"licensectl-mystery"}) == {"licensectl-mystery"}
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_reuse_values_upgrade_from_the_oldest_chart_version(
+        helm: Helm, kube: list[str], kubeconfig_path: Path, api_client: ApiClient, cleanup: Any,
+        tmp_path: Path) -> None:
+    """The documented upgrade, for real: the first chart version in git history (from before
+    certManager, gpuClassPolicy and the webhook existed) is installed, then upgraded with
+    `--reuse-values --set image.tag=...` to this chart. test_chart_history.py renders the same from
+    every earlier version; this proves the model against Helm's own upgrade and the apiserver."""
+    tree = chart_at(chart_commits()[-1], tmp_path / "oldest")
+    ns = unique("lc-reuse")
+    core = CoreV1Api(api_client)
+
+    async def drop() -> None:
+        helm.run("uninstall", "licensectl", "--namespace", ns, "--ignore-not-found", "--wait",
+                 kubeconfig=kubeconfig_path)
+        await core.delete_namespace(ns)
+
+    cleanup(drop)
+    res = helm.run("install", "licensectl", str(tree), "--namespace", ns,
+                   "--create-namespace", kubeconfig=kubeconfig_path)
+    assert res.returncode == 0, res.stderr
+    before = kubectl_json(kube, "get", "deployment", "licensectl", "-n", ns)["metadata"]["uid"]
+    assert run([*kube, "get", "mutatingwebhookconfiguration", "licensectl"]).returncode != 0  # not in that chart
+
+    res = helm.run("upgrade", "licensectl", str(CHART), "--namespace", ns, "--reuse-values",
+                   "--set", "image.tag=9.9.9", kubeconfig=kubeconfig_path)
+    assert res.returncode == 0, res.stderr
+    deployment = kubectl_json(kube, "get", "deployment", "licensectl", "-n", ns)
+    assert deployment["metadata"]["uid"] == before
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == "licensectl:9.9.9"  # the old release's repository, the new tag
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["LICENSECTL_WEBHOOK_ADDRESS"] == "0.0.0.0:9443"  # absent from the old values: the pod's default
+    assert {p["name"] for p in container["ports"]} == {"metrics", "reports", "webhook"}
+    # Objects of values the old release never had, as a fresh install renders them.
+    assert names(kube, ns, "services") >= {"Service/licensectl-webhook"}
+    hook = kubectl_json(kube, "get", "mutatingwebhookconfiguration", "licensectl")
+    assert hook["metadata"]["annotations"]["meta.helm.sh/release-namespace"] == ns
+    assert "cert-manager.io/inject-ca-from" not in hook["metadata"].get("annotations", {})
+    assert policy_names(kube) == GPUCLASS_POLICY
+    history = json.loads(helm.run("history", "licensectl", "--namespace", ns, "-o", "json",
+                                  kubeconfig=kubeconfig_path).stdout)
+    assert [(h["chart"], h["status"]) for h in history] == [
+        ("licensectl-0.1.0", "superseded"), (f"licensectl-{chart_version()}", "deployed")]
+
+    res = helm.run("uninstall", "licensectl", "--namespace", ns, "--wait", kubeconfig=kubeconfig_path)
+    assert res.returncode == 0, res.stderr
+    assert not policy_names(kube)
+    await wait_gpuclass_policy_lifted(api_client)  # the tests after this one edit classes freely
+
+
+def chart_at(commit: str, into: Path) -> Path:
+    """The repository as of `commit` unpacked under `into` (the chart's files/ were links into the rest
+    of the tree then); returns that commit's chart directory."""
+    into.mkdir()
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", commit],
+                             capture_output=True, timeout=120, check=False)
+    assert archive.returncode == 0, archive.stderr
+    unpack = subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, capture_output=True, timeout=120,
+                            check=False)
+    assert unpack.returncode == 0, unpack.stderr
+    return into / "charts" / "licensectl"
+
+
+def chart_version() -> str:
+    return str(yaml.safe_load((CHART / "Chart.yaml").read_text())["version"])

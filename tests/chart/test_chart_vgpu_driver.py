@@ -49,7 +49,9 @@ def test_enforce_renders_the_component(helm: Helm, tmp_path: Path) -> None:
 def test_enforce_with_cert_manager_and_a_custom_configuration_name(helm: Helm) -> None:
     objs = objects_by_key(helm.render({"certManager": {"enabled": True},
                                        "config": {"vgpuDriverCheck": "enforce", "webhookConfiguration": "lc"}}))
-    vwc = objs[("ValidatingWebhookConfiguration", "", "licensectl")]
+    # One name everywhere: both configurations, the RBAC resourceNames, the controller's setting.
+    assert ("MutatingWebhookConfiguration", "", "lc") in objs
+    vwc = objs[("ValidatingWebhookConfiguration", "", "lc")]
     assert vwc["metadata"]["annotations"] == {"cert-manager.io/inject-ca-from": f"{NAMESPACE}/licensectl-serving"}
     (rule,) = objs[("ClusterRole", "", "licensectl-vgpu-driver-enforce")]["rules"]
     assert rule["resourceNames"] == ["lc"]

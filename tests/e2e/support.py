@@ -394,7 +394,10 @@ class Rig:
         for p in self.proxies.values():
             await p.stop()
 
-    async def controller(self, started: list[ControllerProcess], pod: str, **lease: Any) -> ControllerProcess:
+    async def controller(self, started: list[ControllerProcess], pod: str, *, register_webhook: bool = True,
+                         **lease: Any) -> ControllerProcess:
+        """`register_webhook=False`: no configuration of its own (the test registers one in front of the
+        webhook Service, as the shipped topology has)."""
         kubeconfig = self.tmp / f"{pod}-{len(started)}.kubeconfig"
         kubeconfig.write_text(self.proxies[pod].kubeconfig(self.cp.admin_token))
         kubeconfig.chmod(0o600)
@@ -403,7 +406,7 @@ class Rig:
             leader_elect=True, root_tenant=self.fleet.root_name, report_url=self.service.url,
             reports_plain_http=True,  # ReportsService is a plain HTTP proxy (TLS: test_serving_tls.py)
             max_unavailable="1", max_per_namespace=1, restart_timeout_seconds=60,
-            report_interval_seconds=REPORT_INTERVAL, webhook_api=self.fleet.api, **lease)
+            report_interval_seconds=REPORT_INTERVAL, webhook_api=self.fleet.api if register_webhook else None, **lease)
         started.append(c)
         self.service.endpoints[pod] = c
         return c

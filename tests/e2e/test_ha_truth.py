@@ -47,8 +47,10 @@ pytestmark = [pytest.mark.cluster]
 
 ROOT = Path(__file__).resolve().parents[2]
 RULE = ROOT / "manifests" / "components" / "monitoring" / "prometheusrule.yaml"
-LEASE = {"lease_duration_seconds": 3, "renew_deadline_seconds": 2, "retry_period_seconds": 0.5}
+LEASE: dict[str, float] = {"lease_duration_seconds": 3, "renew_deadline_seconds": 2, "retry_period_seconds": 0.5}
 SCALE = REPORT_INTERVAL / config.Settings().report_interval_seconds
+# A new VMI's patience before its first report, on the same scaled clock as the alerts' `for`.
+LEASE["guest_boot_allowance_seconds"] = round(config.Settings().guest_boot_allowance_seconds * SCALE, 1)
 DURATION_KEYS = ("for", "keep_firing_for")
 SKEW = 900  # seconds: beyond the clock-skew alert's threshold, inside the reports endpoint's window
 AlertKey = frozenset[tuple[str, str]]

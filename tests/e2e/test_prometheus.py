@@ -1,9 +1,15 @@
 """A real Prometheus scrapes a real `licensectl run` driving a fleet; every dashboard query returns data.
 
 The fleet has what every panel needs: tenants with licensed, unlicensed, expiring and silent guests
-(the real probe script reporting through the real endpoint), a completed rotation rollout, a second
-source whose rollout is in progress and paused, an invalid source, a broken tenant link and a watch
-interrupted mid-stream. Prometheus loads the shipped alert rules (the PrometheusRule's `.spec`).
+(the real probe script reporting through the real endpoint; the silent one stops reporting after the
+rotation, since a VMI that never reported is not judged within its boot allowance), a rotation
+rollout, a second source whose rollout is in progress and paused, an invalid source, a source whose
+token is not a JWT and whose rotation rollout completes, a broken tenant link and a watch interrupted
+mid-stream. One tenant's VMs hang when restarted: the first rotation's restart there fails and pauses
+that tenant's part of it, the second source's is still hanging when the hoster pauses that rollout.
+Another tenant's VM has a volume under licensectl's volume name, so the webhook admits it without its
+license volume and the backstop reports it undeliverable. Prometheus loads the shipped alert rules
+(the PrometheusRule's `.spec`).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import pytest
 import yaml
 from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 
+from licensectl.core.delivery import volume_name
 from licensectl.core.model import ANN_ROLLOUT_PAUSED
 from licensectl.core.render import replica_name
 from licensectl_dev.devcluster import fleet
@@ -49,6 +56,10 @@ ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "dashboards" / "licensectl.json"
 RULE = ROOT / "manifests" / "components" / "monitoring" / "prometheusrule.yaml"
 REPORT_INTERVAL = 5.0
+# A hung restart fails after this; one failure pauses its namespace (docs/design.md#failure-budget-per-tenant).
+# Source A's hung restart must fail before the panels are queried, source B's (issued after it) must not: B's
+# restart comes a whole timeout after A's, and the queries follow it within about 25 s.
+RESTART_TIMEOUT = 60.0
 # Grafana's $__rate_interval is max($__interval + scrape interval, 4 x scrape interval); with a 1 s
 # scrape and a short test, a few scrape intervals. $__range: the whole test fits in it.
 GRAFANA_VARS = {"__rate_interval": "10s", "__range": "10m", "__interval": "1s"}
@@ -131,7 +142,7 @@ async def test_every_dashboard_panel_and_alert_rule_works_against_a_live_control
     kv = await kubevirt_factory(ready_delay=0.3)
     fl = await make_fleet(api_client, namespace_factory, cleanup)
     co = CustomObjectsApi(api_client)
-    guest_ns, hang_ns = fl.tenants[0], fl.tenants[2]
+    guest_ns, problem_ns, hang_ns = fl.tenants
 
     # A second source, claimed by one tenant, whose rollout will hang and be paused.
     cls_b = unique("vcs")
@@ -144,7 +155,16 @@ async def test_every_dashboard_panel_and_alert_rule_works_against_a_live_control
     cls_bad = unique("bad")
     await fleet.create_gpu_class(api_client, cls_bad, mode="vgpu", secret=(fl.source_ns, "does-not-exist"))
     cleanup(lambda: fleet.delete_gpu_class(api_client, cls_bad))
-    await fleet.create_claim(api_client, fl.tenants[1], "gpu-bad", class_name=cls_bad)
+    await fleet.create_claim(api_client, problem_ns, "gpu-bad", class_name=cls_bad)
+    # A valid source whose token is not a JWT (probably the wrong file), claimed by a tenant.
+    cls_opaque = unique("opq")
+    await fleet.put_source_secret(api_client, fl.source_ns, "nls-opaque", token=b"opaque-not-a-jwt")
+    await fleet.create_gpu_class(api_client, cls_opaque, mode="vgpu", secret=(fl.source_ns, "nls-opaque"))
+    cleanup(lambda: fleet.delete_gpu_class(api_client, cls_opaque))
+    await fleet.create_claim(api_client, problem_ns, "gpu-opaque", class_name=cls_opaque)
+    # A Secret of the tenant's own, mounted under the name the webhook would give the license volume.
+    await CoreV1Api(api_client).create_namespaced_secret(problem_ns, {
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "app-config"}, "data": {}})
     orphan = await namespace_factory(name=f"tenant-{unique('orphan')}", labels={
         f"{fleet.TENANT_LABEL_PREFIX}{fl.root_name}": "", fleet.VGPU_LABEL: "true"})
     await fleet.create_claim(api_client, orphan, "gpu", class_name=fl.cls)
@@ -162,7 +182,8 @@ async def test_every_dashboard_panel_and_alert_rule_works_against_a_live_control
             c = await start_controller("licensectl-0", kubeconfig, fl.controller_ns, tmp_path,
                                        leader_elect=True, root_tenant=fl.root_name, max_unavailable="2",
                                        report_url="http://127.0.0.1:1/v1/reports",
-                                       report_interval_seconds=REPORT_INTERVAL, webhook_api=api_client)
+                                       report_interval_seconds=REPORT_INTERVAL, webhook_api=api_client,
+                                       restart_timeout_seconds=RESTART_TIMEOUT, max_failures=1)
             started.append(c)
             await c.wait_metric("licensectl_leader", 1)
             data = tmp_path / "prometheus"
@@ -172,7 +193,9 @@ async def test_every_dashboard_panel_and_alert_rule_works_against_a_live_control
             await eventually(lambda: rules_healthy(prom, alert_names()), timeout=30,
                              what="every shipped alert rule loaded and evaluated")
 
-            # The fleet: four guests of source A in one tenant, one VM of source B in another.
+            # The fleet: four guests of source A in one tenant; in another one VM of source B and one of
+            # source A, both hanging when restarted; in a third a VM of source A the webhook cannot deliver
+            # to and a VM of the source whose token is not a JWT.
             await eventually(fl.revision, timeout=30, what="replicas")
             await eventually(lambda: _replica(api_client, hang_ns, cls_b), timeout=30, what="replica B")
             await asyncio.sleep(1.1)
@@ -180,17 +203,34 @@ async def test_every_dashboard_panel_and_alert_rule_works_against_a_live_control
                 "licensed": GuestProfile.expiring(dt.datetime.now(dt.UTC) + dt.timedelta(days=20)),
                 "unlicensed": GuestProfile.unlicensed(),
                 "expiring": GuestProfile.expiring(dt.datetime.now(dt.UTC) + dt.timedelta(hours=6)),
-                "silent": GuestProfile.quiet(),
+                # Reports until after the rotation, then falls silent (set_profile below).
+                "silent": GuestProfile.expiring(dt.datetime.now(dt.UTC) + dt.timedelta(days=20)),
             }
             # No license volume in the VMs: the webhook adds it (every replica answers admission).
             await webhook_registration.wait_delivery(api_client, namespace=guest_ns, claim="gpu")
             await webhook_registration.wait_delivery(api_client, namespace=hang_ns, claim="gpu-b")
+            await webhook_registration.wait_delivery(api_client, namespace=hang_ns, claim="gpu")
+            await webhook_registration.wait_delivery(api_client, namespace=problem_ns, claim="gpu")
+            await webhook_registration.wait_delivery(api_client, namespace=problem_ns, claim="gpu-opaque")
             for name in profiles:
                 await fleet.create_vm(api_client, guest_ns, name, gpu_claims=["gpu"])
             await fleet.create_vm(api_client, hang_ns, "hang", gpu_claims=["gpu-b"])
+            await fleet.create_vm(api_client, hang_ns, "hang-a", gpu_claims=["gpu"])
+            await fleet.create_vm(api_client, problem_ns, "opaque", gpu_claims=["gpu-opaque"])
+            taken = fleet.vm_body(problem_ns, "taken", gpu_claims=["gpu"])
+            spec = taken["spec"]["template"]["spec"]
+            spec["volumes"].append({"name": volume_name(fl.cls), "secret": {"secretName": "app-config"}})
+            spec["domain"]["devices"]["disks"].append({"name": volume_name(fl.cls), "disk": {"bus": "virtio"}})
+            await co.create_namespaced_custom_object("kubevirt.io", "v1", problem_ns, "virtualmachines", taken)
             for name in profiles:
                 await eventually(lambda name=name: fl.ready(guest_ns, name), timeout=30, what=f"{name} ready")
             await eventually(lambda: fl.ready(hang_ns, "hang"), timeout=30, what="hang ready")
+            await eventually(lambda: fl.ready(hang_ns, "hang-a"), timeout=30, what="hang-a ready")
+            await eventually(lambda: fl.ready(problem_ns, "taken"), timeout=30, what="taken ready")
+            await eventually(lambda: fl.ready(problem_ns, "opaque"), timeout=30, what="opaque ready")
+            await c.wait_metric("licensectl_vmis_delivery_blocked", 1, timeout=30, namespace=problem_ns,
+                                reason="volume_name_taken")
+            await c.wait_metric("licensectl_webhook_skipped_total", 1, reason="volume_name_taken")
 
             async def boot_guests() -> None:
                 for g in guests:
@@ -204,19 +244,28 @@ async def test_every_dashboard_panel_and_alert_rule_works_against_a_live_control
 
             # A watch cut mid-stream (a load balancer or apiserver restart): informers resume.
             assert proxy.sever() > 0
-            # Rotation of source A: a rollout that completes while Prometheus watches.
+            # Rotation of source A: a rollout that completes while Prometheus watches, except in the
+            # hanging tenant, whose restart fails and pauses that tenant's part of it.
+            await _hang_on_restart(co, hang_ns, "hang-a")
             old = await fl.revision()
             await fl.rotate(1)
             new = await eventually(lambda: _changed(fl, old), timeout=30, what="replicas rotated")
             vms = [(guest_ns, n) for n in profiles]
             await eventually(lambda: fl.all_done(vms, new), timeout=60, interval=0.25, what="rollout A done")
             await boot_guests()  # the restarted guests install the new token at boot
+            # The silent guest stops reporting: "not reporting" three report intervals later (a guest that
+            # never reported would not be judged within its boot allowance, longer than this test).
+            await c.wait_metric("licensectl_guest_token_current", 1, timeout=20, namespace=guest_ns, vmi="silent")
+            next(g for g in guests if g.vmi == "silent").set_profile(GuestProfile.quiet())
+            # Rotation of the source whose token is not a JWT: a rollout that completes (rollout A stays
+            # paused in the hanging tenant), so the rollout duration histogram has an observation.
+            await fleet.put_source_secret(api_client, fl.source_ns, "nls-opaque", token=b"opaque-not-a-jwt-2")
+            await c.wait_metric("licensectl_rollout_duration_seconds_count", 1, timeout=60)
+            await c.wait_metric("licensectl_rollout_namespace_paused", 1, timeout=RESTART_TIMEOUT + 30,
+                                source_name=fl.source_name, namespace=hang_ns)
 
             # Source B: its only VM hangs when restarted; the hoster pauses that rollout.
-            await co.patch_namespaced_custom_object(
-                "kubevirt.io", "v1", hang_ns, "virtualmachines", "hang",
-                {"spec": {"template": {"metadata": {"annotations": {ANN_BOOT: "hang"}}}}},
-                _content_type="application/merge-patch+json")
+            await _hang_on_restart(co, hang_ns, "hang")
             token_b = fleet.fake_token(int(dt.datetime.now(dt.UTC).timestamp()) + 86400 * 300)
             await CoreV1Api(api_client).patch_namespaced_secret("nls-b", fl.source_ns, {"data": {
                 "client_configuration_token.tok": base64.b64encode(token_b).decode()}})
@@ -257,8 +306,9 @@ async def test_every_dashboard_panel_and_alert_rule_works_against_a_live_control
             assert empty == [], "panels without data:\n" + "\n".join(empty)
             assert nan == [], "panels with only NaN:\n" + "\n".join(nan)
 
-            # The numbers are the fleet's: two licensed guests, one unlicensed, two not reporting
-            # (the silent one and the hung VM), one leader, one paused rollout, one invalid source.
+            # The numbers are the fleet's: two licensed guests, one unlicensed, one not reporting (the
+            # silent one: the VMs that never reported are still within their boot allowance), one leader,
+            # two paused rollouts (A in the hanging tenant, B by hand), one invalid source.
             async def scalar(expr: str) -> float:
                 r = await prom.query(substitute(expr, {**GRAFANA_VARS, "tenant": ".*", "source": ".*"}))
                 assert len(r) == 1, (expr, r)
@@ -267,10 +317,10 @@ async def test_every_dashboard_panel_and_alert_rule_works_against_a_live_control
             by_title = {t.split(" [")[0]: e for t, e in panel_queries()}
             assert await scalar(by_title["Licensed guests"]) == 2
             assert await scalar(by_title["Unlicensed guests"]) == 1
-            assert await scalar(by_title["Not reporting"]) == 2
+            assert await scalar(by_title["Not reporting"]) == 1
             assert await scalar(by_title["Leaders"]) == 1
             assert await scalar(by_title["Targets up"]) == 1
-            assert await scalar(by_title["Rollouts paused"]) == 1
+            assert await scalar(by_title["Rollouts paused"]) == 2
             assert await scalar(by_title["Invalid sources"]) == 1
             assert await scalar(by_title["Broken tenant links"]) >= 1
 
@@ -290,6 +340,14 @@ async def test_every_dashboard_panel_and_alert_rule_works_against_a_live_control
         await proxy.stop()
         for g in guests:
             g.cleanup()
+
+
+async def _hang_on_restart(co: CustomObjectsApi, ns: str, vm: str) -> None:
+    """The VM's next VMI never boots (its running VMI is unaffected)."""
+    await co.patch_namespaced_custom_object(
+        "kubevirt.io", "v1", ns, "virtualmachines", vm,
+        {"spec": {"template": {"metadata": {"annotations": {ANN_BOOT: "hang"}}}}},
+        _content_type="application/merge-patch+json")
 
 
 async def _replica(api: ApiClient, ns: str, cls: str) -> bool:

@@ -224,6 +224,10 @@ async def test_full_lifecycle_as_the_service_account_with_exactly_the_shipped_rb
                 "renew_deadline_seconds": 3, "retry_period_seconds": 0.5, "root_tenant": fl.root_name,
                 "report_url": "http://127.0.0.1:1/v1/reports", "max_unavailable": "2",
                 "restart_timeout_seconds": 60,
+                # The standalone VMI mounts its replica by hand: no webhook call, no delivery stamp, so
+                # the time rule judges it, after this leader's evidence window (three report intervals,
+                # docs/design.md#evidence-after-takeover). A short interval keeps that wait short.
+                "report_interval_seconds": 2,
                 # The shipped name: RBAC lets licensectl read and patch only that configuration, whose
                 # caBundle the controller fills in itself (self-managed TLS; registered without one).
                 "webhook_configuration": "licensectl"}

@@ -82,9 +82,9 @@ ROLLOUT: dict[str, Any] = {"max_unavailable": "2", "max_per_namespace": 2, "rest
 
 
 # -- the controllers -------------------------------------------------------------------------------
-async def start_pod(rig: Rig, started: list[ControllerProcess], pod: str) -> ControllerProcess:
+async def start_pod(rig: Rig, started: list[ControllerProcess], pod: str, **overrides: Any) -> ControllerProcess:
     """One controller pod as shipped (leader election, reports through the Service), with the rotation
-    settings of these tests and a short report interval."""
+    settings of these tests (`overrides` replace some) and a short report interval."""
     kubeconfig = rig.tmp / f"{pod}.kubeconfig"
     kubeconfig.write_text(rig.proxies[pod].kubeconfig(rig.cp.admin_token))
     kubeconfig.chmod(0o600)
@@ -92,7 +92,7 @@ async def start_pod(rig: Rig, started: list[ControllerProcess], pod: str) -> Con
     c = await start_controller(
         pod, kubeconfig, fl.controller_ns, rig.tmp, pod_name=pod, leader_elect=True, root_tenant=fl.root_name,
         report_url=rig.service.url, reports_plain_http=True, report_interval_seconds=REPORT_INTERVAL,
-        webhook_api=fl.api, **LEASE, **ROTATION, **ROLLOUT)
+        webhook_api=fl.api, **{**LEASE, **ROTATION, **ROLLOUT, **overrides})
     started.append(c)
     rig.service.endpoints[pod] = c
     return c
@@ -187,7 +187,7 @@ async def undo(fl: Fleet, kubeconfig: Any) -> None:
     """`licensectl rollout undo` as the hoster runs it."""
     r = await run_licensectl("rollout", "undo", f"{fl.source_ns}/{fl.source_name}", kubeconfig=kubeconfig,
                              env=fl.cli_env)
-    assert r.code == 0 and "undone" in r.out, (r.code, r.out, r.err)
+    assert r.code == 0 and "undo of candidate source revision" in r.out, (r.code, r.out, r.err)
 
 
 async def _wave_reached(fl: Fleet, wave: int) -> bool:

@@ -12,6 +12,7 @@ import asyncio
 import datetime as dt
 import hashlib
 import os
+import re
 import shutil
 import ssl
 import stat
@@ -421,19 +422,22 @@ async def test_probe_smi_failing_is_not_driver_missing(guest: Guest, sink: Sink)
     assert guest.calls_of("nvidia-smi") == ["-q -x", "-q"]
 
 
+def busybox_wget_path(guest: Guest) -> str:
+    """A PATH with busybox's wget and no curl, for either shell."""
+    if guest.shell != "dash":
+        return guest.path_value(curl=False, wget=True)
+    # dash with busybox's userland (wget, no curl) on PATH.
+    (guest.tmp / "wget-bin").mkdir(exist_ok=True)
+    busybox = shutil.which("busybox")
+    assert busybox
+    if not (guest.tmp / "wget-bin/wget").is_symlink():
+        (guest.tmp / "wget-bin/wget").symlink_to(busybox)
+    return f"{guest.fakebin}:{guest.tmp / 'wget-bin'}:{guest.busybox_bin}"
+
+
 async def test_probe_with_busybox_wget(guest: Guest, sink: Sink) -> None:
     await installed(guest, sink)
-    if guest.shell == "dash":
-        # dash with busybox's userland (wget, no curl) on PATH.
-        env = guest.env(PATH=f"{guest.fakebin}:{guest.tmp / 'wget-bin'}:{guest.busybox_bin}")
-        (guest.tmp / "wget-bin").mkdir()
-        busybox = shutil.which("busybox")
-        assert busybox
-        (guest.tmp / "wget-bin/wget").symlink_to(busybox)
-    else:
-        guest_path = guest.path_value(curl=False, wget=True)
-        env = guest.env(PATH=guest_path)
-    r = await run(guest, PROBE, env)
+    r = await run(guest, PROBE, guest.env(PATH=busybox_wget_path(guest)))
     assert r.rc == 0, r.err
     assert "via wget" in r.err
     assert sink.results == ["accepted"]
@@ -475,6 +479,40 @@ async def test_probe_gives_up_when_unreachable(guest: Guest, unused_port: Callab
     assert (await run(guest, INSTALL, guest.env())).rc == 0
     r = await run(guest, PROBE, guest.env(LICENSECTL_ATTEMPTS="2", LICENSECTL_DEADLINE="20"))
     assert r.rc == 5 and "giving up after 2 attempt(s)" in r.err
+    # curl's own reason is in the log line, not just "HTTP 000".
+    assert re.search(r"attempt 1 failed \(HTTP 000; curl: \(7\) .*(refused|connect)", r.err), r.err
+    r.assert_no_secret()
+
+
+async def test_probe_with_wget_prints_its_error_when_unreachable(guest: Guest,
+                                                                 unused_port: Callable[[], int]) -> None:
+    guest.write_disk(url=f"http://127.0.0.1:{unused_port()}/v1/reports")
+    assert (await run(guest, INSTALL, guest.env())).rc == 0
+    r = await run(guest, PROBE, guest.env(PATH=busybox_wget_path(guest), LICENSECTL_ATTEMPTS="1",
+                                          LICENSECTL_DEADLINE="20"))
+    assert r.rc == 5, r.err
+    line = next(x for x in r.err.splitlines() if "attempt 1 failed" in x)
+    assert re.search(r"\(HTTP 000; .*(refused|connect)", line, re.IGNORECASE), line
+    assert CREDENTIAL not in r.err  # wget carries it on its command line; never in the log
+
+
+async def test_probe_client_error_is_bounded_and_masks_credentials(guest: Guest) -> None:
+    """Whatever the client prints, the log line holds one bounded line and no credential-like value."""
+    assert (await run(guest, INSTALL, guest.env())).rc == 0
+    noisy = guest.tmp / "noisy-bin"
+    noisy.mkdir()
+    write_exe(noisy / "curl", f"""#!/bin/sh
+cat >/dev/null
+printf '%s\\n' '  some header line' 'curl: (35) handshake said: Authorization: Bearer {CREDENTIAL} {"x" * 400}' >&2
+printf '000'
+exit 35
+""")
+    r = await run(guest, PROBE, guest.env(PATH=f"{noisy}:{guest.env()['PATH']}", LICENSECTL_ATTEMPTS="1"))
+    assert r.rc == 5, r.err
+    line = next(x for x in r.err.splitlines() if "attempt 1 failed" in x)
+    assert "curl: (35) handshake said: Authorization: Bearer ***" in line
+    assert CREDENTIAL not in line and "header line" not in line
+    assert len(line) < 300
     r.assert_no_secret()
 
 
@@ -601,6 +639,10 @@ async def test_probe_refuses_a_server_the_disk_ca_did_not_sign(guest: Guest, tls
     r = await run(guest, PROBE, guest.env(LICENSECTL_ATTEMPTS="1"))
     assert r.rc == 5, r.err
     assert tls_sink.sink.results == []  # nothing (no credential) reached the server's handler
+    # The TLS verification failure is named (curl exit 60), bounded to one line.
+    line = next(x for x in r.err.splitlines() if "attempt 1 failed" in x)
+    assert re.search(r"\(HTTP 000; curl: \(60\) .*certificate", line), line
+    assert len(line) < 300
     r.assert_no_secret()
 
 

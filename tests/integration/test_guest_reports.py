@@ -40,7 +40,10 @@ async def test_probe_reports_become_metrics_and_forgeries_are_rejected(
         return dt.datetime.now(dt.UTC) + dt.timedelta(seconds=offset[0])
 
     settings = settings_for(kubevirt.kubeconfig_path, controller_ns, root_tenant=root_name,
-                            report_interval_seconds=60.0)
+                            report_interval_seconds=60.0,
+                            # Simulated guests boot at once: a short allowance keeps "its chance is over"
+                            # within the four minutes this test steps its clock below.
+                            guest_boot_allowance_seconds=30.0)
     profiles = {"good": GuestProfile.licensed(), "bad": GuestProfile.unlicensed(),
                 "soon": GuestProfile.expiring(dt.datetime.now(dt.UTC) + dt.timedelta(days=3)),
                 "mute": GuestProfile.quiet(), "nodrv": GuestProfile.driver_missing(),

@@ -20,8 +20,15 @@ import pytest
 import pytest_asyncio
 from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api, CustomObjectsApi
 
-from licensectl.core.delivery import SERIAL
-from licensectl.core.model import ANN_GPU_CLAIMS, ANN_RESTART_RESULT
+from licensectl.core.delivery import SERIAL, parse_stamp
+from licensectl.core.model import (
+    ANN_CREDENTIAL_KEY,
+    ANN_DELIVERED_KEY,
+    ANN_DELIVERED_REVISION,
+    ANN_GPU_CLAIMS,
+    ANN_RESTART_RESULT,
+    ANN_REVISION,
+)
 from licensectl.core.render import replica_name
 from licensectl_dev.devcluster import fleet
 from licensectl_dev.devcluster import webhook as registration
@@ -130,36 +137,83 @@ async def test_two_vgpu_classes_give_two_volumes(rig: Rig, kubeconfig_path: Any)
     assert serials == [SERIAL, f"{SERIAL}-2"]
 
 
-async def test_a_vmi_that_already_has_the_volume_is_byte_identical(rig: Rig, kubeconfig_path: Any) -> None:
+async def replica_stamp(api: ApiClient, ns: str, name: str) -> tuple[str, str | None]:
+    """What the webhook must stamp for this replica: its revision and credential key, read live."""
+    ann = (await CoreV1Api(api).read_namespaced_secret(name, ns)).metadata.annotations or {}
+    return ann[ANN_REVISION], ann.get(ANN_CREDENTIAL_KEY)
+
+
+async def test_a_delivered_vmi_carries_the_delivery_stamp(rig: Rig, kubeconfig_path: Any) -> None:
+    """docs/design.md#delivery-stamp: the revision (and signing key) it got, as the apiserver stored it."""
+    async with running_app(rig.settings(kubeconfig_path)) as app:
+        await eventually(lambda: replica_seen(app, rig.entitled, rig.world.replica), what="replica cached")
+        vmi = await create_vmi(rig.api, rig.entitled, vmi_body("stamped", claims=("gpu",)))
+        stored = await CustomObjectsApi(rig.api).get_namespaced_custom_object(
+            "kubevirt.io", "v1", rig.entitled, "virtualmachineinstances", "stamped")
+        revision, key = await replica_stamp(rig.api, rig.entitled, rig.world.replica)
+        # The projection the rollout reads holds the same.
+        cached = await eventually(lambda: app.caches.vmis.cache.get((rig.entitled, "stamped")) if app.caches.vmis
+                                  else None, what="VMI cached")
+    ann = stored["metadata"].get("annotations") or {}
+    assert parse_stamp(ann.get(ANN_DELIVERED_REVISION)) == ((rig.world.replica, revision),)
+    assert ann.get(ANN_DELIVERED_KEY) == key
+    assert license_volumes(vmi)
+    assert cached.delivered_revisions == ((rig.world.replica, revision),)
+    assert cached.delivered_key == key
+
+
+async def test_a_vmi_that_already_has_the_volume_keeps_its_spec_and_gets_the_stamp(
+        rig: Rig, kubeconfig_path: Any) -> None:
     own = {"name": "my-license", "secret": {"secretName": rig.world.replica, "volumeLabel": "MINE"}}
     body = vmi_body("handmade", claims=("gpu",), volumes=[own],
                     disks=[{"name": "my-license", "serial": "MINE", "disk": {"bus": "virtio"}}])
     async with running_app(rig.settings(kubeconfig_path)) as app:
         await eventually(lambda: replica_seen(app, rig.entitled, rig.world.replica), what="replica cached")
         # Counted from here: registering the webhook probes it with dry-run creates of its own.
-        before = metric(app, "licensectl_webhook_admissions_total", {"result": "unchanged"}) or 0.0
+        before = metric(app, "licensectl_webhook_admissions_total", {"result": "stamped"}) or 0.0
         vmi = await create_vmi(rig.api, rig.entitled, body)
-        assert metric(app, "licensectl_webhook_admissions_total", {"result": "unchanged"}) == before + 1
+        assert metric(app, "licensectl_webhook_admissions_total", {"result": "stamped"}) == before + 1
+        revision, _ = await replica_stamp(rig.api, rig.entitled, rig.world.replica)
     assert vmi["spec"] == body["spec"]
+    assert parse_stamp(vmi["metadata"]["annotations"][ANN_DELIVERED_REVISION]) == ((rig.world.replica, revision),)
+
+
+async def test_a_taken_serial_is_refused_and_named(rig: Rig, kubeconfig_path: Any) -> None:
+    """The guest installs the disk with serial LICENSECTL: a VMI whose own disk holds it gets no volume."""
+    body = vmi_body("squatter", claims=("gpu",), volumes=[{"name": "data", "emptyDisk": {"capacity": "1Gi"}}],
+                    disks=[{"name": "data", "serial": SERIAL, "disk": {"bus": "virtio"}}])
+    async with running_app(rig.settings(kubeconfig_path)) as app:
+        await eventually(lambda: replica_seen(app, rig.entitled, rig.world.replica), what="replica cached")
+        vmi = await create_vmi(rig.api, rig.entitled, body)
+        assert vmi["spec"] == body["spec"]
+        evs = await wait_event(rig.api, rig.entitled, "squatter", "LicenseNotDelivered")
+        assert any("serial_taken" in e.message for e in evs)
+        assert metric(app, "licensectl_webhook_skipped_total", {"reason": "serial_taken"}) == 1
 
 
 async def test_a_vmi_without_gpus_never_reaches_the_webhook(rig: Rig, kubeconfig_path: Any) -> None:
     settings = rig.settings(kubeconfig_path)
+    def probes(app: Any) -> float:
+        """The delivery probe's own dry runs reach the webhook too (docs/design.md#delivery-readiness)."""
+        return metric(app, "licensectl_webhook_admissions_total", {"result": "probe"}) or 0.0
+
     async with running_app(settings) as app:
         before = await registration.webhook_requests(rig.api, settings.webhook_configuration)
         calls = metric(app, "licensectl_webhook_admissions_total", {"result": "unchanged"}) or 0.0
+        probed = probes(app)
         for i in range(5):
             await create_vmi(rig.api, rig.entitled, vmi_body(f"plain{i}"))
         # A control: one VMI with a claim in the same namespace does reach it.
         await create_vmi(rig.api, rig.entitled, vmi_body("control", annotation="nosuchclaim"))
         after = await registration.webhook_requests(rig.api, settings.webhook_configuration)
-        assert after - before == 1
+        assert after - before == 1 + probes(app) - probed
         assert (metric(app, "licensectl_webhook_admissions_total", {"result": "unchanged"}) or 0.0) - calls == 1
 
 
 async def test_webhook_down_then_backstop_restarts_once_with_the_volume(
         rig: Rig, kubevirt: KubevirtEnv, kubeconfig_path: Any) -> None:
-    settings = rig.settings(kubevirt.kubeconfig_path, max_unavailable="5")
+    # No guests here: a restart is done when its VMI is Ready (a guest that never reports is no evidence).
+    settings = rig.settings(kubevirt.kubeconfig_path, max_unavailable="5", done_gate="ready")
     # Down: the configuration points at a port nobody listens on (failurePolicy Ignore admits).
     await registration.register(rig.api, name=settings.webhook_configuration, port=free_port(), wait=False)
     try:
@@ -264,3 +318,55 @@ async def test_a_standby_answers_admission_too(rig: Rig, kubeconfig_path: Any) -
             assert [v["secret"]["secretName"] for v in license_volumes(vmi).values()] == [rig.world.replica]
             assert metric(standby, "licensectl_webhook_admissions_total", {"result": "mutated"}) == 1
             assert not standby.is_leader
+
+
+# -- delivery readiness and the webhook configuration (docs/design.md#delivery-readiness) -----------
+async def test_delivery_ready_only_once_the_apiserver_calls_a_webhook_that_mutates(
+        rig: Rig, kubeconfig_path: Any) -> None:
+    """No configuration: the dry-run probe comes back unchanged, the configuration is reported missing
+    (Warning Event, gauge). Registered: the probe comes back answered and delivery is ready."""
+    settings = rig.settings(kubeconfig_path)
+    name = settings.webhook_configuration
+    async with running_app(settings, register_webhook=False) as app:
+        probe = app.delivery_probe
+        assert probe is not None
+        await eventually(lambda: probe.last_result == "unchanged", what="probe admitted unchanged")
+        assert not app.delivery_ready() and metric(app, "licensectl_delivery_ready") == 0
+        await eventually(lambda: metric(app, "licensectl_webhook_configuration_problem",
+                                        {"name": name, "problem": "missing"}) == 1, what="missing configuration gauge")
+        evs = await wait_event(rig.api, "default", name, "WebhookConfigurationProblem")
+        assert all(e.type == "Warning" and "does not exist" in e.message for e in evs)
+        assert app.status()["delivery"]["ready"] is False
+        try:
+            await registration.register(rig.api, name=name, port=app.webhook_port, ca_bundle=app.tls.ca_bundle,
+                                        wait=False)
+            await eventually(app.delivery_ready, timeout=30, what="delivery ready")
+            assert metric(app, "licensectl_delivery_ready") == 1
+            assert (metric(app, "licensectl_webhook_admissions_total", {"result": "probe"}) or 0) >= 1
+            app.tls.wake()
+            await eventually(lambda: metric(app, "licensectl_webhook_configuration_problem",
+                                            {"name": name, "problem": "missing"}) == 0, what="problem cleared")
+            # The probe is no VMI: nothing was stored in licensectl's namespace.
+            left = await CustomObjectsApi(rig.api).list_namespaced_custom_object(
+                "kubevirt.io", "v1", settings.namespace, "virtualmachineinstances")
+            assert left["items"] == []
+        finally:
+            await registration.unregister(rig.api, name)
+
+
+async def test_a_configuration_without_ca_bundle_is_fixed_by_the_leader_then_delivery_is_ready(
+        rig: Rig, kubeconfig_path: Any) -> None:
+    """Self-managed TLS: the shipped configuration arrives without a caBundle; the leader sets it, the
+    probe proves the apiserver now reaches the webhook, and no problem remains."""
+    settings = rig.settings(kubeconfig_path)
+    name = settings.webhook_configuration
+    async with running_app(settings, register_webhook=False) as app:
+        try:
+            await registration.register(rig.api, name=name, port=app.webhook_port, wait=False)
+            app.tls.wake()
+            await eventually(app.delivery_ready, timeout=30, what="delivery ready after the caBundle was set")
+            assert metric(app, "licensectl_webhook_configuration_problem",
+                          {"name": name, "problem": "no_ca_bundle"}) == 0
+        finally:
+            await registration.unregister(rig.api, name)
+

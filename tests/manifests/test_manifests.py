@@ -173,7 +173,7 @@ def test_deployment_is_hardened(rendered: dict[str, list[dict[str, Any]]]) -> No
     assert sc["capabilities"] == {"drop": ["ALL"]}
     assert set(c["resources"]["requests"]) == {"cpu", "memory"}
     assert set(c["resources"]["limits"]) == {"cpu", "memory"}
-    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "metrics"}
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
 
 

@@ -25,7 +25,7 @@ DASHBOARD = ROOT / "dashboards" / "licensectl.json"
 SCHEMA_DIR = Path(__file__).with_name("grafana-schema")
 
 ROWS = ["Fleet license state", "By tenant", "Expiries", "Rollout progress", "Rotation", "Replication health",
-        "Controller health"]
+        "Controller health", "License delivery and serving TLS"]
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,11 @@ from __future__ import annotations
 
 import copy
 import re
+import subprocess
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 VMALERT_TOOL_EPOCH = 946_684_800  # 2000-01-01T00:00:00Z, vmalert-tool's testStartTime
 VMALERT_TOOL_FLAGS = ("--disableAlertgroupLabel",)
@@ -88,3 +92,13 @@ def to_vmalert(doc: dict[str, Any], *, only_alert: str | None = None) -> dict[st
         tests.append(case)
     out["tests"] = tests
     return out
+
+
+def run_vmalert_tool(tool: Path, workdir: Path, name: str, doc: dict[str, Any]) -> tuple[int, str]:
+    """Write `doc` (promtool format) as vmalert-tool's test file `name` beside the rules in `workdir`
+    and run it; the exit code and the combined output."""
+    test_file = workdir / name
+    test_file.write_text(yaml.safe_dump(to_vmalert(doc), sort_keys=False))
+    res = subprocess.run([str(tool), "unittest", f"--files={test_file}", *VMALERT_TOOL_FLAGS],
+                         cwd=workdir, capture_output=True, text=True, timeout=600, check=False)
+    return res.returncode, res.stdout + res.stderr

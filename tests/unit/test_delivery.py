@@ -27,15 +27,21 @@ SRC = ObjectRef("src", "nls")
 
 
 def apply_patch(doc: dict[str, Any], patch: tuple[dict[str, Any], ...]) -> dict[str, Any]:
-    """RFC 6902 `add` only (all the webhook emits): enough to check the result, strict on paths."""
+    """RFC 6902 `add`, and `remove` of a stamp annotation (all the webhook emits): enough to check the
+    result, strict on paths. `add` over an existing member only for licensectl's own annotations."""
     out = copy.deepcopy(doc)
     for op in patch:
-        assert op["op"] == "add"
-        *parents, last = op["path"].lstrip("/").split("/")
+        assert op["op"] in ("add", "remove")
+        *parents, last = [seg.replace("~1", "/").replace("~0", "~") for seg in op["path"].lstrip("/").split("/")]
         cur: Any = out
         for p in parents:
             cur = cur[p]
-        if last == "-":
+        if op["op"] == "remove":
+            assert parents == ["metadata", "annotations"] and last.startswith("licensectl.io/delivered-")
+            del cur[last]
+        elif parents == ["metadata", "annotations"] and last.startswith("licensectl.io/"):
+            cur[last] = op["value"]
+        elif last == "-":
             assert isinstance(cur, list)
             cur.append(copy.deepcopy(op["value"]))
         else:
@@ -151,15 +157,24 @@ def test_hand_written_volume_of_the_replica_is_left_alone() -> None:
     assert d.patch == () and d.present == (replica_name("vws"),)
 
 
-def test_serials_and_labels_in_use_are_skipped_and_names_never_overwritten() -> None:
+def test_taken_serial_and_names_are_refused_never_overwritten() -> None:
+    # The first license volume must get serial LICENSECTL (the guest installs that disk): a user disk
+    # holding it is a refusal, named; a taken volume name too.
     obj = vmi("gpu", "compute", disks=[{"name": "x", "serial": SERIAL}],
               volumes=[{"name": "licensectl-vcs", "emptyDisk": {}}])
     d = plan_delivery(obj, wanted_replicas("t1", ["gpu", "compute"], view()))
+    assert d.patch == () and d.added == ()
+    assert d.skipped == (("vws", Skip.SERIAL_TAKEN), ("vcs", Skip.VOLUME_NAME_TAKEN))
+
+
+def test_serials_and_labels_in_use_are_skipped_once_a_license_volume_is_there() -> None:
+    own = {"name": "mine", "secret": {"secretName": replica_name("vws"), "volumeLabel": SERIAL}}
+    obj = vmi("gpu", "compute", volumes=[own], disks=[{"name": "mine", "serial": SERIAL}])
+    d = plan_delivery(obj, wanted_replicas("t1", ["gpu", "compute"], view()))
     out = apply_patch(obj, d.patch)
-    added = [v for v in out["spec"]["volumes"] if "secret" in v]
+    added = [v for v in out["spec"]["volumes"] if "secret" in v][1:]
     assert [v["secret"]["volumeLabel"] for v in added] == [f"{SERIAL}-2"]
-    assert ("vcs", Skip.VOLUME_NAME_TAKEN) in d.skipped
-    assert out["spec"]["volumes"][1] == {"name": "licensectl-vcs", "emptyDisk": {}}
+    assert d.skipped == () and d.present == (replica_name("vws"),)
 
 
 @pytest.mark.parametrize("spec", [None, [], {"domain": "x"}, {"domain": {"devices": []}},

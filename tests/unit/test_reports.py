@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from licensectl.core.credentials import KeyRing, derive_credential
+from licensectl.core.credentials import Holders, KeyRing, derive_credential
 from licensectl.core.guest_report import (
     SECTION_GRIDD_LOG,
     SECTION_SMI_XML,
@@ -308,16 +308,18 @@ async def test_not_ready_without_keys(make_client: Any) -> None:
     assert (status, js["error"], h.results) == (503, "not_ready", ["not_ready"])
 
 
-async def test_previous_key_accepted_in_grace_then_rejected(make_client: Any) -> None:
-    h = Harness(ring=KeyRing(current=K1).rotate(K2, T0))
-    c = await make_client(h, EndpointLimits(key_grace=dt.timedelta(days=7)))
+async def test_older_key_accepted_while_in_the_ring_then_rejected(make_client: Any) -> None:
+    """No timer: an older key verifies for as long as the ring keeps it (docs/design.md#key-ring)."""
+    h = Harness(ring=KeyRing(current=K1).rotate(K2, T0, Holders()))
+    c = await make_client(h)
     old = headers(key=K1)
-    h.now = T0 + dt.timedelta(days=6)
+    h.now = T0 + dt.timedelta(days=60)
     assert (await post(c, body(h.now), old))[0] == 202
-    h.now = T0 + dt.timedelta(days=7, seconds=1)
-    status, js, _ = await post(c, body(h.now), old)
+    assert h.ring is not None
+    h.ring = h.ring.prune(Holders(), h.now)  # no running VMI holds it any more
+    status, js, _ = await post(c, body(h.now + dt.timedelta(seconds=1)), old)
     assert (status, js["error"]) == (401, "unauthorized")
-    assert (await post(c, body(h.now), headers(key=K2)))[0] == 202
+    assert (await post(c, body(h.now + dt.timedelta(seconds=2)), headers(key=K2)))[0] == 202
 
 
 async def test_sink_failure_is_internal_error(make_client: Any) -> None:

@@ -165,7 +165,7 @@ def test_vmi_mounting_two_replicas_is_governed_by_the_newest() -> None:
     s = p.vmi_states[("t-a", "vm1")]
     assert (s.state, s.revision, s.source, s.replica) == (VmiState.STALE, "rb", SRC2, "b")
     assert p.restarts == (RestartVm("t-a", "vm1", v.uid, "rb", "b", at(100), at(100), vm_resource_version="7",
-                                    check_live=False),)
+                                    check_live=False, guest_reports=False),)
     assert p.sources[SRC].phase is Phase.IDLE and p.sources[SRC2].phase is Phase.PROGRESSING
 
 
@@ -239,7 +239,7 @@ def test_restart_action_carries_intent_fields() -> None:
     v = vmi(uid="u1")
     (a,) = plan([rep()], [v], [vm()], now=100).restarts
     assert a == RestartVm("t-a", "vm1", "u1", "r1", LIC, at(100), at(100), reissue=False, vm_resource_version="7",
-                          check_live=False)
+                          check_live=False, guest_reports=False)
 
 
 @pytest.mark.parametrize(("intent_", "expected"), [
@@ -435,7 +435,7 @@ def test_failures_count_per_revision() -> None:
     ms = [vm(ann=intent("r1", 100, "u1", result="failed")), vm(name="vm2")]
     vs = [vmi(uid="u2", started=130, ready=False), vmi(name="vm2")]
     old = plan([rep()], vs, ms, now=800, st=st)
-    assert old.sources[SRC].pause_reason is PauseReason.FAILURES and old.restarts == ()
+    assert old.sources[SRC].pause_reason is PauseReason.TENANT_FAILURES and old.restarts == ()
     new = plan([rep(rev="r2", t=700)], vs, ms, now=800, st=st)
     assert new.sources[SRC].pause_reason is None
     assert {a.vm for a in new.restarts} == {"vm1", "vm2"}
@@ -462,28 +462,35 @@ def test_vmis_of_failed_restarts_do_not_hold_the_budget_of_a_newer_revision() ->
 # ---------------------------------------------------------------------------------------------
 
 
-def _failed_fleet(n_failed: int, n_pending: int) -> tuple[list[Vmi], list[Vm]]:
-    vs = [vmi(name=f"f{i}", uid=f"new{i}", started=130, ready=False) for i in range(n_failed)]
-    ms = [vm(name=f"f{i}", ann=intent("r1", 100, f"old{i}", result="failed")) for i in range(n_failed)]
+def _failed_fleet(n_failed: int, n_pending: int, spread: bool = True) -> tuple[list[Vmi], list[Vm]]:
+    """``n_failed`` failed restarts, one per namespace t-f0, t-f1, ... (all in t-a unless ``spread``),
+    and ``n_pending`` stale VMs in t-a."""
+    def ns(i: int) -> str:
+        return f"t-f{i}" if spread else "t-a"
+    vs = [vmi(ns(i), name=f"f{i}", uid=f"new{i}", started=130, ready=False) for i in range(n_failed)]
+    ms = [vm(ns(i), name=f"f{i}", ann=intent("r1", 100, f"old{i}", result="failed")) for i in range(n_failed)]
     vs += [vmi(name=f"p{i}") for i in range(n_pending)]
     ms += [vm(name=f"p{i}") for i in range(n_pending)]
     return vs, ms
 
 
+FAILED_REPS = [rep(), *(rep(ns=f"t-f{i}") for i in range(3))]
+
+
 def test_failure_budget_pauses_and_resume_continues() -> None:
     vs, ms = _failed_fleet(3, 2)
-    paused = plan([rep()], vs, ms, now=800)
+    paused = plan(FAILED_REPS, vs, ms, now=800)
     s = paused.sources[SRC]
     assert (s.phase, s.pause_reason, s.failures) == (Phase.PAUSED, PauseReason.FAILURES, 3)
     assert paused.restarts == () and "resume" in s.message
-    only_failures = plan([rep()], *_failed_fleet(3, 0), now=800).sources[SRC]
+    only_failures = plan(FAILED_REPS, *_failed_fleet(3, 0), now=800).sources[SRC]
     assert only_failures.phase is Phase.PAUSED  # the hoster must look, even with nothing left to do
-    below = plan([rep()], *_failed_fleet(2, 2), now=800)
+    below = plan(FAILED_REPS, *_failed_fleet(2, 2), now=800)
     assert below.sources[SRC].pause_reason is None and len(below.restarts) == 2
-    resumed = plan([rep()], vs, ms, now=800, sources={SRC: SourceControl(resumed_at=at(500))})
+    resumed = plan(FAILED_REPS, vs, ms, now=800, sources={SRC: SourceControl(resumed_at=at(500))})
     assert resumed.sources[SRC].pause_reason is None and resumed.sources[SRC].failures == 0
     assert {a.vm for a in resumed.restarts} == {"p0", "p1"}  # recreated failures are not restarted again
-    assert state(resumed, name="f0") is VmiState.FAILED
+    assert state(resumed, ns="t-f0", name="f0") is VmiState.FAILED
 
 
 def test_forgiven_failure_whose_vmi_never_restarted_is_retried() -> None:
@@ -790,14 +797,19 @@ def run_simulation(f: Fleet, max_steps: int = 1500) -> tuple[Cluster, RolloutPla
             assert plan_.restarts == ()
         if paused_now:
             assert status.pause_reason is PauseReason.MANUAL
-        # The failure budget: the planner pauses at least whenever the ground truth says so.
-        gt_failures = sum(
-            1 for key, v in c.vmis.items()
+        # The failure budgets, per tenant first: the planner pauses a namespace at least whenever the
+        # ground truth says its own failures reached the budget, and the source when they span enough namespaces.
+        gt_failures = Counter(
+            key[0] for key, v in c.vmis.items()
             if v.uid in c.doomed and c.failed_at(key, timeout)
             and c.vms[key].annotations.get(model.ANN_RESTART_REVISION) == revision
             and (control.resumed_at is None
                  or annotation_time(c.vms[key].annotations, model.ANN_RESTART_ISSUED_AT) >= control.resumed_at))
-        if gt_failures >= f.st.max_failures:
+        for ns, n in gt_failures.items():
+            if n >= f.st.max_failures:
+                assert ns in status.paused_namespaces, (ns, n, status)
+                assert all(a.namespace != ns for a in plan_.restarts), (ns, plan_.restarts)
+        if len(gt_failures) >= f.st.source_failure_namespaces():
             assert status.pause_reason is not None, (gt_failures, status)
         # Standalone and manual VMIs: never acted on, reported as blocked / manual (overdue on time).
         for key, kind in kinds.items():
@@ -822,7 +834,7 @@ def run_simulation(f: Fleet, max_steps: int = 1500) -> tuple[Cluster, RolloutPla
         assert sum(unavailable.values()) <= status.max_unavailable, (unavailable, status)
         assert max(unavailable.values(), default=0) <= f.st.max_per_namespace, unavailable
 
-        if status.pause_reason is PauseReason.FAILURES and resume_at is None:
+        if (status.pause_reason is PauseReason.FAILURES or status.paused_namespaces) and resume_at is None:
             resume_at = step + 2  # the hoster looks, fixes, resumes
         quiet = (not plan_.actions and not c.to_create and status.phase in (Phase.COMPLETE, Phase.IDLE)
                  and all(v.ready_at is not None and v.ready_at <= c.now for v in c.vmis.values()
@@ -930,16 +942,20 @@ def test_restarted_vmi_with_the_volume_is_done_and_not_restarted_again() -> None
     assert done.results == (RecordResult("t-a", "vm1", "r1", "done", "7"),)
 
 
-def test_restarted_vmi_still_without_the_volume_fails_at_the_timeout_never_loops() -> None:
+def test_restarted_vmi_still_without_the_volume_is_retried_with_backoff_never_a_failure() -> None:
     ms = [vm(ann=intent("r1", 100, "u1"))]
-    waiting = plan_w([rep()], [vmi(uid="u2", started=130, secrets=())], ms, now=200)
-    assert state(waiting) is VmiState.RESTARTING and waiting.restarts == ()
-    assert "webhook" in waiting.vmi_states[("t-a", "vm1")].reason
-    failed = plan_w([rep()], [vmi(uid="u2", started=130, secrets=())], ms, now=701)
-    assert state(failed) is VmiState.FAILED and failed.restarts == ()
-    recorded = plan_w([rep()], [vmi(uid="u2", started=130, secrets=())],
-                      [vm(ann=intent("r1", 100, "u1", result="failed"))], now=5000)
-    assert state(recorded) is VmiState.FAILED and recorded.restarts == ()
+    back = plan_w([rep()], [vmi(uid="u2", started=110, secrets=())], ms, now=111)
+    st_ = back.vmi_states[("t-a", "vm1")]
+    # Final at once (a running VMI's volumes never change): recorded as a retry, not a failure.
+    assert st_.state is VmiState.STALE and (st_.attempt, st_.retry_at) == (1, at(100 + ST.retry_delay(1)))
+    assert [(r.vm, r.result) for r in back.results] == [("vm1", "retry")] and back.restarts == ()
+    assert back.sources[SRC].failures == 0 and back.next_wakeup == at(130)
+    recorded = [vm(ann=intent("r1", 100, "u1", result="retry"))]
+    (again,) = plan_w([rep()], [vmi(uid="u2", started=130, secrets=())], recorded, now=130).restarts
+    assert (again.vmi_uid, again.attempt) == ("u2", 2)
+    recorded = [vm(ann={**intent("r1", 100, "u1", result="retry"), model.ANN_RESTART_ATTEMPT: "5"})]
+    late = plan_w([rep()], [vmi(uid="u2", started=130, secrets=())], recorded, now=500)
+    assert late.restarts == () and late.vmi_states[("t-a", "vm1")].retry_at == at(100 + ST.retry_delay(5))
 
 
 def test_a_vmi_recreated_long_after_a_done_restart_is_planned_afresh() -> None:

@@ -14,7 +14,7 @@ from collections import Counter
 import pytest
 
 from licensectl.config import Settings
-from licensectl.controllers.guests import GuestStore
+from licensectl.controllers.guests import MISSED_INTERVALS, GuestStore
 from licensectl.controllers.rollout_loop import RolloutController
 from licensectl.core.model import (
     ANN_CLASS,
@@ -64,9 +64,12 @@ class World:
         self.loop = self.new_process()
 
     def new_process(self) -> RolloutController:
-        """A fresh controller: no memory beyond what the cluster holds."""
+        """A fresh controller: no memory beyond what the cluster holds. Its guests report to it, and it
+        has listened for a silence window already (the wait after a takeover is tested in test_rollout_no_harm)."""
+        guests = GuestStore(60.0)
+        guests.start_receiving(self.clock.now() - dt.timedelta(seconds=MISSED_INTERVALS * 60.0))
         return RolloutController(caches=self.caches, kubevirt=self.kubevirt, events=self.events,
-                                 metrics=self.metrics, settings=self.settings, guests=GuestStore(60.0),
+                                 metrics=self.metrics, settings=self.settings, guests=guests,
                                  clock=self.clock.now, monotonic=self.clock.monotonic)
 
     def set_source(self, **annotations: str) -> None:
@@ -339,3 +342,37 @@ async def test_a_crash_after_the_restart_is_picked_up_as_done() -> None:
         await w.loop.reconcile()
     assert w.kubevirt.restarted() == [("tenant-a", "vm1"), ("tenant-b", "vm2")]
     assert w.states() == {"vm1": VmiState.DONE, "vm2": VmiState.DONE}
+
+
+async def test_no_restart_while_the_webhook_is_not_seen_to_deliver_and_status_says_why() -> None:
+    w = World([("tenant-a", "vm1")])
+    ready = [False]
+    w.loop = RolloutController(caches=w.caches, kubevirt=w.kubevirt, events=w.events, metrics=w.metrics,
+                               settings=w.settings, guests=w.loop.guests, clock=w.clock.now,
+                               monotonic=w.clock.monotonic, delivery_ready=lambda: ready[0])
+    for _ in range(3):
+        await w.loop.reconcile()
+    assert w.kubevirt.restarted() == [] and w.phase() is Phase.PAUSED
+    status = w.loop.status_dict()["sources"][str(SRC)]
+    assert status["pause_reason"] == "webhook" and "admission webhook" in status["message"]
+    paused = {s.labels: s.value for s in w.loop.samples() if s.name == "rollout_paused"}
+    assert paused[(("source_namespace", SRC.namespace), ("source_name", SRC.name), ("reason", "webhook"))] == 1.0
+    ready[0] = True
+    await w.loop.reconcile()
+    assert w.kubevirt.restarted() == [("tenant-a", "vm1")]
+
+
+async def test_a_controller_that_just_took_over_waits_for_guest_evidence_before_judging_by_time() -> None:
+    w = World([("tenant-a", "vm1")])
+    guests = GuestStore(60.0)
+    guests.start_receiving(w.clock.now())  # just became leader: heard from nobody yet
+    w.loop = RolloutController(caches=w.caches, kubevirt=w.kubevirt, events=w.events, metrics=w.metrics,
+                               settings=w.settings, guests=guests, clock=w.clock.now, monotonic=w.clock.monotonic)
+    await w.loop.reconcile()
+    assert w.kubevirt.restarted() == [] and w.states() == {"vm1": VmiState.AWAITING_EVIDENCE}
+    (row,) = w.loop.status_dict()["vmis"]
+    assert (row["state"], row["rule"]) == ("awaiting-evidence", "report")
+    assert w.loop.plan is not None and w.loop.plan.next_wakeup == guests.evidence_complete_at()
+    w.clock.advance(MISSED_INTERVALS * 60.0)  # a silent guest: judged by time after the window
+    await w.loop.reconcile()
+    assert w.kubevirt.restarted() == [("tenant-a", "vm1")]

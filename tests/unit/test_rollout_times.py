@@ -81,8 +81,10 @@ def test_the_start_is_the_earliest_stamp_of_the_newest_revision() -> None:
 
 # -- rollout resume on the apiserver's clock --------------------------------------------------------
 @contextlib.asynccontextmanager
-async def apiserver_an_hour_ahead(patches: list[dict[str, Any]]) -> AsyncIterator[str]:
-    """/version and a Secret PATCH endpoint, every response dated SKEW ahead of this machine."""
+async def apiserver_an_hour_ahead(patches: list[dict[str, Any]],
+                                  events: list[dict[str, Any]]) -> AsyncIterator[str]:
+    """/version, a paused source Secret, its PATCH and Events endpoints, every response dated SKEW
+    ahead of this machine (GPUClasses and the revision store: 404, so only the Secret is judged)."""
 
     def dated(resp: web.StreamResponse) -> web.StreamResponse:
         resp.headers["Date"] = header(time.time() + SKEW)
@@ -99,19 +101,34 @@ async def apiserver_an_hour_ahead(patches: list[dict[str, Any]]) -> AsyncIterato
     app = web.Application()
     app.router.add_get("/version/", version)
     app.router.add_get("/version", version)
+    async def paused_source(request: web.Request) -> web.StreamResponse:  # `resume` reads it first
+        if request.match_info["name"] != "vws-token":
+            return dated(web.json_response({"kind": "Status", "code": 404}, status=404))
+        return dated(web.json_response({"kind": "Secret", "apiVersion": "v1", "metadata": {
+            "name": "vws-token", "namespace": request.match_info["ns"], "resourceVersion": "7",
+            "annotations": {ANN_ROLLOUT_PAUSED: "true"}}}))
+
+    async def event(request: web.Request) -> web.StreamResponse:
+        events.append(await request.json())
+        return dated(web.json_response({}, status=201))
+
     app.router.add_patch("/api/v1/namespaces/{ns}/secrets/{name}", patch)
+    app.router.add_get("/api/v1/namespaces/{ns}/secrets/{name}", paused_source)
+    app.router.add_post("/api/v1/namespaces/{ns}/events", event)
     async with serve(app) as url:
         yield url
 
 
 async def test_resume_stamps_the_apiserver_time_not_the_workstation_time(tmp_path: Path) -> None:
     patches: list[dict[str, Any]] = []
-    async with apiserver_an_hour_ahead(patches) as server:
+    events: list[dict[str, Any]] = []
+    async with apiserver_an_hour_ahead(patches, events) as server:
         settings = Settings(kubeconfig=str(kubeconfig_for(server, tmp_path / "kc")))
         args = argparse.Namespace(rollout_command="resume", source="licensectl-system/vws-token")
         local = time.time()
         assert await rollout_action_main(args, settings) == 0
-    assert len(patches) == 1
+    assert len(patches) == 1 and len(events) == 1 and events[0]["reason"] == "RolloutResumeRequested"
+    assert patches[0]["metadata"]["resourceVersion"] == "7"  # guarded by what it read
     ann = patches[0]["metadata"]["annotations"]
     assert ann[ANN_ROLLOUT_PAUSED] is None
     stamped = parse_time(ann[ANN_ROLLOUT_RESUMED_AT])

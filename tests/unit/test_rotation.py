@@ -578,7 +578,9 @@ def test_new_candidate_supersedes_an_unpromoted_one(phase: RotationPhase) -> Non
     assert d.record.phase is RotationPhase.CANARY and d.record.wave == 0 and d.record.wave_started_at == now
     assert d.record.acted_at == now and d.record.reason == ""
     assert d.snapshot == "candidate" and not d.promote
-    assert reasons(d) == ["RotationStarted"]
+    assert reasons(d) == ["RotationSuperseded", "RotationStarted"]
+    # Namespaces on the superseded candidate go straight to the new one (docs/design.md#supersede).
+    assert "a" in d.record.canary or phase not in (RotationPhase.CANARY, RotationPhase.PROMOTING)
 
 
 def test_new_candidate_while_promoted_promotes_the_old_candidate_to_stable() -> None:

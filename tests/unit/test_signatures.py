@@ -40,6 +40,7 @@ EXEMPT: dict[str, str] = {
     "licensectl_dev.testkit.memory.MemoryEvents.emit": "the in-memory EventSink, same order",
     "licensectl.kube.api.CustomObjectsApi.list_namespaced_custom_object": GENERATED_ORDER,
     "licensectl.kube.api.CustomObjectsApi.get_namespaced_custom_object": GENERATED_ORDER,
+    "licensectl.kube.api.CustomObjectsApi.create_namespaced_custom_object": GENERATED_ORDER,
     "licensectl.kube.api.CustomObjectsApi.patch_namespaced_custom_object": GENERATED_ORDER,
     "licensectl.kube.api.CustomObjectsApi.delete_namespaced_custom_object": GENERATED_ORDER,
 }

@@ -49,19 +49,21 @@ CONTROLLER_DOC: dict[str, Any] = {
                      {"namespace": "tenant-b", "class": "vws", "source": "licensectl-system/vws-token"},
                      {"namespace": "tenant-b", "class": "vcs", "source": "licensectl-system/vcs-token"}],
         "replica_counts": {"in_sync": 2, "drifted": 0, "missing": 1, "conflict": 0},
-        "sources": {"vws": {"revision": "abcdefabcdef", "valid": True},
+        "sources": {"vws": {"source_revision": "abcdefabcdef", "valid": True, "token": "readable"},
                     "vcs": {"valid": False, "reason": "token_empty", "message": "token is empty"}},
         "tenant_problems": [],
     },
     "rollout": {"synced": True, "sources": {"licensectl-system/vws-token": {
-        "phase": "complete", "revision": "abcdefabcdef", "affected": 2, "current": 2, "stale": 0, "restarting": 0,
+        "phase": "complete", "source_revision": "abcdefabcdef", "replica_revision": "0123456789ab",
+        "affected": 2, "current": 2, "stale": 0, "restarting": 0,
         "failed": 0, "blocked": 0, "manual": 0, "overdue": 0, "unavailable": 0, "max_unavailable": 1,
         "pause_reason": None, "message": ""}}},
     "guests": {"counts": {"licensed": 1, "unlicensed": 1},
                "list": [{"namespace": "tenant-a", "vmi": "vm1", "state": "licensed", "product": "RTX vWS",
-                         "expiry": None, "token_current": True},
+                         "expiry": None, "token_current": True, "reason": None, "wrong_product": False},
                         {"namespace": "tenant-b", "vmi": "vm2", "state": "unlicensed", "product": None,
-                         "expiry": None, "token_current": False}]},
+                         "expiry": None, "token_current": False, "reason": "acquire_failed",
+                         "wrong_product": None}]},
 }
 
 
@@ -91,15 +93,19 @@ def test_the_controller_document_becomes_the_status_view() -> None:
     # A controller that reports no class checks (an older release) leaves the class fields empty.
     no_class = {"feature_type_check": None, "feature_type_message": None, "license_change": None}
     assert doc["sources"] == [
-        {"class": "vcs", "source": "licensectl-system/vcs-token", "valid": False, "revision": None,
-         "problem": "token is empty", "entitled_namespaces": 1, **no_class},
-        {"class": "vws", "source": "licensectl-system/vws-token", "valid": True, "revision": "abcdefabcdef",
-         "problem": None, "entitled_namespaces": 2, **no_class}]
+        {"class": "vcs", "source": "licensectl-system/vcs-token", "valid": False, "source_revision": None,
+         "token": None, "problem": "token is empty", "entitled_namespaces": 1, **no_class},
+        {"class": "vws", "source": "licensectl-system/vws-token", "valid": True, "source_revision": "abcdefabcdef",
+         "token": "readable", "problem": None, "entitled_namespaces": 2, **no_class}]
     assert doc["replicas"]["missing"] == 1
     assert doc["guests"] == CONTROLLER_DOC["guests"]
     table = status_table(doc)
     assert table.startswith("FROM CONTROLLER licensectl-0 (leader")
     assert any(line.split()[:3] == ["tenant-b", "vm2", "unlicensed"] for line in table.splitlines())
+    # The guests table shows gridd's reason and the wrong-product flag.
+    assert any(line.split()[:4] == ["tenant-b", "vm2", "unlicensed", "acquire_failed"] for line in table.splitlines())
+    header = next(line for line in table.splitlines() if line.startswith("NAMESPACE"))
+    assert "REASON" in header and "WRONG PRODUCT" in header
 
 
 def test_a_standby_answer_carries_no_guest_states_and_says_so() -> None:
@@ -215,6 +221,37 @@ def test_the_class_line_shows_the_feature_type_check_and_a_held_change() -> None
     assert "CLASS PROBLEMS" not in plain
     assert next(line for line in plain if line.startswith("vws ")).split()[5:7] == ["-", "-"]
 
+
+def test_the_status_table_shows_delivery_readiness() -> None:
+    """One DELIVERY line from the controller's `delivery` block (the leader's dry-run probe), below REPLICAS."""
+    ok = {"ready": True, "prober": True, "last_result": "mutated", "last_success_seconds_ago": 4.2, "error": None,
+          "consecutive_failures": 0, "webhook_configurations": [
+              {"kind": "MutatingWebhookConfiguration", "name": "licensectl", "problem": None}]}
+    doc = status_from_controller({**CONTROLLER_DOC, "delivery": ok})
+    assert doc["delivery"] == ok
+    lines = status_table(doc).splitlines()
+    assert lines[lines.index("DELIVERY  ready (last successful probe 4.2s ago)") - 2].startswith("REPLICAS  ")
+    failing = {**ok, "ready": False, "last_result": "unchanged", "last_success_seconds_ago": 93.0,
+               "error": "the apiserver admitted the probe VMI unchanged", "consecutive_failures": 7,
+               "webhook_configurations": [
+                   {"kind": "MutatingWebhookConfiguration", "name": "licensectl", "problem": "no_ca_bundle"}]}
+    lines = status_table(status_from_controller({**CONTROLLER_DOC, "delivery": failing})).splitlines()
+    at = lines.index("DELIVERY  NOT READY: the apiserver admitted the probe VMI unchanged (7 failures)")
+    assert lines[at + 1] == "  MutatingWebhookConfiguration licensectl: no_ca_bundle"
+    stale = {**ok, "ready": False, "last_success_seconds_ago": 60.0}  # a mutated answer, but too old to count
+    assert ("DELIVERY  NOT READY: no fresh probe answer, last success 60s ago"
+            in status_table(status_from_controller({**CONTROLLER_DOC, "delivery": stale})))
+    standby = {**ok, "ready": False, "prober": False, "last_result": None, "last_success_seconds_ago": None,
+               "error": "standby: only the leader probes"}
+    assert ("DELIVERY  not probed here (a standby: only the leader probes)"
+            in status_table(status_from_controller({**CONTROLLER_DOC, "leader": False, "delivery": standby})))
+    no_webhook = status_table(status_from_controller({**CONTROLLER_DOC, "delivery": {"ready": True}}))
+    assert "DELIVERY  ready (no admission webhook: nothing to probe)" in no_webhook.splitlines()
+    # A controller of an older release sends no block, and the offline view has no probe: no DELIVERY line.
+    assert "DELIVERY" not in status_table(status_from_controller(CONTROLLER_DOC))
+    offline = {**status_from_controller({**CONTROLLER_DOC, "delivery": ok}), "from": "offline",
+               "offline_reason": "--offline given"}
+    assert "DELIVERY" not in status_table(offline)
 
 
 def test_the_offline_view_computes_the_same_class_fields() -> None:

@@ -223,6 +223,21 @@ async def test_paged_initial_list_then_watch_events() -> None:
     assert not inf.running
 
 
+async def test_an_empty_first_list_is_news_once() -> None:
+    """A confirmed-absent object changes no key, so only `on_synced` tells a waiting loop to look again
+    (a missing source Secret reported 20 s late, at the next resync, without it)."""
+    api = FakeApi()
+    api.list_round([page([], "10")])
+    api.watches.append(FakeResp(200, [ev("BOOKMARK", {"metadata": {"resourceVersion": "11"}})], hang=api.release))
+    changes: list[Any] = []
+    synced: list[bool] = []
+    inf = fast(api, changes=changes, on_synced=lambda: synced.append(inf.synced))
+    async with running(inf):
+        assert await inf.wait_synced(2)
+        await until(lambda: inf.resource_version == "11")
+    assert synced == [True] and changes == []
+
+
 async def test_initial_list_failing_on_page_two_never_syncs() -> None:
     api = FakeApi()
     api.list_round([page([obj("a", "1"), obj("b", "2")], "10", "1"), ConnectionResetError("cut")])

@@ -21,6 +21,7 @@ One module per job, each importing only modules listed above it:
     gridd_log       nvidia-gridd log lines to events
     envelope        the report body: headers, sections, parse_report, render_report
     evaluation      a parsed report at `now` to one GuestState
+    observation     guests over time: patience for a first report, the lease length a report implies
 
 The public names are re-exported here; callers import them from the package.
 """

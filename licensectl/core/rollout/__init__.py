@@ -27,7 +27,14 @@ Decisions documented here (not upstream facts):
     failure budget could never be reached;
   * with ``done_gate == "ready-licensed"`` a VM that has never sent a guest report is done when
     Ready (the probe is optional); one that has reported before waits for a licensed report with the
-    current token made after the restart, until the restart timeout;
+    current token made after the restart, until the restart timeout; "never" is judged only after
+    ``evidence_at`` (one silence window after a takeover): before it, no report is "no report yet",
+    neither done nor failed, and a VMI the time rule would call stale without a report awaits evidence;
+  * a VMI the webhook stamped is judged by revision (the stamp), only unstamped ones by time;
+  * a VMI whose spec blocks delivery is undeliverable: never restarted, never a failure;
+  * a backstop restart that came back without the volume is retried with bounded backoff (no failure);
+  * failure budgets are per namespace first; the source pauses when failures span
+    ``max(2, max_failures)`` namespaces; while ``delivery_ready`` is False no restart is issued;
   * while a source is paused (manually or by failures) no restart call is made at all, not even a
     re-issue; restarts already in flight are still tracked and can still time out;
   * every threshold is inclusive ("at or after"), so ``next_wakeup`` is exactly the moment it flips;
@@ -59,12 +66,14 @@ from licensectl.core.rollout.constants import (
     POLICY_MANUAL,
     RESULT_DONE,
     RESULT_FAILED,
+    RESULT_RETRY,
     UNRESTARTABLE_RUN_STRATEGIES,
     PauseReason,
     Phase,
+    Rule,
     VmiState,
 )
-from licensectl.core.rollout.evaluation import MIN_SETTLE_SECONDS, needs_live_check
+from licensectl.core.rollout.evaluation import MIN_SETTLE_SECONDS, Verdict, judge, needs_live_check, next_attempt
 from licensectl.core.rollout.inputs import GuestGate, ReplicaRevision, RestartIntent, RolloutSettings, SourceControl
 from licensectl.core.rollout.memo import PlanMemo
 from licensectl.core.rollout.outputs import (
@@ -84,6 +93,7 @@ __all__ = [
     "POLICY_MANUAL",
     "RESULT_DONE",
     "RESULT_FAILED",
+    "RESULT_RETRY",
     "UNRESTARTABLE_RUN_STRATEGIES",
     "Action",
     "GuestGate",
@@ -97,9 +107,13 @@ __all__ = [
     "RolloutPlan",
     "RolloutSettings",
     "RolloutStatus",
+    "Rule",
     "SourceControl",
+    "Verdict",
     "VmiRolloutState",
     "VmiState",
+    "judge",
     "needs_live_check",
+    "next_attempt",
     "plan_rollout",
 ]

@@ -10,6 +10,9 @@ from enum import StrEnum
 
 RESULT_DONE = "done"
 RESULT_FAILED = "failed"
+# A backstop restart whose new VMI came back without its license volume: retried with backoff, never a failure
+# (docs/design.md#backstop-retry).
+RESULT_RETRY = "retry"
 POLICY_MANUAL = "manual"
 DONE_GATE_READY = "ready"
 DONE_GATE_READY_LICENSED = "ready-licensed"
@@ -25,6 +28,21 @@ class VmiState(StrEnum):
     FAILED = "failed"  # restart timed out or was recorded as failed
     BLOCKED = "blocked"  # stale, but licensectl cannot restart it (standalone VMI, run strategy)
     MANUAL = "manual"  # stale, the VM opted out of automatic restarts
+    # Judged on guest evidence this leader has not had the time to receive (docs/design.md#evidence-after-takeover):
+    # neither stale nor current, nor done; the wait is bounded.
+    AWAITING_EVIDENCE = "awaiting-evidence"
+    # Lacks its license volume and the webhook cannot add one to a VMI of this spec (a volume name taken):
+    # never restarted, never a failure (docs/design.md#delivery-blocked).
+    UNDELIVERABLE = "undeliverable"
+
+
+class Rule(StrEnum):
+    """Which rule judged whether a VMI runs its replica's revision (docs/design.md#decision-stale-rule)."""
+
+    STAMP = "stamp"  # the webhook's delivered-revision annotation on the VMI
+    TIME = "time"  # start time against revision time (VMIs admitted without a stamp)
+    REPORT = "report"  # time rule, overruled (or awaited) by a guest report
+    VOLUME = "volume"  # no license volume at all (backstop)
 
 
 class Phase(StrEnum):
@@ -37,4 +55,6 @@ class Phase(StrEnum):
 
 class PauseReason(StrEnum):
     MANUAL = "manual"
-    FAILURES = "failures"
+    FAILURES = "failures"  # failures in several tenants (docs/design.md#failure-budget-per-tenant)
+    TENANT_FAILURES = "tenant_failures"  # all that is left is in tenants paused by their own failures
+    WEBHOOK = "webhook"  # no evidence yet that the admission webhook delivers: no restart helps

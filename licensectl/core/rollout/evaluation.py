@@ -1,8 +1,8 @@
 """One guest's rollout state: the slots (VMI, VM, governing replica, intent) collected from the
-cluster view, and each slot's evaluation -- current, stale, restarting, done, failed, blocked or
-manual -- with the times at which it would change. Separate from the planner because it looks at one
-guest at a time; budgets and ordering across guests belong to `plan`, and `memo` reuses these
-evaluations between passes.
+cluster view, and each slot's evaluation -- current, stale, restarting, done, failed, blocked,
+manual, awaiting evidence or undeliverable -- with the times at which it would change. Separate
+from the planner because it looks at one guest at a time; budgets and ordering across guests belong
+to `plan`, and `memo` reuses these evaluations between passes.
 """
 
 from __future__ import annotations
@@ -13,12 +13,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from licensectl.core import model
+from licensectl.core.delivery import delivery_blocker
 from licensectl.core.rollout.constants import (
     DONE_GATE_READY_LICENSED,
     POLICY_MANUAL,
     RESULT_DONE,
     RESULT_FAILED,
+    RESULT_RETRY,
     UNRESTARTABLE_RUN_STRATEGIES,
+    Rule,
     VmiState,
 )
 from licensectl.core.rollout.inputs import GuestGate, ReplicaRevision, RestartIntent, RolloutSettings, SourceControl
@@ -54,6 +57,10 @@ class _Slot:
     replica: ReplicaRevision
     intent: RestartIntent | None
     missing: tuple[str, ...] = ()  # wanted replica volumes the VMI does not carry (backstop)
+    # The webhook's stamp against the mounted replicas: True all stamped ones match, False one does not,
+    # None the governing replica is not stamped (the time rule judges).
+    stamp: bool | None = None
+    blocker: str | None = None  # missing, and the webhook cannot add it to this spec (delivery.Skip value)
 
 
 @dataclass(slots=True)
@@ -69,6 +76,8 @@ class _Eval:
     deadline: dt.datetime | None = None  # restarting: when it turns failed; manual: when overdue
     record: str | None = None  # result annotation to write
     failed_vmi: bool = False  # stale, but created by a restart that failed: a failure, not unavailable
+    rule: Rule | None = None  # which rule judged current/stale/awaiting
+    retry: int = 0  # backstop restarts that came back without the volume (next one is retry + 1)
 
     @property
     def unavailable(self) -> bool:
@@ -93,13 +102,48 @@ def _intent_targets(intent: RestartIntent, vmi: model.Vmi) -> bool:
     return _started(vmi) <= intent.issued_at
 
 
-def _is_stale(vmi: model.Vmi, replica: ReplicaRevision, guest: GuestGate | None,
-              missing: tuple[str, ...] = ()) -> bool:
+class Verdict:
+    CURRENT = "current"
+    STALE = "stale"
+    AWAITING = "awaiting"  # no report yet: only a report this leader may still receive can decide
+
+
+def judge(vmi: model.Vmi, replica: ReplicaRevision, guest: GuestGate | None, *, stamp: bool | None = None,
+          missing: tuple[str, ...] = (), evidence_pending: bool = False) -> tuple[str, Rule]:
+    """Whether ``vmi`` runs ``replica``'s revision (a `Verdict`), and the rule that said so.
+
+    No license disk: stale (only a restart through the webhook brings one). A webhook stamp decides by
+    revision, never by time (docs/design.md#delivery-stamp). Without one, the time rule: started after
+    the revision time is current; else a guest report since the revision time proving the current
+    token is; a guest with no report while ``evidence_pending`` (a leader that just took over, whose
+    predecessor held the reports) is neither (docs/design.md#evidence-after-takeover); else stale.
+    """
     if missing:
-        return True  # no license disk at all: only a restart through the webhook brings one
+        return Verdict.STALE, Rule.VOLUME
+    if stamp is not None:
+        return (Verdict.CURRENT if stamp else Verdict.STALE), Rule.STAMP
     if _started(vmi) > replica.revision_time:
-        return False
-    return not (guest is not None and guest.proves_current(replica.revision_time))
+        return Verdict.CURRENT, Rule.TIME
+    if guest is not None and guest.proves_current(replica.revision_time):
+        return Verdict.CURRENT, Rule.REPORT
+    if guest is None and evidence_pending:
+        return Verdict.AWAITING, Rule.REPORT
+    return Verdict.STALE, Rule.TIME
+
+
+def _is_stale(slot: _Slot, guest: GuestGate | None) -> bool:
+    """Stale for certain (awaiting evidence is not stale)."""
+    assert slot.vmi is not None
+    return judge(slot.vmi, slot.replica, guest, stamp=slot.stamp, missing=slot.missing)[0] == Verdict.STALE
+
+
+def stamp_matches(vmi: model.Vmi, mounted: Iterable[ReplicaRevision], governing: ReplicaRevision) -> bool | None:
+    """The webhook stamp against the replicas the VMI mounts: None when the governing replica is not
+    stamped (an unstamped VMI, admitted before the stamp existed or while the webhook was away)."""
+    stamps = dict(vmi.delivered_revisions)
+    if governing.name not in stamps:
+        return None
+    return all(stamps[r.name] == r.revision for r in mounted if r.name in stamps)
 
 
 def _collect_slots(
@@ -119,11 +163,13 @@ def _collect_slots(
             owned.add((v.namespace, v.owner_vm))
         want = wanted.get((v.namespace, v.name), ())
         missing: tuple[str, ...] = ()
+        blocker: str | None = None
         if not want and len(v.secret_volumes) == 1:  # the common case, without the general one's allocations
             one = replicas.get((v.namespace, v.secret_volumes[0]))
             if one is None:
                 continue
             governing = one
+            stamp = stamp_matches(v, (one,), one) if v.delivered_revisions else None
         else:
             names = dict.fromkeys(v.secret_volumes + want)
             refs = [replicas[(v.namespace, s)] for s in names if (v.namespace, s) in replicas]
@@ -131,9 +177,13 @@ def _collect_slots(
                 continue
             missing = tuple(s for s in want if s not in v.secret_volumes and (v.namespace, s) in replicas)
             governing = max(refs, key=lambda r: (r.revision_time, r.name))
+            stamp = stamp_matches(v, refs, governing) if v.delivered_revisions else None
+            if missing:
+                skip = delivery_blocker(v, want)
+                blocker = None if skip is None else str(skip.value)
         vm = vm_by_key.get((v.namespace, v.owner_vm)) if v.owner_vm else None
         intent = RestartIntent.from_annotations(vm.annotations) if vm else None
-        slots.append(_Slot(v.namespace, v.name, v, vm, governing, intent, missing))
+        slots.append(_Slot(v.namespace, v.name, v, vm, governing, intent, missing, stamp, blocker))
     # VMs whose VMI is gone: a restart in flight (or a stopped VM, which is not our business).
     for key in sorted(vm_by_key.keys() - owned):
         vm = vm_by_key[key]
@@ -159,11 +209,17 @@ class _Now:
     """``now`` for one evaluation, remembering the earliest later time it was compared with: the
     evaluation cannot change before that time unless its inputs do (what `PlanMemo` relies on)."""
 
-    __slots__ = ("horizon", "now")
+    __slots__ = ("evidence_at", "horizon", "now")
 
-    def __init__(self, now: dt.datetime) -> None:
+    def __init__(self, now: dt.datetime, evidence_at: dt.datetime | None = None) -> None:
         self.now = now
         self.horizon: dt.datetime | None = None
+        # Before this time a guest without a report may have reported to the previous leader.
+        self.evidence_at = evidence_at
+
+    def evidence_pending(self) -> bool:
+        """Whether "no report" still means "no report yet" (docs/design.md#evidence-after-takeover)."""
+        return self.evidence_at is not None and not self.reached(self.evidence_at)
 
     def reached(self, t: dt.datetime) -> bool:
         if t <= self.now:
@@ -181,6 +237,8 @@ def _track(slot: _Slot, intent: RestartIntent, st: RolloutSettings,
         return _Eval(slot, VmiState.DONE, rev, "restart recorded done")
     if intent.result == RESULT_FAILED:
         return _Eval(slot, VmiState.FAILED, rev, "restart recorded failed")
+    if intent.result == RESULT_RETRY:
+        return _retry(slot, intent, st, now, record=None)
     # Two clocks: a restart that never took effect fails timeout after it was first issued (so a
     # call that keeps being lost cannot be re-issued forever); one under way (VMI shutting down,
     # gone or recreated) fails timeout after the last call, since a late re-issue started it anew.
@@ -191,10 +249,17 @@ def _track(slot: _Slot, intent: RestartIntent, st: RolloutSettings,
             return _Eval(slot, VmiState.FAILED, rev, "VMI not recreated in time", record=RESULT_FAILED)
         return _Eval(slot, VmiState.RESTARTING, rev, "waiting for the new VMI", deadline=in_progress)
     if not _intent_targets(intent, vmi):
+        if slot.missing and not vmi.deleting:
+            # The new VMI runs without its volume: final (volumes cannot change while it runs), so no
+            # point waiting for the timeout; no failure either -- retried with backoff.
+            return _retry(slot, intent, st, now, record=RESULT_RETRY)
         if vmi.ready and not vmi.deleting:
-            gate_ok, why = _done_gate(slot, intent, st, guests)
+            gate_ok, why = _done_gate(slot, intent, st, guests, now)
             if gate_ok:
                 return _Eval(slot, VmiState.DONE, rev, "restarted and Ready", record=RESULT_DONE)
+            if why == _AWAITING and now.evidence_pending() and now.evidence_at is not None:
+                # No failure on evidence this leader cannot have yet: the deadline waits for it.
+                in_progress = max(in_progress, now.evidence_at)
         else:
             why = "waiting for the new VMI to become Ready"
         if now.reached(in_progress):
@@ -213,14 +278,30 @@ def _track(slot: _Slot, intent: RestartIntent, st: RolloutSettings,
                  reissue_at=reissue_at, deadline=untouched)
 
 
+_AWAITING = "awaiting guest evidence: this leader has not yet heard from this guest"
+
+
+def _retry(slot: _Slot, intent: RestartIntent, st: RolloutSettings, now: _Now, *, record: str | None) -> _Eval:
+    """A backstop restart came back without the volume: stale again, eligible after a bounded backoff."""
+    at = intent.attempted_at + _secs(st.retry_delay(intent.attempt))
+    reason = (f"restart {intent.attempt} came back without the license volume; "
+              f"{'retrying' if now.reached(at) else 'retry after backoff'}")
+    return _Eval(slot, VmiState.STALE, intent.revision, reason, eligible_at=at, record=record,
+                 retry=intent.attempt, rule=Rule.VOLUME)
+
+
 def _done_gate(slot: _Slot, intent: RestartIntent, st: RolloutSettings,
-               guests: Mapping[tuple[str, str], GuestGate]) -> tuple[bool, str]:
+               guests: Mapping[tuple[str, str], GuestGate], now: _Now) -> tuple[bool, str]:
     if slot.missing:
         return False, "the new VMI lacks its license volume: is the admission webhook reachable?"
     if st.done_gate != DONE_GATE_READY_LICENSED:
         return True, ""
     report = guests.get((slot.namespace, slot.name))
     if report is None:
+        if intent.guest_reports:  # it reported when the restart was issued: wait for its report, as ever
+            return False, "waiting for a licensed guest report with the current token"
+        if intent.guest_reports is None and now.evidence_pending():
+            return False, _AWAITING  # maybe it reported to the previous leader: wait, do not pass it
         return True, ""  # never reported: the probe is optional, Ready is the best evidence
     if report.proves_current(intent.issued_at):
         return True, ""
@@ -240,7 +321,9 @@ def _applies(intent: RestartIntent, slot: _Slot, st: RolloutSettings) -> bool:
         return True
     if intent.revision != replica.revision or intent.replica not in (None, replica.name):
         return False
-    if slot.missing and intent.result is not None and vmi.created > intent.issued_at + _secs(
+    if intent.result == RESULT_RETRY and not slot.missing:
+        return False  # the volume arrived (a restart by hand, say): judged afresh
+    if slot.missing and intent.result in (RESULT_DONE, RESULT_FAILED) and vmi.created > intent.issued_at + _secs(
             st.restart_timeout_seconds):
         return False  # created long after that restart ended: a new VMI, planned afresh
     return not (intent.vmi_uid and intent.vmi_uid != vmi.uid and _started(vmi) <= replica.revision_time)
@@ -264,6 +347,21 @@ def needs_live_check(intent: RestartIntent | None, revision: str, vmi_uid: str) 
     return intent.revision == revision or intent.result is None or intent.vmi_uid in (None, vmi_uid)
 
 
+def guest_reports(guests: Mapping[tuple[str, str], GuestGate], key: tuple[str, str], now: _Now) -> bool | None:
+    """What a restart intent records about its guest: it reported (True), it never did though this leader
+    listened a whole silence window (False), or unknown yet (None) (docs/design.md#evidence-after-takeover)."""
+    if key in guests:
+        return True
+    return None if now.evidence_pending() else False
+
+
+def next_attempt(intent: RestartIntent | None, revision: str) -> int:
+    """The attempt number of a new restart for ``revision``: after a backstop retry result, one more."""
+    if intent is not None and intent.revision == revision and intent.result == RESULT_RETRY:
+        return intent.attempt + 1
+    return 1
+
+
 def _restartable(vm: model.Vm | None) -> bool:
     """Automatic restarts allowed: an owning VM, not opted out, with a run strategy that restarts."""
     return (vm is not None and vm.run_strategy not in UNRESTARTABLE_RUN_STRATEGIES
@@ -275,6 +373,12 @@ def _evaluate(slot: _Slot, st: RolloutSettings, guests: Mapping[tuple[str, str],
     replica, vmi, vm, intent = slot.replica, slot.vmi, slot.vm, slot.intent
     rev = replica.revision
     guest = guests.get((slot.namespace, slot.name))
+    if vmi is not None and slot.blocker is not None:
+        # A restart rebuilds the VMI from the same spec: the webhook would refuse it again. Not ours to fix,
+        # never a failure (docs/design.md#delivery-blocked).
+        return _Eval(slot, VmiState.UNDELIVERABLE, rev,
+                     f"license volume cannot be delivered to this VM's spec ({slot.blocker}): fix the VM template",
+                     rule=Rule.VOLUME)
     if intent is not None and _applies(intent, slot, st):
         tracked = _track(slot, intent, st, guests, now)
         forgiven = control.resumed_at is not None and intent.issued_at < control.resumed_at
@@ -284,7 +388,7 @@ def _evaluate(slot: _Slot, st: RolloutSettings, guests: Mapping[tuple[str, str],
             tracked.counts_failure = tracked.revision == rev
             return tracked
         # A forgiven failure: the VM is planned afresh, but only if its VMI still runs stale.
-        if vmi is None or vmi.deleting or not _is_stale(vmi, replica, guest, slot.missing):
+        if vmi is None or vmi.deleting or not _is_stale(slot, guest):
             return tracked
     if vmi is None:  # unreachable: slots without a VMI always carry an intent
         return _Eval(slot, VmiState.RESTARTING, rev, "waiting for the new VMI")
@@ -293,10 +397,16 @@ def _evaluate(slot: _Slot, st: RolloutSettings, guests: Mapping[tuple[str, str],
     # makes it stale, or a few such VMIs would hold the budget forever and stall the rollout.
     previous = _track(slot, intent, st, guests, now) if intent and not _intent_targets(intent, vmi) else None
     failed_vmi = previous is not None and previous.state is VmiState.FAILED
-    if not _is_stale(vmi, replica, guest, slot.missing):
+    verdict, rule = judge(vmi, replica, guest, stamp=slot.stamp, missing=slot.missing,
+                          evidence_pending=now.evidence_pending())
+    if verdict != Verdict.STALE:
         if previous is not None and failed_vmi:
             return previous  # say so
-        return _Eval(slot, VmiState.CURRENT, rev, "runs the current revision")
+        if verdict == Verdict.AWAITING:
+            assert now.evidence_at is not None  # evidence_pending
+            return _Eval(slot, VmiState.AWAITING_EVIDENCE, rev, "no guest report yet since this leader took over",
+                         deadline=now.evidence_at, failed_vmi=failed_vmi, rule=rule)
+        return _Eval(slot, VmiState.CURRENT, rev, "runs the current revision", rule=rule)
     if vm is None:
         return _Eval(slot, VmiState.BLOCKED, rev, "no owning VirtualMachine: restart it by hand")
     if vm.annotations.get(model.ANN_RESTART_POLICY, "").strip().lower() == POLICY_MANUAL:
@@ -318,4 +428,4 @@ def _evaluate(slot: _Slot, st: RolloutSettings, guests: Mapping[tuple[str, str],
             eligible, reason = hold, "earlier restart may still be in flight"
     if reason.endswith("pending restart") and not now.reached(eligible):
         reason = "waiting for the revision to settle"
-    return _Eval(slot, VmiState.STALE, rev, reason, eligible_at=eligible, failed_vmi=failed_vmi)
+    return _Eval(slot, VmiState.STALE, rev, reason, eligible_at=eligible, failed_vmi=failed_vmi, rule=rule)

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from licensectl.core import model
-from licensectl.core.rollout.constants import DONE_GATE_READY_LICENSED, RESULT_DONE, RESULT_FAILED
+from licensectl.core.rollout.constants import DONE_GATE_READY_LICENSED, RESULT_DONE, RESULT_FAILED, RESULT_RETRY
 from licensectl.core.timecodec import annotation_time, annotation_value_time
 
 
@@ -82,6 +82,20 @@ class RolloutSettings:
     done_gate: str = DONE_GATE_READY_LICENSED
     reissue_after_seconds: float = 60.0
     max_restarts_per_minute: int = 0  # < 1: no rate limit beyond max_unavailable
+    # Backstop retries (docs/design.md#backstop-retry): attempt n waits base * 2**(n-1), at most max.
+    retry_base_seconds: float = 30.0
+    retry_max_seconds: float = 1800.0
+
+    def retry_delay(self, attempt: int) -> float:
+        """Seconds after restart ``attempt`` came back without its volume before the next one: doubling,
+        bounded, so a VM the webhook keeps missing is retried forever but never in a loop."""
+        n = max(1, attempt)
+        return min(self.retry_max_seconds, self.retry_base_seconds * 2.0 ** min(n - 1, 30))
+
+    def source_failure_namespaces(self) -> int:
+        """Namespaces with failed restarts that pause the whole source: max(2, max_failures), so one
+        tenant can never pause the others (docs/design.md#failure-budget-per-tenant)."""
+        return max(2, self.max_failures)
 
     def unavailable_limit(self, affected: int) -> int:
         """An absolute count, or a percentage of the affected VMIs rounded down; at least 1."""
@@ -101,6 +115,8 @@ class RestartIntent:
     vmi_uid: str | None = None
     replica: str | None = None
     result: str | None = None
+    attempt: int = 1  # which restart for this revision (backstop retries)
+    guest_reports: bool | None = None  # the guest had reported when it was issued (None: unknown)
 
     @classmethod
     def from_annotations(cls, annotations: Mapping[str, str]) -> RestartIntent | None:
@@ -112,7 +128,8 @@ class RestartIntent:
         return _parse_intent(revision, annotations.get(model.ANN_RESTART_ISSUED_AT),
                              annotations.get(model.ANN_RESTART_ATTEMPTED_AT),
                              annotations.get(model.ANN_RESTART_VMI_UID), annotations.get(model.ANN_RESTART_REPLICA),
-                             annotations.get(model.ANN_RESTART_RESULT))
+                             annotations.get(model.ANN_RESTART_RESULT), annotations.get(model.ANN_RESTART_ATTEMPT),
+                             annotations.get(model.ANN_RESTART_GUEST_REPORTS))
 
 
 # Every pass parses every VM's intent, and between two of our writes the annotations do not change:
@@ -120,16 +137,20 @@ class RestartIntent:
 # on the raw annotation values (a new write is a new key).
 @functools.lru_cache(maxsize=1 << 16)
 def _parse_intent(revision: str, issued_raw: str | None, attempted_raw: str | None, vmi_uid: str | None,
-                  replica: str | None, result: str | None) -> RestartIntent | None:
+                  replica: str | None, result: str | None, attempt_raw: str | None = None,
+                  reports_raw: str | None = None) -> RestartIntent | None:
     issued = annotation_value_time(issued_raw)
     if issued is None:
         return None
     attempted = annotation_value_time(attempted_raw) or issued
+    attempt = int(attempt_raw) if attempt_raw and attempt_raw.isdigit() else 1
     return RestartIntent(
         revision=revision,
         issued_at=issued,
         attempted_at=max(attempted, issued),
         vmi_uid=vmi_uid or None,
         replica=replica or None,
-        result=result if result in (RESULT_DONE, RESULT_FAILED) else None,
+        result=result if result in (RESULT_DONE, RESULT_FAILED, RESULT_RETRY) else None,
+        attempt=max(1, min(attempt, 1_000_000)),
+        guest_reports={"true": True, "false": False}.get(reports_raw or ""),
     )

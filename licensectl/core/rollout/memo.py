@@ -27,6 +27,8 @@ class _Memo:
     until: dt.datetime | None  # the evaluation holds before this time (None: until an input changes)
     ev: _Eval
     state: VmiRolloutState | None = None
+    stamp: bool | None = None
+    blocker: str | None = None
 
 
 class PlanMemo:
@@ -44,12 +46,15 @@ class PlanMemo:
         self._entries: dict[tuple[str, str], _Memo] = {}
         self._settings: RolloutSettings | None = None
         self._now: dt.datetime | None = None
+        self._evidence_at: dt.datetime | None = None
         self.hits = 0  # evaluations reused, for tests and benchmarks
 
-    def _begin(self, settings: RolloutSettings, now: dt.datetime) -> None:
-        if settings != self._settings or (self._now is not None and now < self._now):
-            self._entries.clear()  # new knobs, or a clock stepped back: nothing is known to hold
-        self._settings, self._now = settings, now
+    def _begin(self, settings: RolloutSettings, now: dt.datetime, evidence_at: dt.datetime | None = None) -> None:
+        if (settings != self._settings or (self._now is not None and now < self._now)
+                or evidence_at != self._evidence_at):
+            # New knobs, a clock stepped back, or a new leader term: nothing is known to hold.
+            self._entries.clear()
+        self._settings, self._now, self._evidence_at = settings, now, evidence_at
 
     def _keep(self, entries: dict[tuple[str, str], _Memo]) -> None:
         """This pass's evaluations replace the last pass's: guests gone since are forgotten."""
@@ -61,13 +66,13 @@ class PlanMemo:
         guest = guests.get(key)
         m = self._entries.get(key)
         if (m is not None and m.vmi is slot.vmi and m.vm is slot.vm and m.replica == slot.replica
-                and m.missing == slot.missing and m.guest == guest and m.control == control
-                and (m.until is None or now < m.until)):
+                and m.missing == slot.missing and m.stamp == slot.stamp and m.blocker == slot.blocker
+                and m.guest == guest and m.control == control and (m.until is None or now < m.until)):
             self.hits += 1
         else:
-            clock = _Now(now)
+            clock = _Now(now, self._evidence_at)
             m = _Memo(slot.vmi, slot.vm, slot.replica, slot.missing, guest, control, None,
-                      _evaluate(slot, st, guests, control, clock))
+                      _evaluate(slot, st, guests, control, clock), stamp=slot.stamp, blocker=slot.blocker)
             m.until = clock.horizon
         keep[key] = m
         return m

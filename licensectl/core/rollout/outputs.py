@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from licensectl.core import model
-from licensectl.core.rollout.constants import PauseReason, Phase, VmiState
+from licensectl.core.rollout.constants import PauseReason, Phase, Rule, VmiState
 from licensectl.core.timecodec import format_micro_time
 
 
@@ -37,6 +37,8 @@ class RestartVm:
     reissue: bool = False
     vm_resource_version: str = ""
     check_live: bool = True
+    attempt: int = 1  # which restart for this revision: backstop retries back off on it
+    guest_reports: bool | None = None  # the guest had reported (None: unknown, the leader's evidence pending)
 
     def intent_annotations(self) -> Mapping[str, str | None]:
         """Annotations to merge-patch onto the VM; None removes a key (a stale result)."""
@@ -46,6 +48,8 @@ class RestartVm:
             model.ANN_RESTART_VMI_UID: self.vmi_uid,
             model.ANN_RESTART_ISSUED_AT: format_micro_time(self.issued_at),
             model.ANN_RESTART_ATTEMPTED_AT: format_micro_time(self.attempted_at),
+            model.ANN_RESTART_ATTEMPT: str(self.attempt),
+            model.ANN_RESTART_GUEST_REPORTS: None if self.guest_reports is None else str(self.guest_reports).lower(),
             model.ANN_RESTART_RESULT: None,
         }
 
@@ -79,6 +83,10 @@ class VmiRolloutState:
     overdue: bool = False  # manual VMs still stale past the manual deadline
     reason: str = ""  # short human explanation (no secrets)
     missing_volume: bool = False  # should carry a license volume and does not (backstop)
+    rule: Rule | None = None  # which rule judged it current or stale (None: a restart's state)
+    blocker: str = ""  # undeliverable: why the webhook cannot add the volume (a delivery.Skip value)
+    attempt: int = 0  # backstop restarts that came back without the volume so far (retrying when > 0)
+    retry_at: dt.datetime | None = None  # when the next backstop retry may be issued
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +99,10 @@ class RolloutStatus:
     affected: int = 0
     unavailable: int = 0
     max_unavailable: int = 0
-    failures: int = 0  # failures counted against the budget (highest over current revisions)
+    failures: int = 0  # failures counted against the budget, over every namespace
+    # Per namespace with counted failures; the namespaces whose own failures paused them.
+    failures_by_namespace: Mapping[str, int] = field(default_factory=dict)
+    paused_namespaces: tuple[str, ...] = ()
     pause_reason: PauseReason | None = None
     settles_at: dt.datetime | None = None
     message: str = ""

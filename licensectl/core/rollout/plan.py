@@ -1,6 +1,7 @@
-"""`plan_rollout`: from every guest's evaluation to the plan -- the per-source failure pause, the
-unavailability, per-namespace and rate budgets, round-robin restart picks, each source's phase and
-message, and the next wakeup. The top of the package: it imports the other modules and none imports it.
+"""`plan_rollout`: from every guest's evaluation to the plan -- the per-tenant and per-source failure pauses, the
+wait for the admission webhook, the unavailability, per-namespace and rate budgets, round-robin restart picks,
+each source's phase and message, and the next wakeup. The top of the package: it imports the other modules and
+none imports it.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
 from licensectl.core import model
+from licensectl.core.revision_text import replica_revision
 from licensectl.core.rollout.constants import PauseReason, Phase, VmiState
 from licensectl.core.rollout.evaluation import (
     _collect_slots,
@@ -20,7 +22,9 @@ from licensectl.core.rollout.evaluation import (
     _restartable,
     _secs,
     _settle,
+    guest_reports,
     needs_live_check,
+    next_attempt,
 )
 from licensectl.core.rollout.inputs import GuestGate, ReplicaRevision, RolloutSettings, SourceControl
 from licensectl.core.rollout.memo import PlanMemo, _Memo
@@ -30,11 +34,12 @@ from licensectl.core.timecodec import format_micro_time
 
 def _message(phase: Phase, revisions: tuple[str, ...], counts: Mapping[VmiState, int], overdue: int,
              unavailable: int, limit: int, pause: PauseReason | None, failures: int,
-             max_failures: int, settles_at: dt.datetime | None) -> str:
+             max_failures: int, settles_at: dt.datetime | None, paused_ns: tuple[str, ...] = (),
+             failed_ns: int = 0) -> str:
     parts = [f"{n} {s.value}" for s, n in counts.items() if n]
     text = f"{phase.value}"
     if revisions:
-        text += f" (revision {', '.join(revisions)})"
+        text += f" ({', '.join(replica_revision(r) for r in revisions)})"
     if parts:
         text += ": " + ", ".join(parts)
     if overdue:
@@ -44,7 +49,13 @@ def _message(phase: Phase, revisions: tuple[str, ...], counts: Mapping[VmiState,
     if pause is PauseReason.MANUAL:
         text += "; paused by the source annotation"
     elif pause is PauseReason.FAILURES:
-        text += f"; paused after {failures} failed restarts (max {max_failures}), resume to continue"
+        text += (f"; paused after {failures} failed restarts in {failed_ns} namespaces (max {max_failures} per "
+                 "namespace), resume to continue")
+    elif pause is PauseReason.WEBHOOK:
+        text += "; waiting for the admission webhook: no restart until it is seen to deliver"
+    if paused_ns:
+        shown = ", ".join(paused_ns[:5]) + (" ..." if len(paused_ns) > 5 else "")
+        text += f"; namespaces paused after {max_failures} failed restarts each: {shown} (resume to continue)"
     if settles_at is not None:
         text += f"; settles at {format_micro_time(settles_at)}"
     return text
@@ -61,9 +72,15 @@ def plan_rollout(
     now: dt.datetime,
     wanted: Mapping[tuple[str, str], tuple[str, ...]] | None = None,
     memo: PlanMemo | None = None,
+    evidence_at: dt.datetime | None = None,
+    delivery_ready: bool = True,
 ) -> RolloutPlan:
     """Decide restarts and report state for every VMI that mounts a replica or should (``wanted``:
     (namespace, VMI) -> replica names it must carry, from `licensectl.core.delivery`).
+
+    ``evidence_at``: before this time a guest without a report may have reported to a previous leader,
+    so "no report" is "no report yet" (None: the guest reports are complete). ``delivery_ready``: the
+    admission webhook was seen to deliver; while False no restart is issued at all.
 
     Deterministic: the same observed state always yields the same plan, so a crashed controller
     resumes exactly where the cluster says it was. ``memo`` (kept by the caller from pass to pass)
@@ -75,9 +92,10 @@ def plan_rollout(
     no_control = SourceControl()
     memos: dict[tuple[str, str], _Memo] = {}
     if memo is None:
-        evals = [_evaluate(s, st, guests, sources.get(s.replica.source, no_control), _Now(now)) for s in slots]
+        evals = [_evaluate(s, st, guests, sources.get(s.replica.source, no_control), _Now(now, evidence_at))
+                 for s in slots]
     else:
-        memo._begin(st, now)
+        memo._begin(st, now, evidence_at)
         evals = [memo._evaluate(s, st, guests, sources.get(s.replica.source, no_control), now, memos).ev
                  for s in slots]
         memo._keep(memos)
@@ -121,16 +139,23 @@ def plan_rollout(
             if r.source == src and (r.revision not in newest or r.revision_time > newest[r.revision]):
                 newest[r.revision] = r.revision_time
         revisions = tuple(sorted(newest, key=lambda rev: (newest[rev], rev)))
-        failures_by_rev: dict[str, int] = defaultdict(int)
+        # Failure budgets per tenant first (docs/design.md#failure-budget-per-tenant): a namespace pauses on
+        # its own failures; the source only when failures span several namespaces.
+        failures_by_ns: dict[str, int] = defaultdict(int)
         for e in group:
             if e.counts_failure:
-                failures_by_rev[e.revision] += 1
-        failures = max(failures_by_rev.values(), default=0)
+                failures_by_ns[e.slot.namespace] += 1
+        failures = sum(failures_by_ns.values())
+        budget = st.max_failures >= 1
+        paused_ns = tuple(sorted(ns for ns, n in failures_by_ns.items() if budget and n >= st.max_failures))
         pause: PauseReason | None = None
         if control.paused:
             pause = PauseReason.MANUAL
-        elif st.max_failures >= 1 and failures >= st.max_failures:
+        elif budget and len(failures_by_ns) >= st.source_failure_namespaces():
             pause = PauseReason.FAILURES
+        elif not delivery_ready:
+            pause = PauseReason.WEBHOOK
+        held = frozenset(paused_ns)
 
         affected = len(group)
         limit = st.unavailable_limit(affected)
@@ -138,33 +163,40 @@ def plan_rollout(
 
         for e in group:
             # While paused, eligibility and re-issue times change nothing: no restart is made.
-            times = [e.deadline] if pause is not None else [e.deadline, e.eligible_at, e.reissue_at]
+            frozen = pause is not None or e.slot.namespace in held
+            times = [e.deadline] if frozen else [e.deadline, e.eligible_at, e.reissue_at]
             wakeups.extend(t for t in times if t is not None and t > now)
 
         if pause is None:
             for e in group:
                 if (e.reissue_at is not None and e.reissue_at <= now and e.slot.intent and e.slot.vmi
-                        and _restartable(e.slot.vm)):
+                        and _restartable(e.slot.vm) and e.slot.namespace not in held):
                     restarts.append(RestartVm(
                         e.slot.namespace, e.slot.name, e.slot.vmi.uid, e.slot.intent.revision,
                         e.slot.intent.replica or e.slot.replica.name, e.slot.intent.issued_at, now,
                         reissue=True, vm_resource_version=e.slot.vm.resource_version if e.slot.vm else "",
-                        check_live=True))
-            unavailable = _pick(group, st, limit, unavailable, ns_unavailable, now, restarts, rate)
+                        check_live=True, attempt=e.slot.intent.attempt,
+                        guest_reports=e.slot.intent.guest_reports))
+            unavailable = _pick([e for e in group if e.slot.namespace not in held], st, limit, unavailable,
+                                ns_unavailable, now, restarts, rate, guests, evidence_at)
 
         counts = {s: 0 for s in VmiState}
         for e in group:
             counts[e.state] += 1
         overdue = sum(1 for e in group if e.overdue)
-        stale = [e for e in group if e.state is VmiState.STALE]
+        stale = [e for e in group if e.state is VmiState.STALE and e.slot.namespace not in held]
         restarting = counts[VmiState.RESTARTING] > 0
         settles_at: dt.datetime | None = None
+        if pause is None and held and not stale and not restarting:
+            pause = PauseReason.TENANT_FAILURES  # all that is left waits for the hoster
         if not group:
             phase = Phase.IDLE
-        elif pause is PauseReason.FAILURES or (pause is not None and (stale or restarting)):
+        elif pause in (PauseReason.FAILURES, PauseReason.TENANT_FAILURES) or (
+                pause is not None and (stale or restarting)):
             phase = Phase.PAUSED  # a failure pause needs the hoster, even when nothing else is left
-        elif restarting or any(e.eligible_at is None or e.eligible_at <= now for e in stale):
-            phase = Phase.PROGRESSING
+        elif (restarting or counts[VmiState.AWAITING_EVIDENCE]
+              or any(e.eligible_at is None or e.eligible_at <= now for e in stale)):
+            phase = Phase.PROGRESSING  # awaiting evidence: not complete until judged
         elif stale:
             settle_times = [e.slot.replica.revision_time + _secs(_settle(st)) for e in stale]
             future = [t for t in settle_times if t > now]
@@ -174,12 +206,16 @@ def plan_rollout(
                 phase = Phase.PROGRESSING  # only held back by an earlier in-flight restart
         else:
             phase = Phase.COMPLETE
+        if pause is PauseReason.WEBHOOK and phase is not Phase.PAUSED:
+            pause = None  # nothing to restart: nothing waits for the webhook
         statuses[src] = RolloutStatus(
             source=src, revisions=revisions, phase=phase, counts=MappingProxyType(counts),
             overdue=overdue, affected=affected, unavailable=unavailable, max_unavailable=limit,
             failures=failures, pause_reason=pause, settles_at=settles_at,
+            failures_by_namespace=MappingProxyType(dict(sorted(failures_by_ns.items()))),
+            paused_namespaces=paused_ns,
             message=_message(phase, revisions, counts, overdue, unavailable, limit, pause, failures,
-                             st.max_failures, settles_at),
+                             st.max_failures, settles_at, paused_ns, len(failures_by_ns)),
         )
 
     vmi_states = {(e.slot.namespace, e.slot.name): _state_of(e, memos) for e in evals}
@@ -197,14 +233,16 @@ def _state_of(e: _Eval, memos: Mapping[tuple[str, str], _Memo]) -> VmiRolloutSta
     if m is not None and m.state is not None:
         return m.state
     state = VmiRolloutState(e.state, e.revision, e.slot.replica.source, e.slot.replica.name, e.overdue, e.reason,
-                            missing_volume=bool(e.slot.missing))
+                            missing_volume=bool(e.slot.missing), rule=e.rule, blocker=e.slot.blocker or "",
+                            attempt=e.retry, retry_at=e.eligible_at if e.retry else None)
     if m is not None:
         m.state = state
     return state
 
 
 def _pick(group: list[_Eval], st: RolloutSettings, limit: int, unavailable: int,
-          ns_unavailable: dict[str, int], now: dt.datetime, out: list[Action], rate: list[int]) -> int:
+          ns_unavailable: dict[str, int], now: dt.datetime, out: list[Action], rate: list[int],
+          guests: Mapping[tuple[str, str], GuestGate], evidence_at: dt.datetime | None) -> int:
     """Round-robin new restarts across namespaces within the limits; returns the new unavailable count.
 
     ``rate`` holds the restarts still allowed this minute (-1: unlimited), shared by all sources.
@@ -244,6 +282,9 @@ def _pick(group: list[_Eval], st: RolloutSettings, limit: int, unavailable: int,
             assert vmi is not None and vm is not None  # guaranteed by the queue filter
             out.append(RestartVm(e.slot.namespace, vm.name, vmi.uid, e.slot.replica.revision,
                                  e.slot.replica.name, now, now, vm_resource_version=vm.resource_version,
-                                 check_live=needs_live_check(e.slot.intent, e.slot.replica.revision, vmi.uid)))
+                                 check_live=needs_live_check(e.slot.intent, e.slot.replica.revision, vmi.uid),
+                                 attempt=next_attempt(e.slot.intent, e.slot.replica.revision),
+                                 guest_reports=guest_reports(guests, (e.slot.namespace, e.slot.name),
+                                                             _Now(now, evidence_at))))
             progress = True
     return unavailable

@@ -84,6 +84,8 @@ class Informer(Generic[T]):
 
     `on_change(key, old, new)` runs for every effective change (old/new None for add/delete),
     including those found by a relist; it must be cheap and synchronous (enqueue work).
+    `on_synced()` runs once, after the first complete LIST: an empty result changes nothing, yet
+    "confirmed absent" is news to whoever waited for the cache (a missing source Secret).
     """
 
     def __init__(
@@ -96,6 +98,7 @@ class Informer(Generic[T]):
         label_selector: str | None = None,
         field_selector: str | None = None,
         on_change: Callable[[wire.Key, T | None, T | None], None] | None = None,
+        on_synced: Callable[[], None] | None = None,
         page_size: int = 500,
         hooks: InformerHooks | None = None,
         watch_timeout: float = 300.0,
@@ -112,6 +115,7 @@ class Informer(Generic[T]):
         self._key = key
         self._label_selector = label_selector
         self._field_selector = field_selector
+        self._on_synced = on_synced
         self._on_change = on_change
         self._page_size = page_size
         self._hooks = hooks or InformerHooks()
@@ -131,6 +135,7 @@ class Informer(Generic[T]):
         self._watch_down_since: float | None = time.monotonic()
         self._running = False
         self._last_sync_at: dt.datetime | None = None
+        self._heard_at: float | None = None  # monotonic: last complete LIST, watch opened or watch line read
         self._counters: dict[str, int] = dict.fromkeys(
             ("lists", "list_failures", "relists", "events", "watch_restarts", "invalid_objects"), 0)
 
@@ -154,6 +159,13 @@ class Informer(Generic[T]):
             return False
         down = self._watch_down_since
         return down is None or time.monotonic() - down <= self._unhealthy_after
+
+    @property
+    def stale_seconds(self) -> float | None:
+        """Seconds since this cache last heard from the apiserver (a LIST, a watch opening, any watch line,
+        bookmarks included); None before the first LIST. A quiet healthy watch reaches at most its server
+        timeout (up to 2 x watch_timeout); more means the apiserver has gone silent (docs/operations.md#readiness)."""
+        return None if self._heard_at is None else time.monotonic() - self._heard_at
 
     @property
     def resource_version(self) -> str:
@@ -258,6 +270,7 @@ class Informer(Generic[T]):
         self._cache = new
         self._rv = rv
         self._list_failed = False
+        self._heard_at = time.monotonic()
         self._last_sync_at = dt.datetime.now(dt.UTC)
         self._counters["lists"] += 1
         first = not self._synced
@@ -274,6 +287,8 @@ class Informer(Generic[T]):
         for k, prev in old.items():
             if k not in new:
                 self._notify(k, prev, None)
+        if first and self._on_synced is not None:
+            self._on_synced()
 
     async def _list_all(self) -> tuple[dict[wire.Key, T], str, int]:
         new: dict[wire.Key, T] = {}
@@ -422,8 +437,10 @@ class Informer(Generic[T]):
                     raise wire.Gone()
                 raise wire.ApiError(status, wire.status_reason(doc), _retry_after_header(resp))
             self._watch_down_since = None
+            self._heard_at = time.monotonic()
             seen = 0
             async for line in self._lines(resp):
+                self._heard_at = time.monotonic()
                 ev = wire.parse_event_line(line)
                 if ev is None:
                     log.warning("informer.bad_event_line", informer=self.name, length=len(line))

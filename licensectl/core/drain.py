@@ -1,0 +1,552 @@
+"""Cordon, drain, restart, wait for boot, uncordon: how licensectl restarts a tenant cluster's worker.
+
+A tenant Kubernetes cluster on KubeVirt (Cluster API + CAPK) runs its workers as VMs, and restarting
+one kills every Pod on its Node at once. So a worker's VMI is restarted the way Cluster API retires a
+Machine: cordon its Node, evict its Pods through the Eviction API (PodDisruptionBudgets hold, a 429 is
+retried until the drain timeout), restart, wait until the Node is Ready with a new boot ID, uncordon.
+
+Each step is written on the VM as intent annotations *before* it is taken, and `next_step` decides
+from that intent and what is observed alone: a controller killed anywhere resumes or undoes, never
+restarts a VMI twice for one decision, and never leaves a Node it cordoned cordoned. The Node gets a
+marker annotation in the same patch that cordons it; a Node cordoned by anyone else has none and is
+never uncordoned by licensectl.
+
+Pure: the shell observes (VM, VMI, the tenant's Node and its Pods), calls `next_step`, writes the
+returned intent when it differs from the one on the VM, and only then acts.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+from licensectl.core.model import DOMAIN
+from licensectl.core.timecodec import annotation_value_time, format_micro_time, to_utc
+
+# Upstream names. VM labels: kubernetes-sigs/cluster-api-provider-kubevirt pkg/kubevirt/utils.go and
+# api/v1alpha1/kubevirtcluster_types.go; providerID: pkg/kubevirt/machine.go GenerateProviderID.
+LABEL_CLUSTER_NAME = "cluster.x-k8s.io/cluster-name"
+LABEL_ROLE = "cluster.x-k8s.io/role"
+LABEL_KUBEVIRT_MACHINE = "capk.cluster.x-k8s.io/kubevirt-machine-name"
+PROVIDER_ID_PREFIX = "kubevirt://"
+ROLE_WORKER = "worker"  # kubernetes-sigs/kind pkg/cluster/constants: "worker" / "control-plane"
+# kubernetes-sigs/cluster-api api/core/v1beta2/machine_types.go and machinedrainrules_types.go.
+ANN_EXCLUDE_NODE_DRAINING = "machine.cluster.x-k8s.io/exclude-node-draining"
+LABEL_POD_DRAIN = "cluster.x-k8s.io/drain"
+ANN_MIRROR_POD = "kubernetes.io/config.mirror"  # kubernetes/api core/v1 annotation_key_constants.go
+# cluster-api internal/controllers/machine/machine_controller.go drainNode: on an unreachable Node, Pods
+# whose deletionTimestamp is more than this many seconds old are no longer waited for.
+SKIP_DELETED_AFTER_SECONDS = 1
+
+# licensectl's own names: the intent on the VM, the marker on the tenant Node, the policy on the
+# management cluster's CAPI Cluster object.
+ANN_DRAIN_STEP = f"{DOMAIN}/drain-step"
+ANN_DRAIN_REVISION = f"{DOMAIN}/drain-revision"
+ANN_DRAIN_STARTED_AT = f"{DOMAIN}/drain-started-at"
+ANN_DRAIN_STEP_AT = f"{DOMAIN}/drain-step-at"
+ANN_DRAIN_NODE = f"{DOMAIN}/drain-node"
+ANN_DRAIN_CORDONED = f"{DOMAIN}/drain-cordoned"
+ANN_DRAIN_BOOT_ID = f"{DOMAIN}/drain-boot-id"
+ANN_DRAIN_VMI_UID = f"{DOMAIN}/drain-vmi-uid"
+ANN_DRAIN_REASON = f"{DOMAIN}/drain-reason"
+# Every intent key: those absent from `render_annotations()` are to be removed from the VM.
+INTENT_ANNOTATIONS = (ANN_DRAIN_STEP, ANN_DRAIN_REVISION, ANN_DRAIN_STARTED_AT, ANN_DRAIN_STEP_AT, ANN_DRAIN_NODE,
+                      ANN_DRAIN_CORDONED, ANN_DRAIN_BOOT_ID, ANN_DRAIN_VMI_UID, ANN_DRAIN_REASON)
+ANN_CORDONED_BY = f"{DOMAIN}/cordoned-by"  # on the Node: `<vm namespace>/<vm name>`
+ANN_MAX_DISRUPTED_WORKERS = f"{DOMAIN}/max-disrupted-workers"
+ANN_RESTART_WITHOUT_DRAIN = f"{DOMAIN}/restart-without-drain"
+
+_FINISHED = frozenset({"Succeeded", "Failed"})
+
+
+class Role(StrEnum):
+    WORKER = "worker"
+    CONTROL_PLANE = "control-plane"  # also any other role value: never restarted automatically
+    NONE = "none"  # not a CAPK machine
+
+
+class Step(StrEnum):
+    """The step written on the VM before it is taken."""
+
+    CORDON = "cordon"
+    DRAIN = "drain"
+    RESTART = "restart"
+    WAIT_BOOT = "wait-boot"
+    UNCORDON = "uncordon"  # closing: `reason` says why (None: done or undone)
+    BLOCKED = "blocked"  # closed without a restart for this revision; `reason` names the condition
+
+
+class BlockReason(StrEnum):
+    """Condition reasons. The first four close a cycle for its revision; the others hold or wait."""
+
+    PDB_BLOCKED = "PDBBlocked"  # the drain timed out on Pods whose last eviction got a 429
+    DRAIN_TIMEOUT = "DrainTimeout"  # the drain timed out otherwise
+    BOOT_TIMEOUT = "BootTimeout"  # restarted, but the Node did not come back Ready with a new boot ID
+    INTENT_UNREADABLE = "IntentUnreadable"  # intent annotations present but unreadable: never guessed at
+    CLUSTER_UNREACHABLE = "ClusterUnreachable"  # the tenant API did not answer (and no opt-in)
+    NODE_MISSING = "NodeMissing"  # no Node with the worker's providerID
+    CONTROL_PLANE_MANUAL = "ControlPlaneManual"  # control-plane machines are restarted by hand
+
+
+class SkipReason(StrEnum):
+    DAEMONSET = "daemonset"
+    MIRROR = "mirror"
+    FINISHED = "finished"
+    DELETED_ON_UNREACHABLE_NODE = "deleted-on-unreachable-node"
+    DRAIN_LABEL = "drain-label"
+
+
+def worker_role(labels: Mapping[str, str]) -> Role:
+    """A VM without the CAPK cluster label is no machine; any role but `worker` is treated as control plane."""
+    if not labels.get(LABEL_CLUSTER_NAME):
+        return Role.NONE
+    return Role.WORKER if labels.get(LABEL_ROLE) == ROLE_WORKER else Role.CONTROL_PLANE
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerIdentity:
+    """A CAPK machine VM. `machine` is the KubevirtMachine name, which the Node's providerID carries
+    (the VM is named after the assigned hostname when there is one)."""
+
+    namespace: str
+    vm: str
+    cluster: str
+    role: Role
+    machine: str
+
+    @classmethod
+    def from_vm(cls, namespace: str, name: str, labels: Mapping[str, str]) -> WorkerIdentity | None:
+        role = worker_role(labels)
+        if role is Role.NONE:
+            return None
+        return cls(namespace, name, labels[LABEL_CLUSTER_NAME], role, labels.get(LABEL_KUBEVIRT_MACHINE) or name)
+
+    @property
+    def key(self) -> str:
+        """The Node marker's value: which VM's cycle cordoned the Node."""
+        return f"{self.namespace}/{self.vm}"
+
+    @property
+    def cluster_key(self) -> str:
+        return f"{self.namespace}/{self.cluster}"
+
+    @property
+    def provider_id(self) -> str:
+        return PROVIDER_ID_PREFIX + self.machine
+
+
+@dataclass(frozen=True, slots=True)
+class TenantNode:
+    name: str
+    provider_id: str
+    unschedulable: bool = False
+    ready: bool | None = True  # the Ready condition; None: Unknown (kubelet unreachable) or absent
+    boot_id: str = ""  # status.nodeInfo.bootID
+    cordoned_by: str | None = None  # the ANN_CORDONED_BY marker
+
+
+@dataclass(frozen=True, slots=True)
+class TenantPod:
+    namespace: str
+    name: str
+    node_name: str
+    phase: str = "Running"
+    controller_kind: str | None = None  # kind of the controller ownerReference
+    controller_missing: bool = False  # that controller no longer exists (an orphan: evicted)
+    is_mirror: bool = False  # carries ANN_MIRROR_POD (a static Pod)
+    deletion_timestamp: dt.datetime | None = None
+    has_empty_dir: bool = False
+    drain_label: str | None = None  # the LABEL_POD_DRAIN value
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def node_for(provider_id: str, nodes: Iterable[TenantNode]) -> TenantNode | None:
+    """The one Node with this providerID; None when there is none or more than one (never a guess)."""
+    found = [n for n in nodes if n.provider_id == provider_id]
+    return found[0] if len(found) == 1 else None
+
+
+@dataclass(frozen=True, slots=True)
+class PodPlan:
+    evict: tuple[TenantPod, ...] = ()  # evict now
+    terminating: tuple[TenantPod, ...] = ()  # deletionTimestamp set, still on the Node: waited for
+    wait_completed: tuple[TenantPod, ...] = ()  # labelled wait-completed: never evicted, waited for
+    skipped: tuple[tuple[TenantPod, SkipReason], ...] = ()
+    warnings: tuple[tuple[TenantPod, str], ...] = ()  # evicted anyway, as cluster-api warns
+
+    @property
+    def remaining(self) -> tuple[TenantPod, ...]:
+        return self.evict + self.terminating + self.wait_completed
+
+    @property
+    def drained(self) -> bool:
+        return not self.remaining
+
+
+def pods_to_evict(pods: Iterable[TenantPod], node_name: str, *, now: dt.datetime,
+                  node_unreachable: bool = False) -> PodPlan:
+    """Cluster API's drain filters, in its order (kubernetes-sigs/cluster-api
+    internal/controllers/machine/drain/filters.go), with one deviation: finished Pods are skipped, not
+    evicted. A restart keeps the Node and its Pod objects, and deleting a finished Job Pod only loses the
+    tenant's logs. MachineDrainRules live in the management cluster and are not read."""
+    evict: list[TenantPod] = []
+    terminating: list[TenantPod] = []
+    waiting: list[TenantPod] = []
+    skipped: list[tuple[TenantPod, SkipReason]] = []
+    warnings: list[tuple[TenantPod, str]] = []
+    for pod in sorted(pods, key=lambda p: (p.namespace, p.name)):
+        if pod.node_name != node_name:
+            continue
+        deleted = pod.deletion_timestamp
+        label = (pod.drain_label or "").strip().lower()
+        if (node_unreachable and deleted is not None
+                and int((to_utc(now) - to_utc(deleted)).total_seconds()) > SKIP_DELETED_AFTER_SECONDS):
+            skipped.append((pod, SkipReason.DELETED_ON_UNREACHABLE_NODE))
+        elif pod.phase in _FINISHED:
+            skipped.append((pod, SkipReason.FINISHED))
+        elif pod.controller_kind == "DaemonSet" and not pod.controller_missing:
+            skipped.append((pod, SkipReason.DAEMONSET))
+        elif pod.is_mirror:
+            skipped.append((pod, SkipReason.MIRROR))
+        elif label == "skip":
+            skipped.append((pod, SkipReason.DRAIN_LABEL))
+        elif label.replace("-", "", 1) == "waitcompleted":
+            waiting.append(pod)
+        elif deleted is not None:
+            terminating.append(pod)
+        else:
+            evict.append(pod)
+            if pod.controller_kind == "DaemonSet":
+                warnings.append((pod, "evicting orphaned DaemonSet-managed Pod"))
+            if pod.has_empty_dir:
+                warnings.append((pod, "evicting Pod with local storage"))
+            if pod.controller_kind is None:
+                warnings.append((pod, "evicting Pod that has no controller"))
+    return PodPlan(tuple(evict), tuple(terminating), tuple(waiting), tuple(skipped), tuple(warnings))
+
+
+@dataclass(frozen=True, slots=True)
+class IntentProblem:
+    """Intent annotations that cannot be read (a hand edit, another writer): named, never guessed at."""
+
+    kind: str  # unknown-step, missing-field, bad-time, bad-flag, bad-reason
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class DrainIntent:
+    """One cycle's record on the VM. `cordoned` means licensectl may have cordoned the Node: while the
+    tenant cannot be reached it keeps the cycle open; once it can, the Node's marker decides."""
+
+    step: Step
+    revision: str  # the restart decision the cycle serves
+    started_at: dt.datetime  # cycle start: the drain timeout counts from here
+    step_at: dt.datetime  # when `step` was entered (restart re-issue, boot timeout)
+    node: str = ""
+    cordoned: bool = False
+    boot_id: str = ""  # the Node's bootID before the restart
+    vmi_uid: str = ""  # the VMI the restart targets: another UID means it was restarted
+    reason: BlockReason | None = None
+
+    @property
+    def active(self) -> bool:
+        """Holds a disruption slot of its cluster."""
+        return self.step is not Step.BLOCKED
+
+    def render_annotations(self) -> dict[str, str]:
+        out = {ANN_DRAIN_STEP: self.step.value, ANN_DRAIN_REVISION: self.revision,
+               ANN_DRAIN_STARTED_AT: format_micro_time(self.started_at),
+               ANN_DRAIN_STEP_AT: format_micro_time(self.step_at),
+               ANN_DRAIN_CORDONED: "true" if self.cordoned else "false"}
+        for key, value in ((ANN_DRAIN_NODE, self.node), (ANN_DRAIN_BOOT_ID, self.boot_id),
+                           (ANN_DRAIN_VMI_UID, self.vmi_uid), (ANN_DRAIN_REASON, self.reason or "")):
+            if value:
+                out[key] = value
+        return out
+
+
+def parse_annotations(annotations: Mapping[str, str]) -> DrainIntent | IntentProblem | None:
+    """None without a drain-step annotation; a named problem for anything unreadable; never raises."""
+    raw = {k: annotations.get(k) for k in INTENT_ANNOTATIONS}
+    if raw[ANN_DRAIN_STEP] is None:
+        return None
+    text = {k: v.strip() if isinstance(v, str) else "" for k, v in raw.items()}
+    try:
+        step = Step(text[ANN_DRAIN_STEP])
+    except ValueError:
+        return IntentProblem("unknown-step", repr(raw[ANN_DRAIN_STEP])[:80])
+    if not text[ANN_DRAIN_REVISION]:
+        return IntentProblem("missing-field", ANN_DRAIN_REVISION)
+    if step in (Step.CORDON, Step.DRAIN, Step.UNCORDON) and not text[ANN_DRAIN_NODE]:
+        return IntentProblem("missing-field", ANN_DRAIN_NODE)
+    if step is Step.RESTART and not text[ANN_DRAIN_VMI_UID]:
+        return IntentProblem("missing-field", ANN_DRAIN_VMI_UID)
+    started, step_at = annotation_value_time(raw[ANN_DRAIN_STARTED_AT]), annotation_value_time(raw[ANN_DRAIN_STEP_AT])
+    if started is None or step_at is None:
+        return IntentProblem("bad-time", f"{ANN_DRAIN_STARTED_AT} / {ANN_DRAIN_STEP_AT}")
+    cordoned = {"true": True, "false": False}.get(text[ANN_DRAIN_CORDONED])
+    if cordoned is None:
+        return IntentProblem("bad-flag", ANN_DRAIN_CORDONED)
+    reason = None
+    if text[ANN_DRAIN_REASON]:
+        try:
+            reason = BlockReason(text[ANN_DRAIN_REASON])
+        except ValueError:
+            return IntentProblem("bad-reason", repr(raw[ANN_DRAIN_REASON])[:80])
+    if step is Step.BLOCKED and reason is None:
+        return IntentProblem("missing-field", ANN_DRAIN_REASON)
+    return DrainIntent(step, text[ANN_DRAIN_REVISION], started, step_at, text[ANN_DRAIN_NODE], cordoned,
+                       text[ANN_DRAIN_BOOT_ID], text[ANN_DRAIN_VMI_UID], reason)
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """What the shell saw this pass. `node` and `pods` are not read while the tenant is unreachable."""
+
+    revision: str  # the restart decision this pass serves
+    needed: bool  # the planner still wants this VM restarted for `revision`
+    vmi_uid: str | None  # the VM's current VMI; None: there is none
+    vmi_deleting: bool = False
+    reachable: bool = True  # the tenant cluster's API answered
+    node: TenantNode | None = None  # node_for(worker.provider_id, ...)
+    pods: tuple[TenantPod, ...] = ()  # the Pods bound to `node`
+    pdb_refused: frozenset[str] = frozenset()  # Pod keys whose last eviction got a 429
+
+
+@dataclass(frozen=True, slots=True)
+class DrainSettings:
+    drain_timeout: dt.timedelta = dt.timedelta(minutes=15)  # see drain_timeout_for
+    exclude_draining: bool = False  # the Machine carries ANN_EXCLUDE_NODE_DRAINING
+    restart_without_drain: bool = False  # the hoster's opt-in for an unreachable tenant cluster
+    boot_timeout: dt.timedelta = dt.timedelta(minutes=10)
+    reissue_after: dt.timedelta = dt.timedelta(seconds=60)  # a restart not seen by then is issued again
+    retry_interval: dt.timedelta = dt.timedelta(seconds=20)  # cluster-api's drainRetryInterval
+
+
+def drain_timeout_for(machine_seconds: float | None, default: dt.timedelta) -> dt.timedelta:
+    """The Machine's nodeDrainTimeout(Seconds); unset or 0, which is unlimited in Cluster API, takes
+    licensectl's default instead: an endless drain would hold its cluster's disruption slot forever."""
+    return dt.timedelta(seconds=machine_seconds) if machine_seconds and machine_seconds > 0 else default
+
+
+@dataclass(frozen=True, slots=True)
+class Cordon:
+    node: str
+    intent: DrainIntent
+
+
+@dataclass(frozen=True, slots=True)
+class Evict:
+    pods: tuple[TenantPod, ...]
+    recheck_at: dt.datetime
+    intent: DrainIntent
+
+
+@dataclass(frozen=True, slots=True)
+class WaitEvictions:
+    pods: tuple[TenantPod, ...]  # terminating or wait-completed Pods still on the Node
+    recheck_at: dt.datetime
+    intent: DrainIntent
+
+
+@dataclass(frozen=True, slots=True)
+class Restart:
+    vmi_uid: str  # restart only if a fresh read still shows this VMI, not deleting
+    intent: DrainIntent
+
+
+@dataclass(frozen=True, slots=True)
+class WaitBoot:
+    until: dt.datetime
+    intent: DrainIntent
+
+
+@dataclass(frozen=True, slots=True)
+class Uncordon:
+    node: str  # patch only if the Node still carries this VM's marker: unschedulable=false, marker removed
+    intent: DrainIntent
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    intent: None = None  # no cycle open: remove the intent annotations
+
+
+@dataclass(frozen=True, slots=True)
+class Blocked:
+    reason: BlockReason
+    intent: DrainIntent | None  # a BLOCKED intent closes the revision; an open one holds; None: no cycle
+
+    @property
+    def closed(self) -> bool:
+        return self.intent is not None and self.intent.step is Step.BLOCKED
+
+
+Action = Cordon | Evict | WaitEvictions | Restart | WaitBoot | Uncordon | Done | Blocked
+
+
+def _at(intent: DrainIntent, step: Step, now: dt.datetime) -> DrainIntent:
+    """`intent` moved to `step`; step_at changes only with the step, so a repeated pass rewrites nothing."""
+    return intent if step is intent.step else replace(intent, step=step, step_at=now)
+
+
+def _ours(worker: WorkerIdentity, seen: Observed) -> bool:
+    return seen.reachable and seen.node is not None and seen.node.cordoned_by == worker.key
+
+
+def _end(intent: DrainIntent, reason: BlockReason | None, worker: WorkerIdentity, seen: Observed,
+         now: dt.datetime) -> Action:
+    """Close a cycle: uncordon first if the Node carries this VM's marker, then clear or block."""
+    if not seen.reachable and intent.cordoned:
+        return Blocked(BlockReason.CLUSTER_UNREACHABLE, replace(_at(intent, Step.UNCORDON, now), reason=reason))
+    if _ours(worker, seen):
+        assert seen.node is not None
+        return Uncordon(seen.node.name, replace(_at(intent, Step.UNCORDON, now), reason=reason, cordoned=True))
+    if reason is None:
+        return Done()
+    return Blocked(reason, replace(_at(intent, Step.BLOCKED, now), reason=reason, cordoned=False))
+
+
+def _restart(intent: DrainIntent, worker: WorkerIdentity, seen: Observed, now: dt.datetime,
+             settings: DrainSettings) -> Action:
+    """Record the restart with the boot ID and VMI it replaces. A VMI already gone or going (stopped,
+    crashed, restarted by someone else) is not restarted again: its replacement is waited for."""
+    node = seen.node if seen.reachable else None
+    target = replace(intent, boot_id=node.boot_id if node else intent.boot_id,
+                     cordoned=_ours(worker, seen) if seen.reachable else intent.cordoned)
+    if seen.vmi_uid is None or seen.vmi_deleting:
+        waiting = replace(_at(target, Step.WAIT_BOOT, now), vmi_uid="")
+        return WaitBoot(waiting.step_at + settings.boot_timeout, waiting)
+    target = replace(_at(target, Step.RESTART, now), vmi_uid=seen.vmi_uid)
+    return Restart(target.vmi_uid, target)
+
+
+def _advance(intent: DrainIntent, worker: WorkerIdentity, seen: Observed, now: dt.datetime,
+             settings: DrainSettings) -> Action:
+    """Cordon and drain: the steps that can still be undone."""
+    if not seen.needed or worker.role is not Role.WORKER:
+        return _end(intent, None, worker, seen, now)
+    intent = replace(intent, revision=seen.revision)  # a newer decision is served by the same restart
+    if not seen.reachable:
+        if settings.restart_without_drain:
+            return _restart(intent, worker, seen, now, settings)
+        return Blocked(BlockReason.CLUSTER_UNREACHABLE, intent)
+    node = seen.node
+    if node is None:  # gone: nothing is cordoned any more; start over once it is back
+        return Blocked(BlockReason.NODE_MISSING, None)
+    if settings.exclude_draining:
+        return _restart(intent, worker, seen, now, settings)
+    if not node.unschedulable:  # cordon, or cordon again as cluster-api does each pass
+        return Cordon(node.name, replace(intent, cordoned=True))
+    draining = replace(_at(intent, Step.DRAIN, now), cordoned=node.cordoned_by == worker.key)
+    plan = pods_to_evict(seen.pods, node.name, now=now, node_unreachable=node.ready is None)
+    if plan.drained:
+        return _restart(draining, worker, seen, now, settings)
+    deadline = intent.started_at + settings.drain_timeout
+    if now >= deadline:
+        refused = any(p.key in seen.pdb_refused for p in plan.remaining)
+        return _end(draining, BlockReason.PDB_BLOCKED if refused else BlockReason.DRAIN_TIMEOUT, worker, seen, now)
+    recheck = min(now + settings.retry_interval, deadline)
+    if plan.evict:
+        return Evict(plan.evict, recheck, draining)
+    return WaitEvictions(plan.terminating + plan.wait_completed, recheck, draining)
+
+
+def _start(worker: WorkerIdentity, seen: Observed, now: dt.datetime, settings: DrainSettings) -> Action:
+    if worker.role is not Role.WORKER:
+        return Blocked(BlockReason.CONTROL_PLANE_MANUAL, None)
+    if not seen.needed or seen.vmi_uid is None or seen.vmi_deleting:
+        return Done()
+    fresh = DrainIntent(Step.CORDON, seen.revision, now, now, cordoned=True)
+    if not seen.reachable:
+        if settings.restart_without_drain:
+            return _restart(replace(fresh, cordoned=False), worker, seen, now, settings)
+        return Blocked(BlockReason.CLUSTER_UNREACHABLE, None)
+    if seen.node is None:
+        return Blocked(BlockReason.NODE_MISSING, None)
+    return _advance(replace(fresh, node=seen.node.name), worker, seen, now, settings)
+
+
+def next_step(intent: DrainIntent | IntentProblem | None, worker: WorkerIdentity, seen: Observed, *,
+              now: dt.datetime, settings: DrainSettings) -> Action:
+    """The one thing to do for this worker now, from its intent and what is observed alone."""
+    now = to_utc(now)  # intents read back are aware: a naive clock would neither compare nor round-trip
+    if isinstance(intent, IntentProblem):  # assume the worst: a restart may be done, a cordon may be ours
+        unknown = DrainIntent(Step.BLOCKED, seen.revision, now, now, cordoned=True)
+        return _end(unknown, BlockReason.INTENT_UNREADABLE, worker, seen, now)
+    if intent is None or (intent.step is Step.BLOCKED and intent.revision != seen.revision):
+        if _ours(worker, seen):  # a marker no open cycle explains (its record was lost): undo it
+            assert seen.node is not None
+            lost = DrainIntent(Step.UNCORDON, seen.revision, now, now, node=seen.node.name, cordoned=True)
+            return Uncordon(seen.node.name, lost)
+        return _start(worker, seen, now, settings)
+    if intent.step in (Step.BLOCKED, Step.UNCORDON):
+        return _end(intent, intent.reason, worker, seen, now)
+    if intent.step in (Step.CORDON, Step.DRAIN):
+        return _advance(intent, worker, seen, now, settings)
+    if intent.step is Step.RESTART:
+        if seen.vmi_uid == intent.vmi_uid and not seen.vmi_deleting:
+            if now < intent.step_at + settings.reissue_after:
+                return WaitBoot(intent.step_at + settings.reissue_after, intent)
+            return Restart(intent.vmi_uid, replace(intent, step_at=now))
+        intent = _at(intent, Step.WAIT_BOOT, now)  # the VMI was replaced: restarted, never again
+    if not seen.reachable:
+        if not intent.cordoned and settings.restart_without_drain:
+            return Done()
+        return Blocked(BlockReason.CLUSTER_UNREACHABLE, intent)
+    node = seen.node
+    if node is not None and node.ready is True and node.boot_id and node.boot_id != intent.boot_id:
+        return _end(intent, None, worker, seen, now)
+    deadline = intent.step_at + settings.boot_timeout
+    if now >= deadline:
+        return _end(intent, BlockReason.BOOT_TIMEOUT, worker, seen, now)
+    return WaitBoot(deadline, intent)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterPolicy:
+    """The hoster's annotations on the CAPI Cluster object."""
+
+    max_disrupted: int = 1
+    restart_without_drain: bool = False
+
+    @classmethod
+    def from_annotations(cls, annotations: Mapping[str, str]) -> ClusterPolicy:
+        """Total: a limit that is not a whole number from 1 to 1000 counts as 1."""
+        raw, opt = annotations.get(ANN_MAX_DISRUPTED_WORKERS), annotations.get(ANN_RESTART_WITHOUT_DRAIN)
+        text = raw.strip() if isinstance(raw, str) else ""
+        limit = int(text) if text.isascii() and text.isdigit() and 1 <= int(text) <= 1000 else 1
+        return cls(limit, isinstance(opt, str) and opt.strip().lower() == "true")
+
+
+def in_progress_by_cluster(
+        intents: Iterable[tuple[WorkerIdentity, DrainIntent | IntentProblem | None]]) -> dict[str, int]:
+    """Open cycles per cluster; an unreadable intent counts (its Node may be cordoned)."""
+    counts: dict[str, int] = {}
+    for worker, intent in intents:
+        if isinstance(intent, IntentProblem) or (intent is not None and intent.active):
+            counts[worker.cluster_key] = counts.get(worker.cluster_key, 0) + 1
+    return counts
+
+
+def admit_workers(candidates: Iterable[WorkerIdentity], in_progress: Mapping[str, int], *,
+                  limits: Mapping[str, int] | None = None, default_limit: int = 1) -> tuple[WorkerIdentity, ...]:
+    """Workers (without an open cycle, in priority order) that may start one now: at most the cluster's
+    limit disrupted at a time, open cycles included. Control-plane machines are never admitted."""
+    used = dict(in_progress)
+    taken: set[str] = set()
+    admitted: list[WorkerIdentity] = []
+    for worker in candidates:
+        if worker.role is not Role.WORKER or worker.key in taken:
+            continue
+        taken.add(worker.key)
+        limit = max(1, (limits or {}).get(worker.cluster_key, default_limit))
+        if used.get(worker.cluster_key, 0) < limit:
+            used[worker.cluster_key] = used.get(worker.cluster_key, 0) + 1
+            admitted.append(worker)
+    return tuple(admitted)
