@@ -201,6 +201,23 @@ def scenarios(commit: str, defaults: Mapping[str, Any]) -> dict[str, dict[str, A
     return out
 
 
+def required_values(chart: Path) -> dict[str, Any]:
+    """What a release of this chart version could not have been installed without: from 0.2.0 on, an
+    image repository (the schema has no default for it)."""
+    defaults = yaml.safe_load((chart / "values.yaml").read_text()) or {}
+    repository = (defaults.get("image") or {}).get("repository")
+    return {} if repository else {"image": {"repository": "registry.example/licensectl"}}
+
+
+def with_required(user: Mapping[str, Any], required: Mapping[str, Any]) -> dict[str, Any]:
+    """The hoster's settings, plus the required ones they must also have set (theirs win)."""
+    out = dict(user)
+    for key, value in required.items():
+        mine = out.get(key)
+        out[key] = {**value, **mine} if isinstance(value, dict) and isinstance(mine, dict) else out.get(key, value)
+    return out
+
+
 def render(helm: Helm, chart: Path, *files: Path) -> subprocess.CompletedProcess[str]:
     args = ["template", "licensectl", str(chart), "--namespace", NAMESPACE, "--set", f"image.tag={NEW_TAG}"]
     for f in files:
@@ -218,8 +235,10 @@ def test_reuse_values_upgrade_from_every_earlier_chart_version(helm: Helm, tmp_p
     for commit in commits:
         old = old_chart(commit, tmp_path)
         version = yaml.safe_load((old / "Chart.yaml").read_text())["version"]
-        defaults = release_values(helm, old, {})
+        required = required_values(old)
+        defaults = release_values(helm, old, required)
         for scenario, user in scenarios(commit, defaults).items():
+            user = with_required(user, required)
             reused = release_values(helm, old, user)
             # The upgrade: the current chart with the old release's values in place of values.yaml.
             upgraded = tmp_path / f"upgrade-{commit[:12]}-{scenario}"
