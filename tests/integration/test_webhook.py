@@ -198,6 +198,11 @@ async def test_a_vmi_without_gpus_never_reaches_the_webhook(rig: Rig, kubeconfig
         return metric(app, "licensectl_webhook_admissions_total", {"result": "probe"}) or 0.0
 
     async with running_app(settings) as app:
+        # Take the baseline just after a probe came back mutated: the apiserver counted that call before
+        # answering the probe, and the next one is a full probe interval away, so no probe is in flight
+        # between the two reads (a failed probe retries within a second and would straddle them).
+        assert app.delivery_probe is not None, "the leader runs the delivery probe"
+        await eventually(app.delivery_probe.ready, timeout=30, what="a delivery probe answered by the webhook")
         before = await registration.webhook_requests(rig.api, settings.webhook_configuration)
         calls = metric(app, "licensectl_webhook_admissions_total", {"result": "unchanged"}) or 0.0
         probed = probes(app)
