@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 system-deps:
 	scripts/install-system-deps
 
-# Builds kube-apiserver, kube-controller-manager, kubectl and etcd from Go modules once (cached).
+# Builds kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and etcd from Go modules once (cached).
 controlplane: $(VENV)/.installed
 	$(BIN)/python -m licensectl_dev.devcluster build
 

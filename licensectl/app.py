@@ -20,6 +20,7 @@ from aiohttp import web
 
 from licensectl import __version__, config, logs
 from licensectl.controllers.delivery_probe import DeliveryProbe
+from licensectl.controllers.drain_loop import WorkerDrainer
 from licensectl.controllers.guests import GuestStore
 from licensectl.controllers.replication_loop import CONFLICT_RECHECK_SECONDS, ReplicationController
 from licensectl.controllers.rollout_loop import RolloutController, vmi_object
@@ -152,11 +153,13 @@ class App:
             self.delivery_probe = DeliveryProbe(self.api, s.namespace, metrics=self.metrics,
                                                 on_change=lambda _ready: self._roll_trigger.set(),
                                                 active=lambda: self.is_leader)
+        kubevirt = KubevirtClient(self.api, dry_run=s.dry_run, fallback_delete=s.restart_fallback_delete)
         self.rollout = RolloutController(
-            caches=self.caches,
-            kubevirt=KubevirtClient(self.api, dry_run=s.dry_run, fallback_delete=s.restart_fallback_delete),
+            caches=self.caches, kubevirt=kubevirt,
             events=self.events, metrics=self.metrics, settings=s, guests=self.guests, clock=self.clock,
-            wanted=self._wanted_volumes, token_sha_for=self._token_sha, delivery_ready=self.delivery_ready)
+            wanted=self._wanted_volumes, token_sha_for=self._token_sha, delivery_ready=self.delivery_ready,
+            drainer=WorkerDrainer(mgmt=self.api, kubevirt=kubevirt, events=self.events, metrics=self.metrics,
+                                  settings=s, clock=self.clock))
         self.rotation = RotationController(
             caches=self.caches, api=CoreV1Api(self.api), events=self.events, metrics=self.metrics, settings=s,
             guests=self.guests, clock=self.clock, replication_plan=lambda: self.replication.status.plan,
@@ -210,6 +213,7 @@ class App:
         self.tasks.start_loop("rollout", self._loop("rollout", self._roll_trigger, self._roll))
         if self.delivery_probe is not None:
             self.tasks.start_daemon("delivery-probe", self.delivery_probe.run())
+        self.tasks.start_daemon("guest-prune", self._prune_guests())
         log.info("licensectl started", version=__version__, identity=self.identity, metrics_port=self.metrics_port,
                  reports_port=self.reports_port, leader_elect=s.leader_elect, dry_run=s.dry_run)
 
@@ -268,7 +272,8 @@ class App:
             return WAIT_FOR_OWN_WRITES
         # A settle period ends, a restart is due a re-issue, a rotation wave is due its analysis, or an
         # unheld signing key its retirement.
-        wakeups = [t for t in (plan.next_wakeup, self.rotation.next_check, prune_due) if t is not None]
+        wakeups = [t for t in (plan.next_wakeup, self.rotation.next_check, prune_due,
+                               self.rollout.drain_wakeup if self.is_leader else None) if t is not None]
         if not wakeups:
             return IDLE
         return Result.after(max(0.1, (min(wakeups) - self.clock()).total_seconds()))
@@ -462,6 +467,15 @@ class App:
             return {}
         return {(v.namespace, v.name): v.running_since or v.created for v in vmis.cache.values()}
 
+    async def _prune_guests(self) -> None:
+        """Forget the reports of guests whose VMI is gone, on a schedule of its own (a scrape only reads),
+        and only from a synced, healthy VMI cache: a failed LIST is never read as every VMI gone."""
+        while True:
+            await asyncio.sleep(max(1.0, self.settings.report_interval_seconds))
+            c = self.caches
+            if c.vmis is not None and c.core_synced() and c.kubevirt_healthy():
+                self.guests.prune(self.affected_vmis())
+
     def affected_vmis(self) -> list[tuple[str, str]]:
         """VMIs that mount a licensectl replica: the guests we expect reports from."""
         vmis = self.caches.vmis
@@ -497,7 +511,6 @@ class App:
     def _samples(self) -> list[GaugeSample]:
         now = self.clock()
         live = self.affected_vmis()
-        self.guests.prune(live)
         out: list[GaugeSample] = []
         # Which pod exports what (docs/operations.md#which-pod-exports-what): replication series from
         # every replica (the same watched cluster state, so `max` over pods is exact and a failover
@@ -507,6 +520,8 @@ class App:
         out.extend(self.rotation.samples())
         if self.is_leader:
             out.extend(self.rollout.samples())
+            if self.rollout.drainer is not None and self.caches.vms is not None:
+                out.extend(self.rollout.drainer.samples(self.caches.vms.cache.values()))
             out.extend(self.guests.samples(now, live, tenant_of=self._tenant_of(), started=self.vmi_starts(),
                                            per_vmi=self.settings.guest_metrics == "per-vmi"))
         if self.delivery_probe is not None:

@@ -98,6 +98,11 @@ class Settings:
     restart_fallback_delete: bool = False
     restart_reissue_seconds: float = 60.0
     max_restarts_per_minute: int = 0
+    # Tenant cluster workers (docs/design.md#tenant-worker-drain).
+    max_disrupted_workers: int = 1
+    drain_timeout_seconds: float = 900.0
+    drain_retry_seconds: float = 20.0
+    worker_boot_timeout_seconds: float = 600.0
     # Safe rotation (docs/design.md#safe-rotation).
     canary: str = "3"
     rollout_steps: str = "10%,50%,100%"
@@ -215,6 +220,13 @@ OPTIONS: tuple[Option, ...] = (
            _choice("ready", "ready-licensed")),
     Option("max_restarts_per_minute", "Restarts issued per minute across the fleet (0: no limit beyond "
            "maxUnavailable).", int),
+    Option("max_disrupted_workers", "Workers of one tenant Kubernetes cluster drained or restarting at once "
+           "(the Cluster's licensectl.io/max-disrupted-workers annotation overrides it per cluster).", int),
+    Option("drain_timeout_seconds", "A worker's drain (cordon and evictions) that has not finished in this time is "
+           "blocked; the Machine's nodeDrainTimeout overrides it when set.", float),
+    Option("drain_retry_seconds", "Evictions refused by a PodDisruptionBudget are retried after this.", float),
+    Option("worker_boot_timeout_seconds", "A restarted worker's Node must be Ready with a new boot ID within "
+           "this time, or its cycle is blocked (and the Node uncordoned).", float),
     Option("canary", "Canary of a new token revision: a VM count (\"3\"), a percentage of VMs (\"5%\"), or "
            "named tenant namespaces (\"namespaces:a,b\"). Only guests that report count.", _canary),
     Option("rollout_steps", "Shares of namespaces promoted after the canary passes, e.g. 10%,50%,100%.",

@@ -8,10 +8,12 @@ and label values only ever come from cluster object names, never from guest inpu
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -70,6 +72,10 @@ SNAPSHOT_GAUGES: dict[str, str] = {
                              "(a volume name or disk serial taken), by namespace and reason: never restarted.",
     "vmis_backstop_retrying": "VMIs whose backstop restart came back without the license volume and are retried "
                               "with backoff, by namespace.",
+    "worker_drains": "Open drain cycles of tenant-cluster workers (cordon, drain, restart, wait-boot, uncordon), "
+                     "by namespace, cluster and step.",
+    "worker_drain_blocked": "1 per tenant-cluster worker whose drain is blocked (closed for its revision) or held, "
+                            "by namespace, VM, cluster and reason.",
     "rollout_failed_restarts": "Failed restarts counted against a source's failure budgets (all namespaces).",
     "rollout_namespace_failed_restarts": "Failed restarts counted against a namespace's failure budget, per source.",
     "rollout_namespace_paused": "1 while a namespace's part of a source's rollout is paused by its own failures.",
@@ -79,16 +85,20 @@ SNAPSHOT_GAUGES: dict[str, str] = {
     "webhook_configuration_problem": "1 when a webhook configuration licensectl needs is missing or has a webhook "
                                      "without a caBundle, by kind, name and problem (missing, no_ca_bundle).",
     # Guests
-    "guest_license_state": "Guest license state reported by the in-guest probe, one series per state (0/1).",
+    "guest_license_state": "Guest license state reported by the in-guest probe: one series per guest, value 1, "
+                           "the state a label.",
     "guest_license_expiry_timestamp_seconds": "Earliest license expiry reported by a guest.",
     "guest_license_lease_seconds": "Lease length as observed: expiry minus report time when the guest's expiry was "
-                                   "first seen or last moved (an underestimate by at most one report interval).",
-    "guest_last_report_timestamp_seconds": "Time of the last accepted report from a guest.",
-    "guest_token_current": "1 when the guest runs the current token of its replica.",
-    "guest_clock_skew_seconds": "Guest clock minus controller clock at report time.",
+                                   "first seen or last moved (an underestimate by at most one report interval). "
+                                   "Detail series: only for guests that need a look.",
+    "guest_last_report_timestamp_seconds": "Time of the last accepted report from a guest (detail series).",
+    "guest_token_current": "1 when the guest runs the current token of its replica (detail series).",
+    "guest_clock_skew_seconds": "Guest clock minus controller clock at report time (detail series).",
     "guest_unlicensed_reason": "1 for a guest holding no usable license, with gridd's reason (bounded set).",
-    "guest_wrong_product": "1 when a guest holds another license product than its GPU class implies.",
+    "guest_wrong_product": "1 for a guest holding another license product than its GPU class implies.",
     "guests": "Guests by license state and tenant.",
+    "guests_reporting": "Guests with a fresh report, by tenant and whether the token they run is the current "
+                        "one (token=current|stale).",
     # Controller
     "leader": "1 on the replica that holds the leader Lease.",
     "ready": "1 while /readyz answers ok: this replica can answer admission correctly (docs/design.md#readiness).",
@@ -96,17 +106,27 @@ SNAPSHOT_GAUGES: dict[str, str] = {
 
 
 class SnapshotCollector(Collector):
-    """Renders gauges from providers called at scrape time."""
+    """Renders gauges from providers called at scrape time.
+
+    The providers read the controller's caches, so they run on the event loop; `Metrics.render` takes
+    their samples there (`take`) and formats the text in a worker thread from those samples only, so a
+    large scrape never holds the loop that renews the Lease and answers admission."""
 
     def __init__(self) -> None:
         self._providers: list[Callable[[], Iterable[GaugeSample]]] = []
+        self._taken: list[GaugeSample] | None = None
 
     def add(self, provider: Callable[[], Iterable[GaugeSample]]) -> None:
         self._providers.append(provider)
 
+    def take(self) -> list[GaugeSample]:
+        """Every provider's samples now (on the event loop)."""
+        return [s for provider in self._providers for s in provider()]
+
     def collect(self) -> Iterator[Metric]:
         families: dict[str, GaugeMetricFamily] = {}
-        for provider in self._providers:
+        taken = self._taken
+        for provider in ((lambda: taken),) if taken is not None else self._providers:
             for s in provider():
                 fam = families.get(s.name)
                 if fam is None:
@@ -119,6 +139,15 @@ class SnapshotCollector(Collector):
     def describe(self) -> Iterator[Metric]:
         return iter(())
 
+    @contextlib.contextmanager
+    def using(self, samples: list[GaugeSample]) -> Iterator[None]:
+        """`collect` renders exactly `samples` while this holds (one render at a time: `Metrics.render`)."""
+        self._taken = samples
+        try:
+            yield
+        finally:
+            self._taken = None
+
 
 @dataclass
 class Metrics:
@@ -130,6 +159,7 @@ class Metrics:
         r = self.registry
         self.snapshots = SnapshotCollector()
         r.register(self.snapshots)
+        self._render_lock = asyncio.Lock()
         self.build_info = Gauge(f"{PREFIX}_build_info", "licensectl version (value is always 1).",
                                 ["version"], registry=r)
         self.build_info.labels(__version__).set(1)
@@ -151,6 +181,12 @@ class Metrics:
                                        registry=r)
         self.deletion_cap_hits = Counter(f"{PREFIX}_deletion_cap_hits_total",
                                          "Times the per-minute replica deletion cap deferred deletions.", registry=r)
+        self.worker_evictions = Counter(f"{PREFIX}_worker_evictions_total",
+                                        "Evictions of tenant-cluster Pods while draining a worker, by result "
+                                        "(evicted, refused: a PodDisruptionBudget said 429, gone, error).",
+                                        ["result"], registry=r)
+        for result in ("evicted", "refused", "gone", "error"):
+            self.worker_evictions.labels(result)
         self.restarts_total = Counter(f"{PREFIX}_restarts_total",
                                       "VMI restarts by result (issued, fallback_delete, error, done, failed, retry).",
                                       ["result"], registry=r)
@@ -188,3 +224,12 @@ class Metrics:
         self.serving_cert_reloads = Counter(f"{PREFIX}_serving_cert_reloads_total",
                                             "Serving certificate loads by result (loaded, invalid, missing, "
                                             "foreign, error).", ["result"], registry=r)
+
+
+async def render(metrics: Metrics) -> bytes:
+    """The exposition text: snapshot samples taken on the event loop, formatted in a worker thread (a
+    scrape of a large fleet is mostly formatting), one render at a time."""
+    async with metrics._render_lock:
+        samples = metrics.snapshots.take()
+        with metrics.snapshots.using(samples):
+            return await asyncio.to_thread(generate_latest, metrics.registry)

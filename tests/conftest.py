@@ -21,6 +21,8 @@ from kubernetes_asyncio.client.rest import ApiException
 from licensectl_dev.devcluster.controlplane import ControlPlane
 from licensectl_dev.devcluster.kubeapi import api_client_from_kubeconfig, install_crds
 from licensectl_dev.devcluster.ledger import SimulatorRecord
+from licensectl_dev.devcluster.tenant_cluster import publish_kubeconfig, tenant_api_client, tenant_control_plane
+from licensectl_dev.devcluster.tenant_nodes import TenantNodeAgent
 from licensectl_dev.devcluster.virt_api import RestartProxy
 from licensectl_dev.devcluster.virt_controller import KubevirtSimulator
 from licensectl_dev.testkit.process import end_leaked_processes
@@ -202,3 +204,80 @@ async def kubevirt_factory(
 async def kubevirt(kubevirt_factory: KubevirtFactory) -> KubevirtEnv:
     """A running KubeVirt simulator (ready_delay 0.2 s) and restart proxy for one test."""
     return await kubevirt_factory()
+
+
+@pytest.fixture(scope="session")
+def tenant_control_planes(control_plane: ControlPlane) -> Iterator[dict[str, ControlPlane]]:
+    """Tenant control planes (kube-scheduler + tenant controllers) by cluster name, started lazily by
+    `tenant_cluster_factory` and kept for the session (each takes ~10 s to start); stopped at its end."""
+    planes: dict[str, ControlPlane] = {}
+    try:
+        yield planes
+    finally:
+        for cp in planes.values():
+            cp.stop()
+
+
+@dataclass
+class TenantEnv:
+    """A tenant (workload) cluster of the management cluster: its control plane, an admin client for
+    it, the node agent playing its kubelets, and the KubeVirt simulator its machines run on."""
+
+    namespace: str  # management namespace holding the VMs and the `<cluster>-kubeconfig` Secret
+    cluster: str
+    control_plane: ControlPlane
+    api: ApiClient  # admin client of the tenant cluster
+    agent: TenantNodeAgent
+    kubevirt: KubevirtEnv
+
+
+TenantClusterFactory = Callable[..., Awaitable[TenantEnv]]
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def tenant_cluster_factory(
+    api_client: ApiClient, kubevirt_factory: KubevirtFactory, tenant_control_planes: dict[str, ControlPlane]
+) -> AsyncIterator[TenantClusterFactory]:
+    """`await make(namespace, cluster, *, kubevirt=None, termination_delay=0.3, ready_delay=1.0, fresh=False)
+    -> TenantEnv`.
+
+    Starts (or reuses, per cluster name, for the session) a tenant control plane, publishes Secret
+    `<cluster>-kubeconfig` in the management `namespace`, and starts a TenantNodeAgent there. Pass the
+    test's KubevirtEnv as `kubevirt` if it already has one (two simulators must not run); otherwise one
+    is started. `fresh=True` starts a dedicated tenant control plane, stopped after the test (for tests
+    that must not see Nodes or Pods an earlier test left in a reused one). Everything else is stopped
+    after the test.
+    """
+    made: list[TenantEnv] = []
+    dedicated: list[ControlPlane] = []
+
+    async def make(namespace: str, cluster: str, *, kubevirt: KubevirtEnv | None = None,
+                   termination_delay: float = 0.3, ready_delay: float = 1.0, fresh: bool = False) -> TenantEnv:
+        cp = None if fresh else tenant_control_planes.get(cluster)
+        if cp is None:
+            cp = tenant_control_plane(cluster)
+            cp.start()  # on the test thread, so the processes die with it (PDEATHSIG)
+            if fresh:
+                dedicated.append(cp)
+            else:
+                tenant_control_planes[cluster] = cp
+        kv = kubevirt or await kubevirt_factory()
+        await publish_kubeconfig(api_client, namespace, cluster, cp)
+        tenant_api = await tenant_api_client(cp)
+        agent = TenantNodeAgent(api_client, tenant_api, namespace=namespace, cluster=cluster,
+                                termination_delay=termination_delay, ready_delay=ready_delay)
+        try:
+            await agent.start()
+        except BaseException:
+            await tenant_api.close()
+            raise
+        env = TenantEnv(namespace, cluster, cp, tenant_api, agent, kv)
+        made.append(env)
+        return env
+
+    yield make
+    for env in reversed(made):
+        await env.agent.stop()
+        await env.api.close()
+    for cp in dedicated:
+        cp.stop()

@@ -45,8 +45,8 @@ def _parser() -> argparse.ArgumentParser:
     rs.add_argument("--timeout", type=float, default=0.0, help="give up after this many seconds (0: never; exit 2)")
     rs.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text")
     rs.add_argument("--vms", action="store_true",
-                    help="also list the failed, blocked, undeliverable, manual, restarting and awaiting-evidence VMIs "
-                         "with their reasons")
+                    help="also list the failed, blocked, undeliverable, manual, restarting, draining and "
+                         "awaiting-evidence VMIs with their reasons")
     _controller_arguments(rs)
     helps = {"pause": "pause the rollout of a source Secret", "resume": "resume the rollout of a source Secret",
              "retry": "start an aborted or undone candidate again from the canary",

@@ -681,7 +681,7 @@ async def rollout_status_main(args: Any, settings: config.Settings) -> int:
 
 
 def attention_vmis(vmis: Sequence[Mapping[str, Any]], sources: set[str]) -> list[Mapping[str, Any]]:
-    """The VMIs `--vms` lists: failed, blocked, manual and restarting, of the selected sources."""
+    """The VMIs `--vms` lists (ATTENTION_STATES) of the selected sources."""
     return [v for v in vmis if v.get("state") in ATTENTION_STATES and (not v.get("source") or v["source"] in sources)]
 
 

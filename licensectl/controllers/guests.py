@@ -50,6 +50,27 @@ class GuestView:
         return (self.report.reason if self.report else None) or REASON_UNKNOWN
 
 
+# Detail series of a guest that needs a look (docs/operations.md#metrics-cardinality): a clock this far off,
+# or a lease with less than this share left (gridd renews at half, so a healthy lease is in (0.5, 1]).
+SKEW_DETAIL_SECONDS = 60.0
+LEASE_DETAIL_SHARE = 0.6
+
+
+def needs_detail(v: GuestView, lease: float | None, now: dt.datetime) -> bool:
+    """Whether a reporting guest gets its detail series (lease, last report, token, clock skew, reason,
+    wrong product): any state but licensed, an old token, a skewed clock, the wrong product, or a lease
+    near its renewal deadline. A healthy guest has its state and its expiry only: two series."""
+    r = v.report
+    if r is None:
+        return False
+    if v.state != LicenseState.LICENSED.value or not r.token_current or v.wrong_product:
+        return True
+    if abs(r.clock_skew_seconds) >= SKEW_DETAIL_SECONDS:
+        return True
+    return (lease is not None and r.expiry is not None
+            and (r.expiry - now).total_seconds() < LEASE_DETAIL_SHARE * lease)
+
+
 def effective_state(g: GuestState, now: dt.datetime, interval_seconds: float) -> str:
     if (now - g.reported_at).total_seconds() > MISSED_INTERVALS * interval_seconds:
         return LicenseState.UNKNOWN.value
@@ -169,33 +190,39 @@ class GuestStore:
         `guests{state, tenant}`. `tenant_of` maps a namespace to its Cozystack tenant label (the
         customer: see `entitlement.customer_tenant`); `per_vmi=False` keeps only the aggregate."""
         agg: Counter[tuple[str, str]] = Counter()
+        tokens: Counter[tuple[str, str]] = Counter()
         tenants: dict[str, str] = {}
         for v in self.views(now, live, started):
             tenant = tenants.get(v.namespace)
             if tenant is None:
                 tenant = tenants[v.namespace] = tenant_of(v.namespace) if tenant_of else v.namespace
             agg[(v.state, tenant)] += 1
+            r = v.report
+            if r is not None and v.state != LicenseState.UNKNOWN.value:
+                tokens[("current" if r.token_current else "stale", tenant)] += 1
             if not per_vmi:
                 continue
             base = (("namespace", v.namespace), ("vmi", v.vmi), ("tenant", tenant))
-            for s in STATES:
-                yield GaugeSample("guest_license_state", (*base, ("state", s)), 1.0 if s == v.state else 0.0)
-            r = v.report
-            if r is not None:
-                if r.expiry is not None:
-                    yield GaugeSample("guest_license_expiry_timestamp_seconds", base, r.expiry.timestamp())
-                lease = self._leases.get((v.namespace, v.vmi))
-                if lease is not None:
-                    yield GaugeSample("guest_license_lease_seconds", base, lease)
-                yield GaugeSample("guest_last_report_timestamp_seconds", base, r.reported_at.timestamp())
-                yield GaugeSample("guest_token_current", base, 1.0 if r.token_current else 0.0)
-                yield GaugeSample("guest_clock_skew_seconds", base, r.clock_skew_seconds)
+            # One series per guest, its state a label (docs/operations.md#metrics-cardinality).
+            yield GaugeSample("guest_license_state", (*base, ("state", v.state)), 1.0)
+            if r is not None and r.expiry is not None:
+                yield GaugeSample("guest_license_expiry_timestamp_seconds", base, r.expiry.timestamp())
+            lease = self._leases.get((v.namespace, v.vmi))
+            if r is None or not needs_detail(v, lease, now):
+                continue
+            if lease is not None:
+                yield GaugeSample("guest_license_lease_seconds", base, lease)
+            yield GaugeSample("guest_last_report_timestamp_seconds", base, r.reported_at.timestamp())
+            yield GaugeSample("guest_token_current", base, 1.0 if r.token_current else 0.0)
+            yield GaugeSample("guest_clock_skew_seconds", base, r.clock_skew_seconds)
             if v.reason is not None:
                 yield GaugeSample("guest_unlicensed_reason", (*base, ("reason", v.reason)), 1.0)
-            if v.wrong_product is not None:
-                yield GaugeSample("guest_wrong_product", base, 1.0 if v.wrong_product else 0.0)
+            if v.wrong_product:
+                yield GaugeSample("guest_wrong_product", base, 1.0)
         for (state, tenant), n in sorted(agg.items()):
             yield GaugeSample("guests", (("state", state), ("tenant", tenant)), float(n))
+        for (token, tenant), n in sorted(tokens.items()):
+            yield GaugeSample("guests_reporting", (("tenant", tenant), ("token", token)), float(n))
 
     def counts(self, now: dt.datetime, live: Iterable[tuple[str, str]] | None = None,
                started: Started | None = None) -> dict[str, int]:

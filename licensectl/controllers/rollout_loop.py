@@ -16,8 +16,10 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from licensectl import config, logs
+from licensectl.controllers.drain_loop import WorkerDrainer
 from licensectl.controllers.guests import GuestStore
 from licensectl.controllers.settings import rollout_settings
+from licensectl.core import drain
 from licensectl.core.model import ObjectRef, Vmi, source_of
 from licensectl.core.ports import (
     EventSink,
@@ -82,7 +84,7 @@ class RolloutController:
                  settings: config.Settings, guests: GuestStore, clock: WallClock | None = None,
                  monotonic: MonotonicClock = time.monotonic, wanted: WantedVolumes | None = None,
                  token_sha_for: Callable[[str, str], str | None] | None = None,
-                 delivery_ready: Callable[[], bool] = lambda: True) -> None:
+                 delivery_ready: Callable[[], bool] = lambda: True, drainer: WorkerDrainer | None = None) -> None:
         self.caches = caches
         self.kubevirt = kubevirt
         self.events = events
@@ -108,6 +110,12 @@ class RolloutController:
         self._progress_at: dict[ObjectRef, dt.datetime] = {}
         self._measured: dict[ObjectRef, str] = {}
         self._revisions: dict[tuple[str, str], tuple[str, ReplicaRevision | None]] = {}
+        # Tenant-cluster workers are drained before their restart (controllers/drain_loop.py); None: restart
+        # them like any VM (a deployment that manages no tenant clusters, or tests of the plain rollout).
+        self.drainer = drainer
+        if drainer is not None:
+            drainer.set_expect(self._expect_write)
+        self.drain_wakeup: dt.datetime | None = None
 
     @property
     def awaiting_own_writes(self) -> bool:
@@ -138,7 +146,8 @@ class RolloutController:
                             sources=sources,
                             settings=self.rollout_settings, now=self.clock(), wanted=self._wanted(vmis),
                             memo=self._memo, evidence_at=self.guests.evidence_complete_at(),
-                            delivery_ready=self._delivery_ready())
+                            delivery_ready=self._delivery_ready(),
+                            worker_limits=self.drainer.worker_limits() if self.drainer else None)
 
     def _replica_revisions(self) -> list[ReplicaRevision]:
         """Parsed revisions of all replicas, re-parsed only for replicas whose resourceVersion changed
@@ -195,8 +204,17 @@ class RolloutController:
                 except Exception as e:  # one VM's trouble must not stop the others; next pass retries
                     log.warning("rollout action failed", error=type(e).__name__, status=getattr(e, "status", None))
 
-        await asyncio.gather(*(bounded(self._restart(r)) for r in plan.restarts),
+        restarts = plan.restarts
+        if self.drainer is not None and self.caches.vms is not None:
+            # Workers (and control-plane machines, never picked) go through the drain shell instead; the
+            # rollout's own re-issues of a worker's restart too: its drain cycle re-issues it.
+            vms = self.caches.vms.cache
+            restarts = tuple(r for r in restarts if (vm := vms.get((r.namespace, r.vm))) is None
+                             or drain.worker_role(vm.labels) is drain.Role.NONE)
+        await asyncio.gather(*(bounded(self._restart(r)) for r in restarts),
                              *(bounded(self._record(rec)) for rec in plan.results))
+        if self.drainer is not None and self.caches.vms is not None and self.caches.vmis is not None:
+            self.drain_wakeup = await self.drainer.reconcile(plan, self.caches.vms.cache, self.caches.vmis.cache)
         for (ns, vmi), st in plan.vmi_states.items():
             if st.state is VmiState.BLOCKED:
                 await self.events.emit(vmi_object(ns, vmi), "Warning", Reason.RESTART_BLOCKED,
@@ -271,6 +289,9 @@ class RolloutController:
         vm = self.caches.vms.cache.get((r.namespace, r.vm)) if self.caches.vms else None
         return await self.kubevirt.restart(namespace=r.namespace, vm=r.vm, vmi_uid=r.vmi_uid,
                                            run_strategy=vm.run_strategy if vm else None)
+
+    def _expect_write(self, namespace: str, vm: str, old_rv: str) -> None:
+        self._expect[(namespace, vm)] = (old_rv, self._monotonic())
 
     def _mark_progress(self, namespace: str, vm: str) -> None:
         """A VM's VMI carries its name (KubeVirt), which leads to the source being rolled out."""

@@ -7,7 +7,10 @@ place that maps the controller's `config.Settings` onto them.
 
 from __future__ import annotations
 
+import datetime as dt
+
 from licensectl.config import Settings
+from licensectl.core.drain import DrainSettings, drain_timeout_for
 from licensectl.core.entitlement import TenantSettings
 from licensectl.core.rollout import RolloutSettings
 from licensectl.core.rotation import CanarySpec, RotationSettings, parse_steps
@@ -31,7 +34,21 @@ def rollout_settings(s: Settings) -> RolloutSettings:
         done_gate=s.done_gate,
         reissue_after_seconds=s.restart_reissue_seconds,
         max_restarts_per_minute=s.max_restarts_per_minute,
+        max_disrupted_workers=s.max_disrupted_workers,
+        # A worker held by a condition is tried again after three eviction retry intervals (60 s as shipped).
+        drain_hold_seconds=3 * s.drain_retry_seconds,
     )
+
+
+def drain_settings(s: Settings, *, machine_drain_timeout: float | None = None, exclude_draining: bool = False,
+                   restart_without_drain: bool = False) -> DrainSettings:
+    """The drain planner's knobs for one worker: licensectl's defaults, the Machine's and the Cluster's say."""
+    return DrainSettings(
+        drain_timeout=drain_timeout_for(machine_drain_timeout, dt.timedelta(seconds=s.drain_timeout_seconds)),
+        exclude_draining=exclude_draining, restart_without_drain=restart_without_drain,
+        boot_timeout=dt.timedelta(seconds=s.worker_boot_timeout_seconds),
+        reissue_after=dt.timedelta(seconds=s.restart_reissue_seconds),
+        retry_interval=dt.timedelta(seconds=s.drain_retry_seconds))
 
 
 def rotation_settings(s: Settings) -> RotationSettings:

@@ -22,14 +22,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from licensectl.core.model import DOMAIN
+from licensectl.core.model import DOMAIN, LABEL_CAPI_CLUSTER_NAME, LABEL_CAPI_ROLE, LABEL_KUBEVIRT_MACHINE
 from licensectl.core.timecodec import annotation_value_time, format_micro_time, to_utc
 
 # Upstream names. VM labels: kubernetes-sigs/cluster-api-provider-kubevirt pkg/kubevirt/utils.go and
 # api/v1alpha1/kubevirtcluster_types.go; providerID: pkg/kubevirt/machine.go GenerateProviderID.
-LABEL_CLUSTER_NAME = "cluster.x-k8s.io/cluster-name"
-LABEL_ROLE = "cluster.x-k8s.io/role"
-LABEL_KUBEVIRT_MACHINE = "capk.cluster.x-k8s.io/kubevirt-machine-name"
+LABEL_CLUSTER_NAME = LABEL_CAPI_CLUSTER_NAME
+LABEL_ROLE = LABEL_CAPI_ROLE
 PROVIDER_ID_PREFIX = "kubevirt://"
 ROLE_WORKER = "worker"  # kubernetes-sigs/kind pkg/cluster/constants: "worker" / "control-plane"
 # kubernetes-sigs/cluster-api api/core/v1beta2/machine_types.go and machinedrainrules_types.go.
@@ -54,6 +53,12 @@ ANN_DRAIN_REASON = f"{DOMAIN}/drain-reason"
 # Every intent key: those absent from `render_annotations()` are to be removed from the VM.
 INTENT_ANNOTATIONS = (ANN_DRAIN_STEP, ANN_DRAIN_REVISION, ANN_DRAIN_STARTED_AT, ANN_DRAIN_STEP_AT, ANN_DRAIN_NODE,
                       ANN_DRAIN_CORDONED, ANN_DRAIN_BOOT_ID, ANN_DRAIN_VMI_UID, ANN_DRAIN_REASON)
+# A condition that holds a worker's cycle without closing it (unreachable tenant, no Node yet): the reason
+# and when it was seen. The rollout plans the worker again only after DrainSettings.hold, so one
+# tenant's unreachable cluster never spends another tenant's restart budget pass after pass.
+ANN_DRAIN_HELD = f"{DOMAIN}/drain-held"
+ANN_DRAIN_HELD_AT = f"{DOMAIN}/drain-held-at"
+HELD_ANNOTATIONS = (ANN_DRAIN_HELD, ANN_DRAIN_HELD_AT)
 ANN_CORDONED_BY = f"{DOMAIN}/cordoned-by"  # on the Node: `<vm namespace>/<vm name>`
 ANN_MAX_DISRUPTED_WORKERS = f"{DOMAIN}/max-disrupted-workers"
 ANN_RESTART_WITHOUT_DRAIN = f"{DOMAIN}/restart-without-drain"
@@ -96,6 +101,26 @@ class SkipReason(StrEnum):
     FINISHED = "finished"
     DELETED_ON_UNREACHABLE_NODE = "deleted-on-unreachable-node"
     DRAIN_LABEL = "drain-label"
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    reason: BlockReason
+    at: dt.datetime
+
+    def render_annotations(self) -> dict[str, str]:
+        return {ANN_DRAIN_HELD: self.reason.value, ANN_DRAIN_HELD_AT: format_micro_time(self.at)}
+
+
+def held_of(annotations: Mapping[str, str]) -> Held | None:
+    """The hold recorded on the VM; None when absent or unreadable (then nothing is held back)."""
+    reason, at = annotations.get(ANN_DRAIN_HELD), annotation_value_time(annotations.get(ANN_DRAIN_HELD_AT))
+    if not reason or at is None:
+        return None
+    try:
+        return Held(BlockReason(reason.strip()), at)
+    except ValueError:
+        return None
 
 
 def worker_role(labels: Mapping[str, str]) -> Role:

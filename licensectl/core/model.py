@@ -54,6 +54,13 @@ KEY_REPORT_CA = "report-ca.crt"
 ANN_RESTART_REVISION = f"{DOMAIN}/restart-revision"
 ANN_RESTART_ISSUED_AT = f"{DOMAIN}/restart-issued-at"
 ANN_RESTART_RESULT = f"{DOMAIN}/restart-result"
+# The labels CAPK puts on a KubevirtMachine's VM and its VMI template (cluster-api-provider-kubevirt
+# pkg/kubevirt/utils.go, api/v1alpha1/kubevirtcluster_types.go): which tenant cluster, which role, which
+# KubevirtMachine (the tenant Node's providerID is kubevirt://<that name>).
+LABEL_CAPI_CLUSTER_NAME = "cluster.x-k8s.io/cluster-name"
+LABEL_CAPI_ROLE = "cluster.x-k8s.io/role"
+LABEL_KUBEVIRT_MACHINE = "capk.cluster.x-k8s.io/kubevirt-machine-name"
+CAPK_LABELS = (LABEL_CAPI_CLUSTER_NAME, LABEL_CAPI_ROLE, LABEL_KUBEVIRT_MACHINE)
 ANN_RESTART_POLICY = f"{DOMAIN}/restart"  # "manual" opts a VM out of automatic restarts
 # UID of the VMI the restart targeted: a VMI with another UID was already recreated, never restart it.
 ANN_RESTART_VMI_UID = f"{DOMAIN}/restart-vmi-uid"
@@ -294,6 +301,8 @@ class Vm:
     run_strategy: str | None
     annotations: Mapping[str, str] = EMPTY
     resource_version: str = ""
+    # Only the CAPK machine labels (CAPK_LABELS): a tenant cluster's worker is drained before its restart.
+    labels: Mapping[str, str] = EMPTY
 
 
 @dataclass(frozen=True, slots=True)

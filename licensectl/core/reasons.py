@@ -53,6 +53,11 @@ class Reason(StrEnum):
     # A VMI lacks its volume and its spec makes delivery impossible (a volume name or serial taken): not restarted.
     LICENSE_DELIVERY_BLOCKED = "LicenseDeliveryBlocked"
 
+    # -- tenant cluster workers (controllers/drain_loop.py, docs/design.md#tenant-worker-drain) -----
+    # A worker's drain cannot go on: closed for its revision (PDBBlocked, DrainTimeout, BootTimeout,
+    # IntentUnreadable) or held (ClusterUnreachable, NodeMissing); on the VM and on the source Secret.
+    WORKER_DRAIN_BLOCKED = "WorkerDrainBlocked"
+
     # -- hoster actions (cli/actions.py, `licensectl rollout pause|resume|retry|undo`) ---------------
     ROLLOUT_PAUSE_REQUESTED = "RolloutPauseRequested"  # the hoster paused a source's rollout
     ROLLOUT_RESUME_REQUESTED = "RolloutResumeRequested"  # the hoster resumed it

@@ -36,7 +36,8 @@ def rollout_json(st: RolloutStatus, source_rev: str | None = None) -> dict[str, 
     return {"phase": st.phase.value, "source_revision": short(source_rev) if source_rev else None,
             "replica_revision": short(st.revisions[-1]) if st.revisions else None,
             "affected": st.affected, "current": counts["current"] + counts["done"], "stale": counts["stale"],
-            "restarting": counts["restarting"], "failed": counts["failed"], "blocked": counts["blocked"],
+            "restarting": counts["restarting"], "draining": counts["draining"], "failed": counts["failed"],
+            "blocked": counts["blocked"],
             "manual": counts["manual"], "overdue": st.overdue, "unavailable": st.unavailable,
             "max_unavailable": st.max_unavailable, "pause_reason": st.pause_reason.value if st.pause_reason else None,
             "message": st.message}
@@ -102,8 +103,9 @@ def progress_line(src: str, r: Mapping[str, Any], tty: bool) -> str:
         rev = (source_revision(r["source_revision"]) if r.get("source_revision")
                else replica_revision(r["replica_revision"]) if r.get("replica_revision") else "no revision")
         head = f"{src} {shown_phase(r)} {rev}: {r['current']}/{r['affected']} current"
-    tail = (f"; {r['restarting']} restarting, {r['stale']} stale, {r['failed']} failed, {r['blocked']} blocked, "
-            f"{r['manual']} manual")
+    draining = f"{r['draining']} draining (tenant workers), " if r.get("draining") else ""
+    tail = (f"; {r['restarting']} restarting, {draining}{r['stale']} stale, {r['failed']} failed, "
+            f"{r['blocked']} blocked, {r['manual']} manual")
     if rot.get("phase") in ("aborted", "undone"):
         tail += f"; rotation {rot['phase']}, back on stable {source_revision(rot.get('stable'))}"
         if rot.get("reason"):
@@ -146,4 +148,4 @@ def vmis_json(plan: RolloutPlan) -> list[dict[str, Any]]:
 
 
 # The states `rollout status --vms` lists: where a hoster has to look (docs/operations.md#rollout-status).
-ATTENTION_STATES = ("failed", "blocked", "undeliverable", "manual", "restarting", "awaiting-evidence")
+ATTENTION_STATES = ("failed", "blocked", "undeliverable", "manual", "restarting", "draining", "awaiting-evidence")

@@ -129,11 +129,18 @@ def endpoint_from_kubeconfig(path: str | None, context: str | None = None) -> En
         doc = yaml.safe_load(file.read_text()) or {}
     except (OSError, yaml.YAMLError) as e:
         raise KubeconfigError(f"cannot read kubeconfig {file}: {type(e).__name__}") from e
+    return endpoint_from_document(doc, context, base=file.parent, what=f"kubeconfig {file}")
+
+
+def endpoint_from_document(doc: object, context: str | None = None, *, base: Path | None = None,
+                           what: str = "kubeconfig") -> Endpoint | None:
+    """The endpoint of a kubeconfig already parsed (a tenant cluster's, read from a Secret: its key
+    material is inline, and a relative path in it resolves against nothing, so it is refused)."""
     if not isinstance(doc, dict):
-        raise KubeconfigError(f"kubeconfig {file} is not a mapping")
+        raise KubeconfigError(f"{what} is not a mapping")
     name = context or doc.get("current-context")
     if not name:
-        raise KubeconfigError(f"kubeconfig {file} has no current-context")
+        raise KubeconfigError(f"{what} has no current-context")
     ctx = _named(doc.get("contexts"), str(name), "context")
     cluster = _named(doc.get("clusters"), str(ctx.get("cluster")), "cluster")
     user = _named(doc.get("users"), str(ctx.get("user")), "user") if ctx.get("user") else {}
@@ -142,7 +149,10 @@ def endpoint_from_kubeconfig(path: str | None, context: str | None = None) -> En
     server = cluster.get("server")
     if not server:
         raise KubeconfigError(f"cluster {ctx.get('cluster')!r} has no server")
-    base = file.parent
+    if base is None and any(e.get(k) for e, k in ((cluster, "certificate-authority"), (user, "client-certificate"),
+                                                   (user, "client-key"), (user, "tokenFile"))):
+        raise KubeconfigError(f"{what} refers to files; only inline (-data) key material can be used")
+    base = base or Path()
     ca_file, ca_data = _material(cluster, "certificate-authority", base)
     token_file = user.get("tokenFile")
     if token_file and not Path(str(token_file)).is_absolute():

@@ -390,7 +390,16 @@ def vm_from(obj: object) -> model.Vm | None:
     strategy = run_strategy_of(_dict(_path(obj, "spec")))
     return model.Vm(namespace=m["namespace"], name=m["name"], resource_version=m["resource_version"],
                     run_strategy=None if strategy is None else _shared(strategy),
-                    annotations=_own_annotations(_path(obj, "metadata", "annotations")))
+                    annotations=_own_annotations(_path(obj, "metadata", "annotations")),
+                    labels=_machine_labels(_path(obj, "metadata", "labels")))
+
+
+def _machine_labels(v: object) -> Mapping[str, str]:
+    """The CAPK machine labels only (model.CAPK_LABELS): every other VM label is never read."""
+    if not isinstance(v, Mapping):
+        return model.EMPTY
+    own = {_shared(k): _shared(val) for k in model.CAPK_LABELS if isinstance(val := v.get(k), str) and val}
+    return model.frozen_map(own) if own else model.EMPTY
 
 
 def tls_secret_from(obj: object) -> model.TLSSecret | None:

@@ -12,10 +12,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from licensectl.core.readiness import Readiness
-from licensectl.metrics import Metrics
+from licensectl.metrics import Metrics, render
 
 
 def _answer(r: Readiness) -> web.Response:
@@ -25,7 +25,7 @@ def _answer(r: Readiness) -> web.Response:
 def make_internal_app(metrics: Metrics, *, ready: Callable[[], Readiness], live: Callable[[], Readiness],
                       status: Callable[[], Mapping[str, Any]]) -> web.Application:
     async def metrics_handler(_: web.Request) -> web.Response:
-        body = generate_latest(metrics.registry)
+        body = await render(metrics)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def livez(_: web.Request) -> web.Response:

@@ -8,7 +8,13 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from licensectl_dev.devcluster.controlplane import BuildError, ControlPlane, ControlPlaneError, ensure_binaries
+from licensectl_dev.devcluster.controlplane import (
+    BuildError,
+    ControlPlane,
+    ControlPlaneError,
+    ensure_binaries,
+    ensure_scheduler,
+)
 from licensectl_dev.devcluster.gotools import TOOLS, ensure_tools
 from licensectl_dev.devcluster.kubeapi import api_client_from_kubeconfig, install_crds
 from licensectl_dev.devcluster.virt_api import RestartProxy
@@ -55,7 +61,8 @@ async def _serve(cp: ControlPlane, ready_delay: float, kubevirt: bool) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m licensectl_dev.devcluster", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("build", help="build (or find cached) etcd, kube-apiserver, kube-controller-manager, kubectl")
+    sub.add_parser("build", help="build (or find cached) etcd, kube-apiserver, kube-controller-manager, kubectl "
+                   "and kube-scheduler")
     tools = sub.add_parser("build-tools", help="build (or find cached) the Go tools the tests run: "
                            + ", ".join(TOOLS))
     tools.add_argument("names", nargs="*", metavar="NAME", help="tools to build (default: all)")
@@ -66,6 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "build":
             _out(str(ensure_binaries()))
+            _out(str(ensure_scheduler()))  # tenant clusters' control planes (tests, demo)
             return 0
         if args.command == "build-tools":
             for name, path in ensure_tools(args.names or None).items():

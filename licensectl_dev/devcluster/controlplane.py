@@ -5,6 +5,10 @@ fake: admission, RBAC, watches, status subresources, garbage collection and name
 behave exactly as in a cluster. Binaries are built once from the pinned wrapper modules in go/
 and cached per version, so a fresh clone needs only a Go toolchain and the module proxy.
 
+Optionally a kube-scheduler too (`ControlPlane(scheduler=True)`), for a control plane that plays a
+workload cluster with Nodes and scheduled Pods (see tenant_cluster.py). It is built lazily into its own
+cache directory, so a binary cache made before the scheduler existed stays valid.
+
 Everything listens on 127.0.0.1 only.
 """
 
@@ -53,8 +57,20 @@ SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 ADMIN_USER = "licensectl-admin"
 ADMIN_GROUP = "system:masters"
+SCHEDULER = "kube-scheduler"
 # Only what a deleted Namespace and ownerReference garbage collection need.
 KCM_CONTROLLERS = ("namespace-controller", "garbage-collector-controller")
+# A workload ("tenant") cluster: Deployments, PodDisruptionBudgets and the `default` ServiceAccount
+# pods need. Names are the v1.30+ `--controllers` names (cmd/kube-controller-manager/names). No
+# node-lifecycle-controller: the node agent simulator (tenant_nodes.py) plays node status instead.
+TENANT_KCM_CONTROLLERS = (
+    "namespace-controller",
+    "garbage-collector-controller",
+    "deployment-controller",
+    "replicaset-controller",
+    "disruption-controller",
+    "serviceaccount-controller",
+)
 
 HEARTBEAT_SECONDS = 15.0
 
@@ -94,13 +110,16 @@ def binaries_dir(env: Mapping[str, str] | None = None) -> Path:
     )
 
 
-def build_commands(out_dir: Path) -> list[tuple[Path, list[str]]]:
-    """The `go build` invocations (working dir, argv) that produce every binary in `out_dir`.
+def scheduler_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Where kube-scheduler of the pinned version lives: beside `binaries_dir`, not in it, so the main
+    cache stays valid without it and a rebuild of either never removes the other."""
+    return binaries_dir(env).parent / "scheduler-bin"
 
-    The -X flags stamp the real version, so `/version` answers v1.35.4 like a released binary.
-    """
+
+def _kube_ldflags() -> str:
+    """The -X flags stamp the real version, so `/version` answers v1.35.4 like a released binary."""
     minor = K8S_VERSION.split(".")[1]
-    ldflags = " ".join(
+    return " ".join(
         [
             "-s -w",
             f"-X k8s.io/component-base/version.gitVersion={K8S_VERSION}",
@@ -109,6 +128,20 @@ def build_commands(out_dir: Path) -> list[tuple[Path, list[str]]]:
             f"-X k8s.io/client-go/pkg/version.gitVersion={K8S_VERSION}",
         ]
     )
+
+
+def scheduler_build_command(out_dir: Path) -> tuple[Path, list[str]]:
+    """The `go build` (working dir, argv) for kube-scheduler, from the same pinned module as kube-apiserver."""
+    return (
+        GO_DIR / "kube",
+        ["go", "build", "-v", "-trimpath", "-ldflags", _kube_ldflags(), "-o", str(out_dir) + os.sep,
+         f"k8s.io/kubernetes/cmd/{SCHEDULER}"],
+    )
+
+
+def build_commands(out_dir: Path) -> list[tuple[Path, list[str]]]:
+    """The `go build` invocations (working dir, argv) that produce every binary in `out_dir`."""
+    ldflags = _kube_ldflags()
     return [
         (
             GO_DIR / "etcd",
@@ -305,6 +338,42 @@ def ensure_binaries(log: Logger = _stderr, env: Mapping[str, str] | None = None)
     return bin_dir
 
 
+def ensure_scheduler(log: Logger = _stderr, env: Mapping[str, str] | None = None) -> Path:
+    """Return the directory holding kube-scheduler, building it on a cache miss.
+
+    Separate from `ensure_binaries` (own directory, lock and completion check): only control planes
+    with `scheduler=True` need it, and older caches without it stay valid for everyone else.
+    """
+    e = dict(os.environ if env is None else env)
+    sched_dir = scheduler_dir(e)
+
+    def have(d: Path) -> bool:
+        return os.access(d / SCHEDULER, os.X_OK)
+
+    if have(sched_dir):
+        log(f"control plane: cache hit {sched_dir}")
+        return sched_dir
+    with file_lock(sched_dir.parent / ".scheduler-build.lock"):
+        if have(sched_dir):
+            log(f"control plane: cache hit {sched_dir}")
+            return sched_dir
+        if shutil.which("go", path=e.get("PATH")) is None:
+            raise BuildError(
+                f"the Go toolchain (`go`) is not on PATH; it is needed once to build {SCHEDULER} "
+                f"{K8S_VERSION} into {sched_dir}"
+            )
+        log(f"control plane: cache miss, building {SCHEDULER} {K8S_VERSION} into {sched_dir} "
+            "(first time only; minutes on 2 cores, less when kube-apiserver was built before)")
+        started = time.monotonic()
+        with built_into(sched_dir, prefix="scheduler-bin") as tmp:
+            cwd, argv = scheduler_build_command(tmp)
+            run_go_build(argv, cwd=cwd, log_fn=log, env=e)
+            if not have(tmp):
+                raise BuildError(f"go build finished but {tmp} lacks {SCHEDULER}")
+        log(f"control plane: {SCHEDULER} build done in {time.monotonic() - started:.0f}s -> {sched_dir}")
+    return sched_dir
+
+
 # ---------------------------------------------------------------------------------------------
 # Certificates and keys (openssl CLI: present on every dev machine and CI image; no new deps)
 # ---------------------------------------------------------------------------------------------
@@ -415,10 +484,13 @@ class _Proc:
 
 
 class ControlPlane:
-    """etcd + kube-apiserver + kube-controller-manager on 127.0.0.1, in a temporary directory.
+    """etcd + kube-apiserver + kube-controller-manager (+ kube-scheduler) on 127.0.0.1, in a temp dir.
 
     Sync API so pytest fixtures, the demo and the CLI can all use it. The admin credential is a
     static token for a user in `system:masters`; it is kept out of repr and logs.
+
+    `scheduler=True` also runs kube-scheduler; `kcm_controllers` overrides KCM_CONTROLLERS (a workload
+    cluster passes TENANT_KCM_CONTROLLERS). `name` only labels log lines and the temp dir.
     """
 
     def __init__(
@@ -428,8 +500,17 @@ class ControlPlane:
         log: Logger = _stderr,
         start_timeout: float = 90.0,
         work_dir: Path | None = None,
+        scheduler: bool = False,
+        kcm_controllers: Sequence[str] | None = None,
+        scheduler_dir: Path | None = None,
+        name: str = "control plane",
     ) -> None:
         self._bin_dir = bin_dir
+        self.scheduler = scheduler
+        self.kcm_controllers: tuple[str, ...] = tuple(kcm_controllers or KCM_CONTROLLERS)
+        self._scheduler_dir = scheduler_dir
+        self.name = name
+        self.scheduler_port = 0
         self._log = log
         self._start_timeout = start_timeout
         self._given_work_dir = work_dir
@@ -457,6 +538,13 @@ class ControlPlane:
         if self._bin_dir is None:
             raise ControlPlaneError("binaries not resolved yet; call start()")
         return self._bin_dir
+
+    @property
+    def scheduler_path(self) -> Path:
+        """kube-scheduler: from `scheduler_dir`, else beside the other binaries, else the scheduler cache."""
+        if self._scheduler_dir is not None:
+            return self._scheduler_dir / SCHEDULER
+        return self.bin_dir / SCHEDULER
 
     @property
     def server(self) -> str:
@@ -528,28 +616,33 @@ class ControlPlane:
         t0 = time.monotonic()
         if self._bin_dir is None:
             self._bin_dir = ensure_binaries(log=self._log)
+        if self.scheduler and self._scheduler_dir is None and not os.access(self.scheduler_path, os.X_OK):
+            self._scheduler_dir = ensure_scheduler(log=self._log)
         self.work_dir = self._given_work_dir or Path(tempfile.mkdtemp(prefix="licensectl-cp-"))
         try:
             self._prepare()
             self._start_etcd()
             self._start_apiserver()
             self._start_kcm()
+            if self.scheduler:
+                self._start_scheduler()
             self.version = self._get_version()
         except BaseException:
             self.stop()
             raise
         self.startup_seconds = time.monotonic() - t0
         self._log(
-            f"control plane: ready in {self.startup_seconds:.1f}s: kube-apiserver {self.version} at "
+            f"{self.name}: ready in {self.startup_seconds:.1f}s: kube-apiserver {self.version} at "
             f"{self.server}, kubeconfig {self.kubeconfig_path}"
         )
-        log.info("control plane ready", server=self.server, version=self.version,
+        log.info("control plane ready", name=self.name, server=self.server, version=self.version,
                  seconds=round(self.startup_seconds, 2), pids=self.pids)
         return self
 
     def stop(self) -> None:
-        """Stop kube-controller-manager, kube-apiserver, etcd (in that order) and remove temp dirs."""
-        for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
+        """Stop kube-scheduler, kube-controller-manager, kube-apiserver, etcd (in that order) and remove
+        temp dirs."""
+        for name in (SCHEDULER, "kube-controller-manager", "kube-apiserver", "etcd"):
             p = self._procs.get(name)
             if p is not None:
                 p.stop()
@@ -558,6 +651,7 @@ class ControlPlane:
             shutil.rmtree(self.work_dir, ignore_errors=True)
         self.work_dir = None
         self.apiserver_port = 0
+        self.scheduler_port = 0
 
     def restart_apiserver(self) -> None:
         """Stop and start kube-apiserver on the same port with the same storage (fault tests)."""
@@ -584,9 +678,13 @@ class ControlPlane:
         tokens.write_text(f'{self._token},{ADMIN_USER},{ADMIN_USER},"{ADMIN_GROUP}"\n')
         tokens.chmod(0o600)
         ports: set[int] = set()
-        while len(ports) < 4:
+        while len(ports) < 5:
             ports.add(free_port())
-        self.etcd_client_port, self.etcd_peer_port, self.apiserver_port, self.kcm_port = sorted(ports)
+        (self.etcd_client_port, self.etcd_peer_port, self.apiserver_port, self.kcm_port,
+         self.scheduler_port) = sorted(ports)
+        if self.scheduler:
+            _issue_cert(self.cert_dir, "scheduler", SCHEDULER, ["IP:127.0.0.1", "DNS:localhost"], "serverAuth")
+            (self.cert_dir / "scheduler.key").chmod(0o600)
         ca = self.ca_pem
         kc = render_kubeconfig(self.server, ca, token=self._token)
         self.kubeconfig_path.write_text(kc)
@@ -689,7 +787,7 @@ class ControlPlane:
             f"--kubeconfig={kc}",
             f"--authentication-kubeconfig={kc}",
             f"--authorization-kubeconfig={kc}",
-            f"--controllers={','.join(KCM_CONTROLLERS)}",
+            f"--controllers={','.join(self.kcm_controllers)}",
             "--leader-elect=false",
             "--use-service-account-credentials=false",
             f"--bind-address={LOOPBACK}",
@@ -701,6 +799,30 @@ class ControlPlane:
         self._wait(
             "kube-controller-manager",
             lambda: self._http_ok(f"https://{LOOPBACK}:{self.kcm_port}/healthz", tls=True, token=False),
+            "healthy (/healthz)",
+        )
+
+    def _start_scheduler(self) -> None:
+        """kube-scheduler with the admin credential, no leader election, serving /healthz on loopback."""
+        kc = self._wd() / "scheduler.kubeconfig"
+        kc.write_text(render_kubeconfig(self.server, self.ca_pem, token=self._token, user=ADMIN_USER))
+        kc.chmod(0o600)
+        c = self.cert_dir
+        self._spawn(SCHEDULER, [
+            str(self.scheduler_path),
+            f"--kubeconfig={kc}",
+            f"--authentication-kubeconfig={kc}",
+            f"--authorization-kubeconfig={kc}",
+            "--leader-elect=false",
+            f"--bind-address={LOOPBACK}",
+            f"--secure-port={self.scheduler_port}",
+            f"--cert-dir={self._wd() / 'scheduler-certs'}",
+            f"--tls-cert-file={c / 'scheduler.crt'}",
+            f"--tls-private-key-file={c / 'scheduler.key'}",
+        ])
+        self._wait(
+            SCHEDULER,
+            lambda: self._http_ok(f"https://{LOOPBACK}:{self.scheduler_port}/healthz", tls=True, token=False),
             "healthy (/healthz)",
         )
 

@@ -103,7 +103,6 @@ async def put_source_secret(api: ApiClient, namespace: str, name: str, *, token:
                             token_key: str = "client_configuration_token.tok", gridd_conf: str | None = None,
                             annotations: Mapping[str, str] | None = None) -> None:
     """Create or replace the hoster's license Secret."""
-    core: Any = CoreV1Api(api)
     data: dict[str, str] = {}
     if token is not None:
         data[token_key] = base64.b64encode(token).decode()
@@ -111,12 +110,19 @@ async def put_source_secret(api: ApiClient, namespace: str, name: str, *, token:
         data["gridd.conf"] = base64.b64encode(gridd_conf.encode()).decode()
     body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
             "metadata": {"name": name, "namespace": namespace, "annotations": dict(annotations or {})}, "data": data}
+    await put_secret(api, body)
+
+
+async def put_secret(api: ApiClient, body: Mapping[str, Any]) -> None:
+    """Create the Secret `body` describes, or replace it when it exists."""
+    core: Any = CoreV1Api(api)
+    meta = body["metadata"]
     try:
-        await core.create_namespaced_secret(namespace, body)
+        await core.create_namespaced_secret(meta["namespace"], body)
     except ApiException as e:
         if e.status != 409:
             raise
-        await core.replace_namespaced_secret(name, namespace, body)
+        await core.replace_namespaced_secret(meta["name"], meta["namespace"], body)
 
 
 # The containerDisk every fleet VM boots. A setting that vouches for it (`--vgpu-driver-images`) stands
@@ -126,10 +132,13 @@ GOLDEN_IMAGE = "quay.io/containerdisks/ubuntu:24.04"
 
 def vm_body(namespace: str, name: str, *, license_secret: str | None = None, run_strategy: str = "Always",
             annotations: Mapping[str, str] | None = None, firmware_uuid: str | None = None,
-            gpu_claims: Sequence[str] = ()) -> dict[str, Any]:
+            gpu_claims: Sequence[str] = (), labels: Mapping[str, str] | None = None) -> dict[str, Any]:
     """A VirtualMachine using `gpu_claims` in KubeVirt's DRA shape (the admission webhook then adds the
     license volume, docs/design.md#vmi-claims); `license_secret` mounts a replica by hand instead, as a
-    disk with serial LICENSECTL (the way hosters wired it before the webhook)."""
+    disk with serial LICENSECTL (the way hosters wired it before the webhook).
+
+    `labels` go on the VM and on its template (so onto every VMI), as CAPK labels a tenant cluster's
+    machines (`cluster.x-k8s.io/cluster-name`, role); `kubevirt.io/vm` is always kept."""
     disks: list[dict[str, Any]] = [{"name": "root", "disk": {"bus": "virtio"}}]
     volumes: list[dict[str, Any]] = [{"name": "root", "containerDisk": {"image": GOLDEN_IMAGE}}]
     if license_secret:
@@ -145,16 +154,20 @@ def vm_body(namespace: str, name: str, *, license_secret: str | None = None, run
                            for i in range(len(gpu_claims))]
         template_spec["resourceClaims"] = [{"name": f"claim{i}", "resourceClaimName": c}
                                            for i, c in enumerate(gpu_claims)]
-    return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
-            "metadata": {"name": name, "namespace": namespace, "annotations": dict(annotations or {})},
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace, "annotations": dict(annotations or {})}
+    if labels:
+        metadata["labels"] = dict(labels)
+    return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "metadata": metadata,
             "spec": {"runStrategy": run_strategy,
-                     "template": {"metadata": {"labels": {"kubevirt.io/vm": name}}, "spec": template_spec}}}
+                     "template": {"metadata": {"labels": {**(labels or {}), "kubevirt.io/vm": name}},
+                                  "spec": template_spec}}}
 
 
 async def create_vm(api: ApiClient, namespace: str, name: str, *, license_secret: str | None = None,
                     run_strategy: str = "Always", annotations: Mapping[str, str] | None = None,
-                    firmware_uuid: str | None = None, gpu_claims: Sequence[str] = ()) -> None:
+                    firmware_uuid: str | None = None, gpu_claims: Sequence[str] = (),
+                    labels: Mapping[str, str] | None = None) -> None:
     co: Any = CustomObjectsApi(api)
     await co.create_namespaced_custom_object("kubevirt.io", "v1", namespace, "virtualmachines", vm_body(
         namespace, name, license_secret=license_secret, run_strategy=run_strategy, annotations=annotations,
-        firmware_uuid=firmware_uuid, gpu_claims=gpu_claims))
+        firmware_uuid=firmware_uuid, gpu_claims=gpu_claims, labels=labels))

@@ -8,7 +8,8 @@ token is not a JWT and whose rotation rollout completes, a broken tenant link an
 mid-stream. One tenant's VMs hang when restarted: the first rotation's restart there fails and pauses
 that tenant's part of it, the second source's is still hanging when the hoster pauses that rollout.
 Another tenant's VM has a volume under licensectl's volume name, so the webhook admits it without its
-license volume and the backstop reports it undeliverable. Prometheus loads the shipped alert rules
+license volume and the backstop reports it undeliverable. A tenant cluster's worker sits mid-drain,
+its cluster unreachable (held). Prometheus loads the shipped alert rules
 (the PrometheusRule's `.spec`).
 """
 
@@ -28,8 +29,9 @@ import pytest
 import yaml
 from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 
+from licensectl.core import drain
 from licensectl.core.delivery import volume_name
-from licensectl.core.model import ANN_ROLLOUT_PAUSED
+from licensectl.core.model import ANN_ROLLOUT_PAUSED, LABEL_CAPI_CLUSTER_NAME, LABEL_CAPI_ROLE
 from licensectl.core.render import replica_name
 from licensectl_dev.devcluster import fleet
 from licensectl_dev.devcluster import webhook as webhook_registration
@@ -222,6 +224,14 @@ async def test_every_dashboard_panel_and_alert_rule_works_against_a_live_control
             spec["volumes"].append({"name": volume_name(fl.cls), "secret": {"secretName": "app-config"}})
             spec["domain"]["devices"]["disks"].append({"name": volume_name(fl.cls), "disk": {"bus": "virtio"}})
             await co.create_namespaced_custom_object("kubevirt.io", "v1", problem_ns, "virtualmachines", taken)
+            # A tenant cluster's worker caught mid-drain when its cluster became unreachable (its kubeconfig
+            # Secret is gone): licensectl cannot tell whether the Node is still cordoned, so the cycle stays
+            # open and held (the worker panels and LicensectlWorkerDrainBlocked have their data).
+            since = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1)
+            await fleet.create_vm(api_client, problem_ns, "gone-md-0", labels={
+                LABEL_CAPI_CLUSTER_NAME: "gone", LABEL_CAPI_ROLE: "worker"},
+                annotations=drain.DrainIntent(drain.Step.DRAIN, "r0", since, since, node="gone-md-0",
+                                              cordoned=True).render_annotations())
             for name in profiles:
                 await eventually(lambda name=name: fl.ready(guest_ns, name), timeout=30, what=f"{name} ready")
             await eventually(lambda: fl.ready(hang_ns, "hang"), timeout=30, what="hang ready")
@@ -231,6 +241,8 @@ async def test_every_dashboard_panel_and_alert_rule_works_against_a_live_control
             await c.wait_metric("licensectl_vmis_delivery_blocked", 1, timeout=30, namespace=problem_ns,
                                 reason="volume_name_taken")
             await c.wait_metric("licensectl_webhook_skipped_total", 1, reason="volume_name_taken")
+            await c.wait_metric("licensectl_worker_drain_blocked", 1, timeout=30, namespace=problem_ns,
+                                vm="gone-md-0", reason="ClusterUnreachable")
 
             async def boot_guests() -> None:
                 for g in guests:
@@ -255,7 +267,8 @@ async def test_every_dashboard_panel_and_alert_rule_works_against_a_live_control
             await boot_guests()  # the restarted guests install the new token at boot
             # The silent guest stops reporting: "not reporting" three report intervals later (a guest that
             # never reported would not be judged within its boot allowance, longer than this test).
-            await c.wait_metric("licensectl_guest_token_current", 1, timeout=20, namespace=guest_ns, vmi="silent")
+            await c.wait_metric("licensectl_guest_license_state", 1, timeout=20, namespace=guest_ns, vmi="silent",
+                                state="licensed")
             next(g for g in guests if g.vmi == "silent").set_profile(GuestProfile.quiet())
             # Rotation of the source whose token is not a JWT: a rollout that completes (rollout A stays
             # paused in the hanging tenant), so the rollout duration histogram has an observation.
@@ -276,8 +289,8 @@ async def test_every_dashboard_panel_and_alert_rule_works_against_a_live_control
             await c.wait_metric("licensectl_rollout_paused", 1, timeout=20, source_name="nls-b", reason="manual")
             await asyncio.sleep(2)
             assert proxy.sever() > 0  # a second cut, so the restart counter really increases
-            await c.wait_metric("licensectl_guest_token_current", 1, timeout=20, namespace=guest_ns,
-                              vmi="licensed")
+            await c.wait_metric("licensectl_guest_license_state", 1, timeout=20, namespace=guest_ns,
+                                vmi="licensed", state="licensed")
             s = await c.must_scrape()
             assert s.value("licensectl_watch_restarts_total") >= 2
             assert s.value("licensectl_tenant_problems") >= 1
@@ -328,7 +341,8 @@ async def test_every_dashboard_panel_and_alert_rule_works_against_a_live_control
             active = {a["labels"]["alertname"] for a in (await prom.get("/api/v1/alerts"))["alerts"]
                       if a["state"] in ("pending", "firing")}
             assert {"LicensectlGuestUnlicensed", "LicensectlGuestNotReporting", "LicensectlSourceInvalid",
-                    "LicensectlTenantLinkBroken", "LicensectlRolloutPaused"} <= active, active
+                    "LicensectlTenantLinkBroken", "LicensectlRolloutPaused",
+                    "LicensectlWorkerDrainBlocked"} <= active, active
             assert "LicensectlDown" not in active
             stop_probes.set()
             await prober

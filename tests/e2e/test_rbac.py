@@ -54,6 +54,15 @@ ALLOWED_UNUSED: dict[tuple[str, str, str], str] = {
         "the live VMI read before a restart is made only where the plan cannot rule out a lagging VMI "
         "watch (a re-issue, an earlier intent for the same revision: docs/design.md#decision-restart-intent); "
         "a clean first rollout never needs it"),
+    # Tenant cluster workers (docs/operations.md#tenant-cluster-workers): read only for VMs that carry
+    # CAPK's cluster label, which this fleet has none of; tests/e2e/test_worker_drain.py drives them.
+    ("get", "cluster.x-k8s.io", "clusters"): (
+        "a tenant cluster's policy annotations (max-disrupted-workers, restart-without-drain), read only when "
+        "one of its workers is drained"),
+    ("get", "cluster.x-k8s.io", "machines"): (
+        "a worker's Machine (nodeDrainTimeout, exclude-node-draining), read only when the worker is drained"),
+    ("get", "infrastructure.cluster.x-k8s.io", "kubevirtmachines"): (
+        "the KubevirtMachine that leads to a worker's Machine, read only when the worker is drained"),
 }
 
 # Cluster-wide grants that this run used only in licensectl's own namespace, with the reason.

@@ -67,7 +67,7 @@ async def test_probe_reports_become_metrics_and_forgeries_are_rejected(
         assert state("bad", "unlicensed") == 1.0
         assert state("soon", "licensed") == 1.0
         # An image without the driver is its own state; gridd's reason and the guest clock come through.
-        assert state("nodrv", "driver_missing") == 1.0 and state("nodrv", "unknown") == 0.0
+        assert state("nodrv", "driver_missing") == 1.0 and state("nodrv", "unknown") is None  # one series
         assert metric(app, "licensectl_guest_unlicensed_reason", {"vmi": "bad", "reason": "token_missing"}) == 1.0
         skew = metric(app, "licensectl_guest_clock_skew_seconds", {"vmi": "skew"})
         assert skew is not None and 590 < skew < 610
@@ -75,7 +75,10 @@ async def test_probe_reports_become_metrics_and_forgeries_are_rejected(
         # Never reported, but it has not had its chance yet (three intervals since the controller
         # started receiving reports): not judged, so not called silent.
         assert state("mute", "unknown") is None and state("mute", "licensed") is None
-        assert metric(app, "licensectl_guest_token_current", {"vmi": "good"}) == 1.0
+        # A healthy guest has its state and expiry only; the fleet's token view is the per-tenant count.
+        assert metric(app, "licensectl_guest_token_current", {"vmi": "good"}) is None
+        assert (metric(app, "licensectl_guests_reporting", {"token": "current"}) or 0) >= 1.0
+        assert metric(app, "licensectl_guest_token_current", {"vmi": "bad"}) == 1.0  # unlicensed: detail
         expiry = metric(app, "licensectl_guest_license_expiry_timestamp_seconds", {"vmi": "soon"})
         assert expiry is not None and 2 * 86400 < expiry - time.time() < 4 * 86400
         assert metric(app, "licensectl_reports_total", {"result": "accepted"}) == 5.0
@@ -98,7 +101,7 @@ async def test_probe_reports_become_metrics_and_forgeries_are_rejected(
 
         # Three missed intervals later every guest is unknown; a deleted VMI's series disappear.
         offset[0] = 4 * 60.0
-        assert state("good", "unknown") == 1.0 and state("good", "licensed") == 0.0
+        assert state("good", "unknown") == 1.0 and state("good", "licensed") is None  # one series per guest
         assert state("mute", "unknown") == 1.0  # never reported, and its chance is over
         from kubernetes_asyncio.client import CustomObjectsApi
         co = CustomObjectsApi(api_client)

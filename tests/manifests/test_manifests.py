@@ -285,6 +285,9 @@ def test_rbac_is_minimal(rendered: dict[str, list[dict[str, Any]]]) -> None:
                    for _, g, res, v in granted)
     assert not any(kind == "ClusterRole" and res in {"pods", "leases"} for kind, _, res, _ in granted)
     assert ("ClusterRole", "subresources.kubevirt.io", "virtualmachines/restart", "update") in granted
+    # Cluster API's objects (tenant cluster workers) are read one at a time, never listed or written.
+    capi = {(res, v) for _, g, res, v in granted if g in {"cluster.x-k8s.io", "infrastructure.cluster.x-k8s.io"}}
+    assert capi == {("clusters", "get"), ("machines", "get"), ("kubevirtmachines", "get")}
 
 
 def test_every_rbac_rule_says_why() -> None:
@@ -397,12 +400,16 @@ def test_rbac_grants_what_licensectl_does_and_no_more(cluster: list[str]) -> Non
             ("list", "namespaces"), ("create", "events"), ("patch", "events"),
             ("list", "gpuclasses.gpu.cozystack.io"), ("watch", "gpuclaims.gpu.cozystack.io"),
             ("patch", "virtualmachines.kubevirt.io"), ("watch", "virtualmachineinstances.kubevirt.io"),
+            ("get", "clusters.cluster.x-k8s.io"), ("get", "machines.cluster.x-k8s.io"),
+            ("get", "kubevirtmachines.infrastructure.cluster.x-k8s.io"),
         ]
         denied = [
             ("patch", "secrets"), ("deletecollection", "secrets"), ("delete", "virtualmachineinstances.kubevirt.io"),
             ("update", "virtualmachines.kubevirt.io"), ("delete", "virtualmachines.kubevirt.io"),
             ("patch", "pods"), ("create", "leases.coordination.k8s.io"), ("patch", "namespaces"),
             ("update", "gpuclasses.gpu.cozystack.io"), ("create", "pods"),
+            ("list", "clusters.cluster.x-k8s.io"), ("patch", "clusters.cluster.x-k8s.io"),
+            ("update", "machines.cluster.x-k8s.io"), ("list", "kubevirtmachines.infrastructure.cluster.x-k8s.io"),
         ]
         for verb, resource in allowed:
             assert can(verb, resource), f"may not {verb} {resource}"

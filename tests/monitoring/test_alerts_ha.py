@@ -23,7 +23,7 @@ from tests.monitoring.vmalert_cases import to_vmalert
 
 HA_TESTS = Path(__file__).with_name("alerts-ha.test.yaml")
 # Series only the leader exports (docs/operations.md#which-pod-exports-what).
-LEADER_ONLY = re.compile(r"licensectl_(guest_\w+|guests|rollout_(?!duration)\w+)\b")
+LEADER_ONLY = re.compile(r"licensectl_(guest_\w+|guests(?:_\w+)?|rollout_(?!duration)\w+|worker_drain\w*)\b")
 _DURATION = re.compile(r"(\d+)([smhd])")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -101,5 +101,8 @@ def test_leader_only_pattern() -> None:
     assert LEADER_ONLY.search("max(licensectl_guest_license_state)")
     assert LEADER_ONLY.search("sum(licensectl_guests{state='x'})")
     assert LEADER_ONLY.search("licensectl_rollout_paused == 1")
+    assert LEADER_ONLY.search("max by (vm) (licensectl_worker_drain_blocked) > 0")
+    assert LEADER_ONLY.search("sum(licensectl_worker_drains)")
+    assert not LEADER_ONLY.search("rate(licensectl_worker_evictions_total[5m])")
     assert not LEADER_ONLY.search("rate(licensectl_rollout_duration_seconds_bucket[5m])")
     assert not LEADER_ONLY.search("max(licensectl_replicas)")

@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "dashboards" / "licensectl.json"
 SCHEMA_DIR = Path(__file__).with_name("grafana-schema")
 
-ROWS = ["Fleet license state", "By tenant", "Expiries", "Rollout progress", "Rotation", "Replication health",
-        "Controller health", "License delivery and serving TLS"]
+ROWS = ["Fleet license state", "By tenant", "Expiries", "Rollout progress", "Rotation", "Tenant cluster workers",
+        "Replication health", "Controller health", "License delivery and serving TLS"]
 
 
 @pytest.fixture(scope="session")

@@ -111,7 +111,9 @@ def test_crds_status_subresource_and_gpu_mode_is_free_text() -> None:
     crds = {d["metadata"]["name"]: d for d in load_crd_manifests()}
     assert set(crds) == {"virtualmachines.kubevirt.io", "virtualmachineinstances.kubevirt.io",
                          "gpuclasses.gpu.cozystack.io", "gpuclaims.gpu.cozystack.io",
-                         "datavolumes.cdi.kubevirt.io", "datasources.cdi.kubevirt.io"}
+                         "datavolumes.cdi.kubevirt.io", "datasources.cdi.kubevirt.io",
+                         "clusters.cluster.x-k8s.io", "machines.cluster.x-k8s.io",
+                         "kubevirtmachines.infrastructure.cluster.x-k8s.io"}
     for n in ("virtualmachines.kubevirt.io", "virtualmachineinstances.kubevirt.io"):
         v = crds[n]["spec"]["versions"][0]
         assert v["subresources"] == {"status": {}}

@@ -8,7 +8,7 @@ import datetime as dt
 import re
 from pathlib import Path
 
-from licensectl.controllers.guests import MISSED_INTERVALS, STATES, GuestStore
+from licensectl.controllers.guests import MISSED_INTERVALS, GuestStore
 from licensectl.core.entitlement import TenantSettings, customer_tenant
 from licensectl.core.guest_report import GuestState, LicenseState
 from licensectl.core.model import Namespace
@@ -70,9 +70,13 @@ def test_per_vmi_series_carry_the_customer_tenant_and_aggregate_per_tenant() -> 
     states = by_name(out, "guest_license_state")
     assert {dict(s.labels)["tenant"] for s in states} == {"tenant-acme"}
     assert {dict(s.labels)["namespace"] for s in states} == {"tenant-acme", "tenant-acme-ml", "tenant-acme-ml-gpu"}
-    assert len(states) == 3 * len(STATES)
+    # One series per guest, its state a label, value 1.
+    assert sorted((dict(s.labels)["vmi"], dict(s.labels)["state"], s.value) for s in states) == [
+        ("vm1", "licensed", 1.0), ("vm2", "unlicensed", 1.0), ("vm3", "licensed", 1.0)]
     guests = {(dict(s.labels)["tenant"], dict(s.labels)["state"]): s.value for s in by_name(out, "guests")}
     assert guests == {("tenant-acme", "licensed"): 2.0, ("tenant-acme", "unlicensed"): 1.0}
+    tokens = {(dict(s.labels)["tenant"], dict(s.labels)["token"]): s.value for s in by_name(out, "guests_reporting")}
+    assert tokens == {("tenant-acme", "current"): 3.0}
 
 
 def test_per_tenant_mode_drops_every_per_vmi_series_and_keeps_the_aggregate() -> None:
@@ -84,8 +88,9 @@ def test_per_tenant_mode_drops_every_per_vmi_series_and_keeps_the_aggregate() ->
     out = list(store.samples(T0, live, tenant_of=tenant_of, per_vmi=False))
     assert out, "the per-tenant aggregate must stay"
     assert all(not any(k == "vmi" for k, _ in s.labels) for s in out)
-    assert {s.name for s in out} == {"guests"}
-    assert sorted((dict(s.labels)["state"], s.value) for s in out) == [("licensed", 1.0), ("unlicensed", 1.0)]
+    assert {s.name for s in out} == {"guests", "guests_reporting"}
+    assert sorted((dict(s.labels)["state"], s.value) for s in by_name(out, "guests")) == [
+        ("licensed", 1.0), ("unlicensed", 1.0)]
 
 
 def test_a_new_receiver_waits_for_every_guest_to_have_its_chance() -> None:
@@ -147,3 +152,55 @@ def test_sample_names_are_all_declared() -> None:
     store.start_receiving(T0)
     store.record("tenant-acme", "vm1", dataclasses.replace(report(), clock_skew_seconds=-3.0))
     assert {s.name for s in store.samples(T0, [("tenant-acme", "vm1")])} <= set(SNAPSHOT_GAUGES)
+
+
+def per_vmi_names(out: list[GaugeSample], vmi: str) -> set[str]:
+    return {s.name for s in out if dict(s.labels).get("vmi") == vmi}
+
+
+def test_a_healthy_guest_has_two_series_and_one_that_needs_a_look_its_detail() -> None:
+    store = GuestStore(INTERVAL)
+    store.start_receiving(T0)
+    day = dt.timedelta(days=1)
+    store.record("tenant-acme", "healthy", report(expiry=T0 + day))
+    store.record("tenant-acme", "old-token", dataclasses.replace(report(expiry=T0 + day), token_current=False))
+    store.record("tenant-acme", "skewed", dataclasses.replace(report(expiry=T0 + day), clock_skew_seconds=-61.0))
+    store.record("tenant-acme", "slight", dataclasses.replace(report(expiry=T0 + day), clock_skew_seconds=59.0))
+    store.record("tenant-acme", "down", report(LicenseState.UNLICENSED))
+    live = [("tenant-acme", v) for v in ("healthy", "old-token", "skewed", "slight", "down", "silent")]
+    late = T0 + dt.timedelta(seconds=(MISSED_INTERVALS + 1) * INTERVAL)
+    out = list(store.samples(T0, live, tenant_of=tenant_of))
+    two = {"guest_license_state", "guest_license_expiry_timestamp_seconds"}
+    assert per_vmi_names(out, "healthy") == two
+    assert per_vmi_names(out, "slight") == two  # within a minute: healthy
+    detail = {"guest_last_report_timestamp_seconds", "guest_token_current", "guest_clock_skew_seconds",
+              "guest_license_lease_seconds"}
+    assert per_vmi_names(out, "old-token") == two | detail
+    assert per_vmi_names(out, "skewed") == two | detail
+    assert per_vmi_names(out, "down") == {"guest_license_state", "guest_unlicensed_reason"} | detail - {
+        "guest_license_lease_seconds"}  # no expiry reported: no lease to show
+    # A silent guest, once judged: its state only.
+    silent = list(store.samples(late, live, tenant_of=tenant_of))
+    assert per_vmi_names(silent, "silent") == {"guest_license_state"}
+    assert [dict(s.labels)["state"] for s in silent if dict(s.labels).get("vmi") == "silent"] == ["unknown"]
+    # Silent guests are not reporting: the token aggregate counts fresh reports only.
+    tokens = {dict(s.labels)["token"]: s.value for s in by_name(out, "guests_reporting")}
+    assert tokens == {"current": 4.0, "stale": 1.0}
+
+
+def test_a_lease_near_its_renewal_deadline_brings_the_detail_back() -> None:
+    store = GuestStore(INTERVAL)
+    store.start_receiving(T0)
+    key = ("tenant-acme", "vm")
+    exp = T0 + dt.timedelta(minutes=15)
+    store.record(*key, report(at=T0, expiry=exp))
+    store.record(*key, report(at=T0 + dt.timedelta(minutes=1), expiry=exp))  # lease observed: 900 s
+
+    def names(minutes: float) -> set[str]:
+        at = T0 + dt.timedelta(minutes=minutes)
+        store.record(*key, report(at=at, expiry=exp))  # a fresh report, the same expiry: no renewal
+        return per_vmi_names(list(store.samples(at, [key])), "vm")
+
+    assert names(1) == {"guest_license_state", "guest_license_expiry_timestamp_seconds"}  # 14 of 15 left
+    assert "guest_license_lease_seconds" not in names(5.9)  # 9.1 minutes left: above 60%
+    assert {"guest_license_lease_seconds", "guest_last_report_timestamp_seconds"} <= names(6.1)

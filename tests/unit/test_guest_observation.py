@@ -3,12 +3,14 @@ guest's expiry implies (docs/design.md#lease-renewal)."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+from typing import Any
 
 import pytest
 
 from licensectl.controllers.guests import GuestStore
-from licensectl.core.guest_report import LicenseState
+from licensectl.core.guest_report import GuestState, LicenseState
 from licensectl.core.guest_report.observation import (
     BOOT_ALLOWANCE_SECONDS,
     MISSED_INTERVALS,
@@ -16,6 +18,7 @@ from licensectl.core.guest_report.observation import (
     lease_seconds,
 )
 from tests.unit.test_guest_metrics import INTERVAL, T0, by_name, report
+from tests.unit.test_guest_metrics import report as licensed_report
 
 S = dt.timedelta(seconds=1)
 WINDOW = MISSED_INTERVALS * INTERVAL * S
@@ -75,6 +78,10 @@ def test_store_exports_the_observed_lease() -> None:
     store.start_receiving(T0)
     key = ("tenant-a", "vm")
     exp = T0 + dt.timedelta(minutes=15)
+    # Lease series are detail (docs/operations.md#metrics-cardinality): this guest, on an old token, shows them.
+    def report(state: LicenseState = LicenseState.LICENSED, **kw: Any) -> GuestState:
+        return dataclasses.replace(licensed_report(state, **kw), token_current=False)
+
     store.record(*key, report(at=T0, expiry=exp))
     store.record(*key, report(at=T0 + dt.timedelta(minutes=1), expiry=exp))
     lease = by_name(list(store.samples(T0 + dt.timedelta(minutes=1), [key])), "guest_license_lease_seconds")

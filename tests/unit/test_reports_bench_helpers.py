@@ -10,6 +10,8 @@ import pytest
 from prometheus_client import generate_latest
 
 from benchmarks.reports import (
+    CLOCK_WINDOW_SECONDS,
+    GUEST_CLOCK_LAG_SECONDS,
     MARKER,
     PLACEHOLDERS,
     VARIANTS,
@@ -30,10 +32,10 @@ from benchmarks.reports import (
     store_clocks,
     templates,
 )
-from licensectl.controllers.guests import GuestStore
+from licensectl.controllers.guests import SKEW_DETAIL_SECONDS, GuestStore
 from licensectl.core.guest_report import evaluate, parse_report, render_report
 from licensectl.metrics import Metrics
-from licensectl_dev.testkit.metrics_text import parse_metrics
+from licensectl_dev.testkit.metrics_text import Scrape, parse_metrics
 
 NOW = dt.datetime(2026, 5, 1, 12, 0, 0, tzinfo=dt.UTC)
 
@@ -151,12 +153,25 @@ def test_lua_script_lists_every_identity_once() -> None:
 # ---------------------------------------------------------------------------------------------
 # Bounds
 # ---------------------------------------------------------------------------------------------
-def test_clock_base_keeps_every_clock_inside_the_window() -> None:
+def test_clock_base_keeps_every_clock_inside_the_window_and_behind_the_server() -> None:
     now, per_vmi, window = 1_777_000_000, 1_000, 3_600
     base = clock_base(now, per_vmi, window)
     assert abs(base + 1 - now) <= window and abs(base + per_vmi - now) <= window
+    # The newest clock any VMI sends is the lag behind `now`; the server's clock only moves on.
+    assert base + per_vmi == now - GUEST_CLOCK_LAG_SECONDS
+    assert clock_base(now, per_vmi, window, lag=0) == now - per_vmi
     with pytest.raises(ValueError):
         clock_base(now, window, window)
+    with pytest.raises(ValueError):  # fits the window, but not with the lag
+        clock_base(now, window - GUEST_CLOCK_LAG_SECONDS, window)
+    with pytest.raises(ValueError):
+        clock_base(now, 0, window)
+
+
+def test_guest_clock_lag_is_well_past_the_detail_threshold() -> None:
+    # docs/operations.md#metrics-cardinality: a clock off by a minute or more gets the detail series.
+    assert GUEST_CLOCK_LAG_SECONDS >= 2 * SKEW_DETAIL_SECONDS
+    assert GUEST_CLOCK_LAG_SECONDS < CLOCK_WINDOW_SECONDS / 10
 
 
 def test_count_bound_scales_with_duration() -> None:
@@ -198,22 +213,48 @@ def test_parse_load_output() -> None:
         parse_load_output("Running 3s test\n")
 
 
-def test_store_clocks_recover_the_guest_clock_from_real_guest_series() -> None:
-    ids = fleet(2, 2)
+def _scrape_after(ids: list[Identity], clocks: dict[int, int], *, first_report: dt.datetime) -> Scrape:
+    """What the benchmark server exposes after identity k sent one report with guest clock clocks[k],
+    judged as the server does: against the replica's token hash (the one the load sends), received
+    a second apart from `first_report` on (with microseconds, as dt.datetime.now() gives)."""
     parts = templates()
     store = GuestStore(60.0)
-    sent = {}
-    for k, ident in enumerate(ids[:3]):
-        clock = int(NOW.timestamp()) - 1800 + k
+    now = first_report
+    for k, clock in clocks.items():
+        ident = ids[k]
         body = fill(parts[ident.variant], [ident.uuid, ident.vmi, str(clock), ident.token_sha256])
-        # reported_at with microseconds, as dt.datetime.now() gives.
-        now = NOW + dt.timedelta(seconds=k, microseconds=123_457)
-        store.record(ident.namespace, ident.vmi, evaluate(parse_report(body), current_token_sha256=None, now=now))
-        sent[(ident.namespace, ident.vmi)] = clock
+        now = first_report + dt.timedelta(seconds=k, microseconds=123_457)
+        store.record(ident.namespace, ident.vmi,
+                     evaluate(parse_report(body), current_token_sha256=ident.token_sha256, now=now))
     metrics = Metrics()
-    metrics.snapshots.add(lambda: store.samples(NOW, [(i.namespace, i.vmi) for i in ids]))
-    snap = parse_metrics(generate_latest(metrics.registry).decode())
-    assert store_clocks(snap) == sent  # the VMI that never reported has no clock
+    metrics.snapshots.add(lambda: store.samples(now, [(i.namespace, i.vmi) for i in ids]))
+    return parse_metrics(generate_latest(metrics.registry).decode())
+
+
+def test_store_clocks_recover_the_load_clocks_of_every_variant() -> None:
+    ids = fleet(1, len(VARIANTS) + 1)  # one VMI per fixture variant, and one that never reports
+    per_vmi = 50
+    base = clock_base(int(NOW.timestamp()), per_vmi)
+    # Each VMI's last report anywhere in base+1 .. base+per_vmi, received from NOW on (the server
+    # starts after the harness picks the base).
+    clocks = {k: base + 1 + (k * 7) % per_vmi for k in range(len(VARIANTS))}
+    snap = _scrape_after(ids, clocks, first_report=NOW)
+    # Every reporting guest, healthy-looking fixtures included, has its detail series.
+    assert store_clocks(snap) == {(ids[k].namespace, ids[k].vmi): c for k, c in clocks.items()}
+
+
+def test_without_the_lag_a_healthy_guest_has_no_clock_series() -> None:
+    # Why the load's clocks lag: with the guest's clock right, some fixtures are healthy guests
+    # (licensed, current token) and export only their state and expiry, so their reports could
+    # not be checked against the series.
+    ids = fleet(1, len(VARIANTS))
+    clocks = {k: int(NOW.timestamp()) + k for k in range(len(VARIANTS))}
+    snap = _scrape_after(ids, clocks, first_report=NOW)
+    healthy = {(i.namespace, i.vmi) for i in ids} - set(store_clocks(snap))
+    assert healthy
+    states = {dict(labels).get("vmi"): dict(labels).get("state") for (name, labels), _ in snap.samples.items()
+              if name == "licensectl_guest_license_state"}
+    assert all(states[vmi] == "licensed" for _, vmi in healthy)
 
 
 def _ids() -> list[Identity]:

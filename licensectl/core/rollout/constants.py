@@ -24,6 +24,9 @@ class VmiState(StrEnum):
     CURRENT = "current"  # already runs the current revision
     STALE = "stale"  # pending an automatic restart
     RESTARTING = "restarting"  # intent issued, new VMI not yet done
+    # A tenant cluster's worker whose Node is being cordoned and drained before its restart
+    # (docs/design.md#tenant-worker-drain): disrupted, so it holds a restart slot like a restart does.
+    DRAINING = "draining"
     DONE = "done"  # restarted for this revision and Ready (and licensed, if gated)
     FAILED = "failed"  # restart timed out or was recorded as failed
     BLOCKED = "blocked"  # stale, but licensectl cannot restart it (standalone VMI, run strategy)

@@ -12,7 +12,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from licensectl.core import model
+from licensectl.core import drain, model
 from licensectl.core.delivery import delivery_blocker
 from licensectl.core.rollout.constants import (
     DONE_GATE_READY_LICENSED,
@@ -78,6 +78,7 @@ class _Eval:
     failed_vmi: bool = False  # stale, but created by a restart that failed: a failure, not unavailable
     rule: Rule | None = None  # which rule judged current/stale/awaiting
     retry: int = 0  # backstop restarts that came back without the volume (next one is retry + 1)
+    drain_held: bool = False  # draining, but held by a condition (its tenant unreachable): no slot held
 
     @property
     def unavailable(self) -> bool:
@@ -85,6 +86,8 @@ class _Eval:
             return False
         if self.state is VmiState.RESTARTING:
             return True
+        if self.state is VmiState.DRAINING:
+            return not self.drain_held
         vmi = self.slot.vmi
         return vmi is None or vmi.deleting or not vmi.ready
 
@@ -409,16 +412,28 @@ def _evaluate(slot: _Slot, st: RolloutSettings, guests: Mapping[tuple[str, str],
         return _Eval(slot, VmiState.CURRENT, rev, "runs the current revision", rule=rule)
     if vm is None:
         return _Eval(slot, VmiState.BLOCKED, rev, "no owning VirtualMachine: restart it by hand")
-    if vm.annotations.get(model.ANN_RESTART_POLICY, "").strip().lower() == POLICY_MANUAL:
+    role = drain.worker_role(vm.labels)
+    if role is drain.Role.CONTROL_PLANE or (
+            vm.annotations.get(model.ANN_RESTART_POLICY, "").strip().lower() == POLICY_MANUAL):
         due = replica.revision_time + _secs(st.manual_deadline_seconds)
         overdue = now.reached(due)
-        return _Eval(slot, VmiState.MANUAL, rev, "manual restart pending" + (" (overdue)" if overdue else ""),
+        what = (f"control-plane machine of tenant cluster {vm.labels.get(drain.LABEL_CLUSTER_NAME)}: restart it by "
+                "hand" if role is drain.Role.CONTROL_PLANE else "manual restart pending")
+        return _Eval(slot, VmiState.MANUAL, rev, what + (" (overdue)" if overdue else ""),
                      overdue=overdue, deadline=None if overdue else due)
     if vm.run_strategy in UNRESTARTABLE_RUN_STRATEGIES:
         return _Eval(slot, VmiState.BLOCKED, rev, f"runStrategy {vm.run_strategy} does not support restart")
+    hold: dt.datetime | None = None
+    if role is drain.Role.WORKER:
+        worker = _worker_state(slot, vm, rev, st, now, failed_vmi, rule)
+        if isinstance(worker, _Eval):
+            return worker
+        hold = worker
     if vmi.deleting:
         return _Eval(slot, VmiState.STALE, rev, "VMI already shutting down")
     eligible = replica.revision_time + _secs(_settle(st))
+    if hold is not None and hold > eligible:
+        eligible = hold
     reason = "license volume missing: pending restart" if slot.missing else "pending restart"
     if intent is not None and _intent_targets(intent, vmi):
         # A restart for another revision (or a forgiven one) targeted this very VMI: its call may
@@ -426,6 +441,34 @@ def _evaluate(slot: _Slot, st: RolloutSettings, guests: Mapping[tuple[str, str],
         hold = intent.attempted_at + _secs(st.reissue_after_seconds)
         if hold > eligible:
             eligible, reason = hold, "earlier restart may still be in flight"
-    if reason.endswith("pending restart") and not now.reached(eligible):
+    if hold is not None and hold >= eligible and not now.reached(eligible):
+        held = drain.held_of(vm.annotations)
+        reason = f"worker drain held ({held.reason.value if held else 'condition'}): planned again later"
+    elif reason.endswith("pending restart") and not now.reached(eligible):
         reason = "waiting for the revision to settle"
     return _Eval(slot, VmiState.STALE, rev, reason, eligible_at=eligible, failed_vmi=failed_vmi, rule=rule)
+
+
+def _worker_state(slot: _Slot, vm: model.Vm, rev: str, st: RolloutSettings, now: _Now, failed_vmi: bool,
+                  rule: Rule | None) -> _Eval | dt.datetime | None:
+    """A stale tenant-cluster worker: draining (its cycle open), blocked for this revision (the cycle closed
+    on a condition), or held back until a time (a condition seen without a cycle); None: plan it as any VM."""
+    intent = drain.parse_annotations(vm.annotations)
+    held = drain.held_of(vm.annotations)
+    if isinstance(intent, drain.IntentProblem) or (intent is not None and intent.active):
+        step = "unreadable intent" if isinstance(intent, drain.IntentProblem) else intent.step.value if intent else ""
+        why = f"tenant Node cordoned and drained before the restart ({step})"
+        if held is not None:
+            why += f"; held: {held.reason.value}"
+        return _Eval(slot, VmiState.DRAINING, rev, why, drain_held=held is not None, failed_vmi=failed_vmi,
+                     rule=rule)
+    if intent is not None and intent.step is drain.Step.BLOCKED and intent.revision == rev:
+        why = intent.reason.value if intent.reason else ""
+        return _Eval(slot, VmiState.BLOCKED, rev, f"worker drain blocked: {why} (resolve it, then restart the VM "
+                     "by hand or wait for the next revision)", rule=rule)
+    if held is not None:
+        until = held.at + _secs(st.drain_hold_seconds)
+        if now.reached(until):
+            return None
+        return until
+    return None

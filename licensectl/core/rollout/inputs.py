@@ -85,6 +85,10 @@ class RolloutSettings:
     # Backstop retries (docs/design.md#backstop-retry): attempt n waits base * 2**(n-1), at most max.
     retry_base_seconds: float = 30.0
     retry_max_seconds: float = 1800.0
+    # Tenant cluster workers (docs/design.md#tenant-worker-drain): open drain cycles per cluster, and how
+    # long a worker held by a condition (its cluster unreachable, no Node) waits before it is planned again.
+    max_disrupted_workers: int = 1
+    drain_hold_seconds: float = 60.0
 
     def retry_delay(self, attempt: int) -> float:
         """Seconds after restart ``attempt`` came back without its volume before the next one: doubling,

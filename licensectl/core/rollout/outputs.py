@@ -114,6 +114,9 @@ class RolloutPlan:
     vmi_states: Mapping[tuple[str, str], VmiRolloutState]
     sources: Mapping[model.ObjectRef, RolloutStatus]
     next_wakeup: dt.datetime | None
+    # Draining tenant-cluster workers -> the restart their drain cycle makes once the Node is drained
+    # (docs/design.md#tenant-worker-drain): written and issued by the drain shell, not from `actions`.
+    drains: Mapping[tuple[str, str], RestartVm] = field(default_factory=dict)
 
     @property
     def restarts(self) -> tuple[RestartVm, ...]:

@@ -11,7 +11,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
-from licensectl.core import model
+from licensectl.core import drain, model
 from licensectl.core.revision_text import replica_revision
 from licensectl.core.rollout.constants import PauseReason, Phase, VmiState
 from licensectl.core.rollout.evaluation import (
@@ -74,13 +74,16 @@ def plan_rollout(
     memo: PlanMemo | None = None,
     evidence_at: dt.datetime | None = None,
     delivery_ready: bool = True,
+    worker_limits: Mapping[str, int] | None = None,
 ) -> RolloutPlan:
     """Decide restarts and report state for every VMI that mounts a replica or should (``wanted``:
     (namespace, VMI) -> replica names it must carry, from `licensectl.core.delivery`).
 
     ``evidence_at``: before this time a guest without a report may have reported to a previous leader,
     so "no report" is "no report yet" (None: the guest reports are complete). ``delivery_ready``: the
-    admission webhook was seen to deliver; while False no restart is issued at all.
+    admission webhook was seen to deliver; while False no restart is issued at all. ``worker_limits``: tenant
+    cluster (``namespace/cluster``) -> workers that may be disrupted at once, where the hoster raised it
+    (default ``settings.max_disrupted_workers``; docs/design.md#tenant-worker-drain).
 
     Deterministic: the same observed state always yields the same plan, so a crashed controller
     resumes exactly where the cluster says it was. ``memo`` (kept by the caller from pass to pass)
@@ -110,6 +113,11 @@ def plan_rollout(
     for e in evals:
         if e.unavailable:
             ns_unavailable[e.slot.namespace] += 1
+    # Open drain cycles per tenant cluster, over every VM (a cycle outlives its restart: wait-boot, uncordon).
+    workers = _Workers(drain.in_progress_by_cluster(
+        (w, drain.parse_annotations(vm.annotations)) for vm in vms
+        if (w := drain.WorkerIdentity.from_vm(vm.namespace, vm.name, vm.labels)) is not None
+        and drain.ANN_DRAIN_STEP in vm.annotations), worker_limits or {}, st.max_disrupted_workers)
 
     results: list[Action] = [
         RecordResult(e.slot.namespace, e.slot.name, e.revision, e.record,
@@ -178,14 +186,14 @@ def plan_rollout(
                         check_live=True, attempt=e.slot.intent.attempt,
                         guest_reports=e.slot.intent.guest_reports))
             unavailable = _pick([e for e in group if e.slot.namespace not in held], st, limit, unavailable,
-                                ns_unavailable, now, restarts, rate, guests, evidence_at)
+                                ns_unavailable, now, restarts, rate, guests, evidence_at, workers)
 
         counts = {s: 0 for s in VmiState}
         for e in group:
             counts[e.state] += 1
         overdue = sum(1 for e in group if e.overdue)
         stale = [e for e in group if e.state is VmiState.STALE and e.slot.namespace not in held]
-        restarting = counts[VmiState.RESTARTING] > 0
+        restarting = counts[VmiState.RESTARTING] + counts[VmiState.DRAINING] > 0
         settles_at: dt.datetime | None = None
         if pause is None and held and not stale and not restarting:
             pause = PauseReason.TENANT_FAILURES  # all that is left waits for the hoster
@@ -220,12 +228,49 @@ def plan_rollout(
 
     vmi_states = {(e.slot.namespace, e.slot.name): _state_of(e, memos) for e in evals}
     results.sort(key=lambda a: (a.namespace, a.vm))
+    # The restart each draining worker's cycle makes once its Node is drained (the shell decides when).
+    drains = {(e.slot.namespace, e.slot.name): _restart_for(e, now, guests, evidence_at)
+              for e in evals if e.state is VmiState.DRAINING and e.slot.vm is not None and e.slot.vmi is not None}
     return RolloutPlan(
         actions=tuple(results + restarts),
         vmi_states=MappingProxyType(vmi_states),
         sources=MappingProxyType(statuses),
         next_wakeup=min(wakeups, default=None),
+        drains=MappingProxyType(drains),
     )
+
+
+class _Workers:
+    """The per-cluster disruption budget of tenant-cluster workers (drain.admit_workers' rule), spent as
+    `_pick` admits them: at most the cluster's limit with an open cycle, new ones included."""
+
+    def __init__(self, open_cycles: Mapping[str, int], limits: Mapping[str, int], default: int) -> None:
+        self._used = dict(open_cycles)
+        self._limits = limits
+        self._default = max(1, default)
+
+    def admits(self, vm: model.Vm) -> bool:
+        worker = drain.WorkerIdentity.from_vm(vm.namespace, vm.name, vm.labels)
+        if worker is None:
+            return True
+        key = worker.cluster_key
+        return self._used.get(key, 0) < max(1, self._limits.get(key, self._default))
+
+    def spend(self, vm: model.Vm) -> None:
+        worker = drain.WorkerIdentity.from_vm(vm.namespace, vm.name, vm.labels)
+        if worker is not None:
+            self._used[worker.cluster_key] = self._used.get(worker.cluster_key, 0) + 1
+
+
+def _restart_for(e: _Eval, now: dt.datetime, guests: Mapping[tuple[str, str], GuestGate],
+                 evidence_at: dt.datetime | None) -> RestartVm:
+    vmi, vm = e.slot.vmi, e.slot.vm
+    assert vmi is not None and vm is not None
+    return RestartVm(e.slot.namespace, vm.name, vmi.uid, e.slot.replica.revision, e.slot.replica.name, now, now,
+                     vm_resource_version=vm.resource_version,
+                     check_live=needs_live_check(e.slot.intent, e.slot.replica.revision, vmi.uid),
+                     attempt=next_attempt(e.slot.intent, e.slot.replica.revision),
+                     guest_reports=guest_reports(guests, (e.slot.namespace, e.slot.name), _Now(now, evidence_at)))
 
 
 def _state_of(e: _Eval, memos: Mapping[tuple[str, str], _Memo]) -> VmiRolloutState:
@@ -242,7 +287,8 @@ def _state_of(e: _Eval, memos: Mapping[tuple[str, str], _Memo]) -> VmiRolloutSta
 
 def _pick(group: list[_Eval], st: RolloutSettings, limit: int, unavailable: int,
           ns_unavailable: dict[str, int], now: dt.datetime, out: list[Action], rate: list[int],
-          guests: Mapping[tuple[str, str], GuestGate], evidence_at: dt.datetime | None) -> int:
+          guests: Mapping[tuple[str, str], GuestGate], evidence_at: dt.datetime | None,
+          workers: _Workers | None = None) -> int:
     """Round-robin new restarts across namespaces within the limits; returns the new unavailable count.
 
     ``rate`` holds the restarts still allowed this minute (-1: unlimited), shared by all sources.
@@ -267,6 +313,9 @@ def _pick(group: list[_Eval], st: RolloutSettings, limit: int, unavailable: int,
         progress = False
         for ns in order:
             q = queues[ns]
+            # A worker whose tenant cluster has its limit of disrupted workers waits for a later pass.
+            while q and workers is not None and q[0].slot.vm is not None and not workers.admits(q[0].slot.vm):
+                q.pop(0)
             if not q:
                 continue
             e = q[0]
@@ -278,13 +327,9 @@ def _pick(group: list[_Eval], st: RolloutSettings, limit: int, unavailable: int,
                 rate[0] -= 1
             unavailable += cost
             ns_unavailable[ns] += cost
-            vmi, vm = e.slot.vmi, e.slot.vm
-            assert vmi is not None and vm is not None  # guaranteed by the queue filter
-            out.append(RestartVm(e.slot.namespace, vm.name, vmi.uid, e.slot.replica.revision,
-                                 e.slot.replica.name, now, now, vm_resource_version=vm.resource_version,
-                                 check_live=needs_live_check(e.slot.intent, e.slot.replica.revision, vmi.uid),
-                                 attempt=next_attempt(e.slot.intent, e.slot.replica.revision),
-                                 guest_reports=guest_reports(guests, (e.slot.namespace, e.slot.name),
-                                                             _Now(now, evidence_at))))
+            assert e.slot.vm is not None  # guaranteed by the queue filter
+            if workers is not None:
+                workers.spend(e.slot.vm)
+            out.append(_restart_for(e, now, guests, evidence_at))
             progress = True
     return unavailable

@@ -1,0 +1,65 @@
+"""/metrics rendering: the snapshot is taken on the event loop, the text is formatted off it."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from licensectl.metrics import GaugeSample, Metrics, render
+
+pytestmark = pytest.mark.asyncio
+
+
+class ThreadSpy(Collector):
+    def __init__(self) -> None:
+        self.threads: list[int] = []
+
+    def collect(self) -> Iterator[Metric]:
+        self.threads.append(threading.get_ident())
+        yield GaugeMetricFamily("spy", "which thread collected", value=1.0)
+
+
+async def test_providers_run_on_the_loop_and_formatting_in_a_worker_thread() -> None:
+    m = Metrics()
+    loop_thread = threading.get_ident()
+    provider_threads: list[int] = []
+
+    def provider() -> list[GaugeSample]:
+        provider_threads.append(threading.get_ident())
+        return [GaugeSample("leader", (), 1.0)]
+
+    m.snapshots.add(provider)
+    spy = ThreadSpy()
+    m.registry.register(spy)
+    spy.threads.clear()  # the registry's auto-describe collected once at registration
+    body = (await render(m)).decode()
+    assert "licensectl_leader 1.0" in body and "spy 1.0" in body
+    assert provider_threads == [loop_thread]
+    assert spy.threads and all(t != loop_thread for t in spy.threads)
+
+
+async def test_a_render_shows_the_samples_taken_when_it_started() -> None:
+    m = Metrics()
+    value = [1.0]
+    m.snapshots.add(lambda: [GaugeSample("leader", (), value[0])])
+    first = asyncio.create_task(render(m))
+    second = asyncio.create_task(render(m))
+    await asyncio.sleep(0)
+    value[0] = 0.0  # the loop moves on while the first render formats
+    bodies = [b.decode() for b in await asyncio.gather(first, second)]
+    assert "licensectl_leader 1.0" in bodies[0]
+    assert "licensectl_leader 0.0" in bodies[1]
+
+
+async def test_outside_a_render_the_registry_collects_live() -> None:
+    m = Metrics()
+    value = [1.0]
+    m.snapshots.add(lambda: [GaugeSample("leader", (), value[0])])
+    value[0] = 0.0
+    got = {s.name: s.value for fam in m.registry.collect() for s in fam.samples}
+    assert got["licensectl_leader"] == 0.0
