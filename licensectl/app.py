@@ -23,10 +23,11 @@ from licensectl.controllers.delivery_probe import DeliveryProbe
 from licensectl.controllers.drain_loop import WorkerDrainer
 from licensectl.controllers.guests import GuestStore
 from licensectl.controllers.replication_loop import CONFLICT_RECHECK_SECONDS, ReplicationController
-from licensectl.controllers.rollout_loop import RolloutController, vmi_object
+from licensectl.controllers.rollout_loop import RolloutController
 from licensectl.controllers.rotation_loop import RotationController
 from licensectl.controllers.runner import IDLE, Result, TaskRunner, reconcile_loop
 from licensectl.controllers.settings import tenant_settings
+from licensectl.controllers.vm_restart import vmi_object
 from licensectl.core import boot_image, credentials
 from licensectl.core import readiness as health
 from licensectl.core.delivery import Delivery, DeliveryView, Skip, plan_delivery, wanted_replicas, wanted_volumes

@@ -19,11 +19,14 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
+
 from licensectl import config, logs
 from licensectl.controllers.settings import drain_settings
+from licensectl.controllers.vm_restart import restart_vmi, vm_object
 from licensectl.core import drain
 from licensectl.core.model import ANN_RESTART_ATTEMPTED_AT, ObjectRef, Vm, Vmi
-from licensectl.core.ports import EventSink, InvolvedObject, KubevirtApi, RestartResult
+from licensectl.core.ports import EventSink, InvolvedObject, KubevirtApi
 from licensectl.core.reasons import Reason
 from licensectl.core.rollout import RestartVm, RolloutPlan, VmiRolloutState, VmiState
 from licensectl.core.timecodec import format_micro_time, parse_time
@@ -65,10 +68,6 @@ class MachineSays:
 _Item = tuple[Vm, RestartVm | None, drain.WorkerIdentity]
 
 
-def vm_object(vm: Vm) -> InvolvedObject:
-    return InvolvedObject("kubevirt.io/v1", "VirtualMachine", vm.namespace, vm.name)
-
-
 def tenant_node(obj: Mapping[str, Any]) -> drain.TenantNode:
     meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
     ready: bool | None = None
@@ -95,6 +94,10 @@ def tenant_pod(obj: Mapping[str, Any], missing_daemonsets: frozenset[tuple[str, 
         is_mirror=drain.ANN_MIRROR_POD in (meta.get("annotations") or {}), deletion_timestamp=deleted,
         has_empty_dir=any(isinstance(v, dict) and "emptyDir" in v for v in spec.get("volumes") or ()),
         drain_label=(meta.get("labels") or {}).get(drain.LABEL_POD_DRAIN))
+
+
+# A read that failed says nothing about the object; 404 (absent) is handled where it is read.
+READ_ERRORS = (ApiException, TimeoutError, aiohttp.ClientError)
 
 
 class WorkerDrainer:
@@ -125,14 +128,17 @@ class WorkerDrainer:
         """Per tenant cluster (`namespace/cluster`): its Cluster's limit, as last read (others: the default)."""
         return {k: p.max_disrupted for k, p in self._policies.items()}
 
-    async def _policy(self, namespace: str, cluster: str) -> drain.ClusterPolicy:
+    async def _policy(self, namespace: str, cluster: str) -> drain.ClusterPolicy | None:
+        """The Cluster's policy; a failed read is no answer (never "no annotations"): the policy as last
+        read, or None -- the cluster waits a pass rather than run on defaults the hoster may have lowered."""
         key = f"{namespace}/{cluster}"
         try:
             obj = await absent_on_404(self._custom.get_namespaced_custom_object(
                 CAPI_GROUP, CAPI_VERSION, namespace, "clusters", cluster))
-        except ApiException as e:
-            log.warning("cluster policy read failed", namespace=namespace, cluster=cluster, status=e.status)
-            obj = None
+        except READ_ERRORS as e:
+            log.warning("cluster policy read failed", namespace=namespace, cluster=cluster, error=type(e).__name__,
+                        status=getattr(e, "status", None))
+            return self._policies.get(key)
         ann = ((obj or {}).get("metadata") or {}).get("annotations") or {}
         said = drain.ClusterPolicy.from_annotations(ann)
         limit = said.max_disrupted if drain.ANN_MAX_DISRUPTED_WORKERS in ann else self.settings.max_disrupted_workers
@@ -140,8 +146,9 @@ class WorkerDrainer:
         self._policies[key] = policy
         return policy
 
-    async def _machine(self, worker: drain.WorkerIdentity) -> MachineSays:
-        """KubevirtMachine -> its controller Machine: nodeDrainTimeout and the exclude annotation."""
+    async def _machine(self, worker: drain.WorkerIdentity) -> MachineSays | None:
+        """KubevirtMachine -> its controller Machine: nodeDrainTimeout and the exclude annotation. None: a
+        read failed -- never taken as "no exclude annotation", which would cordon an excluded Node."""
         try:
             kvm = await absent_on_404(self._custom.get_namespaced_custom_object(
                 CAPK_GROUP, CAPK_VERSION, worker.namespace, "kubevirtmachines", worker.machine))
@@ -151,9 +158,10 @@ class WorkerDrainer:
                 return MachineSays()
             machine = await absent_on_404(self._custom.get_namespaced_custom_object(
                 CAPI_GROUP, CAPI_VERSION, worker.namespace, "machines", str(owner.get("name"))))
-        except ApiException as e:
-            log.warning("machine read failed", namespace=worker.namespace, vm=worker.vm, status=e.status)
-            return MachineSays()
+        except READ_ERRORS as e:
+            log.warning("machine read failed", namespace=worker.namespace, vm=worker.vm, error=type(e).__name__,
+                        status=getattr(e, "status", None))
+            return None
         if machine is None:
             return MachineSays()
         ann = (machine.get("metadata") or {}).get("annotations") or {}
@@ -164,11 +172,10 @@ class WorkerDrainer:
     def workers_to_drive(self, plan: RolloutPlan,
                          vms: Mapping[tuple[str, str], Vm]) -> list[tuple[Vm, RestartVm | None]]:
         """Workers the rollout picked this pass, and every VM with a drain record: (VM, its restart if planned)."""
-        picked = {(r.namespace, r.vm): r for r in plan.restarts}
+        picked = {(r.namespace, r.vm): r for r in plan.restarts if r.drained}
         out: dict[tuple[str, str], tuple[Vm, RestartVm | None]] = {}
         for key, r in picked.items():
-            vm = vms.get(key)
-            if vm is not None and drain.worker_role(vm.labels) is not drain.Role.NONE:
+            if (vm := vms.get(key)) is not None:
                 out[key] = (vm, r)
         for key, vm in vms.items():
             if key in out:
@@ -208,6 +215,8 @@ class WorkerDrainer:
                             items: list[_Item], plan: RolloutPlan,
                             vmis: Mapping[tuple[str, str], Vmi]) -> list[dt.datetime]:
         policy = await self._policy(namespace, cluster)
+        if policy is None:
+            return [self.clock() + dt.timedelta(seconds=self.settings.drain_retry_seconds)]
         wakeups: list[dt.datetime] = []
         try:
             async with open_tenant(self._mgmt, namespace, cluster) as tenant:
@@ -251,6 +260,8 @@ class WorkerDrainer:
         if isinstance(intent, drain.DrainIntent) and _block_over(intent, state, node):
             intent = None  # its record and metric go (an own cordon is still undone first)
         machine = await self._machine(worker) if worker.role is drain.Role.WORKER else MachineSays()
+        if machine is None:  # unknown whether the Machine excludes draining: try again, do nothing now
+            return [now + dt.timedelta(seconds=self.settings.drain_retry_seconds)]
         seen = drain.Observed(revision=revision, needed=needed, vmi_uid=vmi.uid if vmi is not None else None,
                               vmi_deleting=bool(vmi is not None and vmi.deleting), reachable=tenant is not None,
                               node=node, pods=pods, pdb_refused=self._refused.get(worker.key, frozenset()))
@@ -353,22 +364,13 @@ class WorkerDrainer:
         return result
 
     async def _restart(self, vm: Vm, action: drain.Restart, restart: RestartVm | None) -> None:
-        try:
-            live = await self.kubevirt.live_vmi_uid(vm.namespace, vm.name)
-        except ApiException as e:
-            log.warning("restart target check failed", namespace=vm.namespace, vm=vm.name, status=e.status)
-            return
-        if live != action.vmi_uid:
-            return  # already replaced or going: the next pass sees its successor and waits for the boot
-        res = await self.kubevirt.restart(namespace=vm.namespace, vm=vm.name, vmi_uid=action.vmi_uid,
-                                          run_strategy=vm.run_strategy)
+        # A VMI already replaced or going is not restarted: the next pass sees its successor and waits for
+        # the boot.
+        res = await restart_vmi(self.kubevirt, self.events, namespace=vm.namespace, vm=vm.name,
+                                vmi_uid=action.vmi_uid, run_strategy=vm.run_strategy)
         self.metrics.restarts_total.labels(res.value).inc()
         log.info("worker restart", namespace=vm.namespace, vm=vm.name, result=res.value,
                  revision=(restart.revision[:12] if restart else action.intent.revision[:12]))
-        if res is RestartResult.UNSUPPORTED:
-            await self.events.emit(vm_object(vm), "Warning", Reason.RESTART_FAILED,
-                                   "The cluster has no virtualmachines/restart subresource and the delete "
-                                   "fallback is off (or the VM's runStrategy is not Always)")
 
     async def _blocked(self, vm: Vm, worker: drain.WorkerIdentity, reason: drain.BlockReason,
                        unreachable: str | None, source: ObjectRef | None) -> None:
@@ -376,7 +378,8 @@ class WorkerDrainer:
         if reason is drain.BlockReason.CLUSTER_UNREACHABLE and unreachable:
             text += f" ({unreachable})"
         message = f"of tenant cluster {worker.cluster}: {reason.value}: {text}"
-        await self.events.emit(vm_object(vm), "Warning", Reason.WORKER_DRAIN_BLOCKED, f"Worker {message}")
+        await self.events.emit(vm_object(vm.namespace, vm.name), "Warning", Reason.WORKER_DRAIN_BLOCKED,
+                               f"Worker {message}")
         if source is not None:
             await self.events.emit(InvolvedObject("v1", "Secret", source.namespace, source.name), "Warning",
                                    Reason.WORKER_DRAIN_BLOCKED, f"Worker {vm.namespace}/{vm.name} {message}")

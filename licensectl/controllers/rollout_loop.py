@@ -19,7 +19,7 @@ from licensectl import config, logs
 from licensectl.controllers.drain_loop import WorkerDrainer
 from licensectl.controllers.guests import GuestStore
 from licensectl.controllers.settings import rollout_settings
-from licensectl.core import drain
+from licensectl.controllers.vm_restart import restart_vmi, vm_object, vmi_object
 from licensectl.core.model import ObjectRef, Vmi, source_of
 from licensectl.core.ports import (
     EventSink,
@@ -48,7 +48,6 @@ from licensectl.core.rollout import (
 )
 from licensectl.core.rollout_view import rollout_json, vmis_json
 from licensectl.core.timecodec import format_micro_time
-from licensectl.kube.api import ApiException
 from licensectl.metrics import GaugeSample, Metrics
 
 log = logs.get(__name__)
@@ -69,14 +68,6 @@ def _bucket(state: VmiState) -> str:
 # the VMI states in enum order with DONE folded into current, the pause reasons alphabetically.
 ROLLOUT_VMI_STATES: tuple[str, ...] = tuple(dict.fromkeys(_bucket(s) for s in VmiState))
 PAUSE_REASONS: tuple[str, ...] = tuple(sorted(r.value for r in PauseReason))
-
-
-def vm_object(namespace: str, name: str, uid: str = "") -> InvolvedObject:
-    return InvolvedObject("kubevirt.io/v1", "VirtualMachine", namespace, name, uid)
-
-
-def vmi_object(namespace: str, name: str, uid: str = "") -> InvolvedObject:
-    return InvolvedObject("kubevirt.io/v1", "VirtualMachineInstance", namespace, name, uid)
 
 
 class RolloutController:
@@ -204,13 +195,9 @@ class RolloutController:
                 except Exception as e:  # one VM's trouble must not stop the others; next pass retries
                     log.warning("rollout action failed", error=type(e).__name__, status=getattr(e, "status", None))
 
-        restarts = plan.restarts
-        if self.drainer is not None and self.caches.vms is not None:
-            # Workers (and control-plane machines, never picked) go through the drain shell instead; the
-            # rollout's own re-issues of a worker's restart too: its drain cycle re-issues it.
-            vms = self.caches.vms.cache
-            restarts = tuple(r for r in restarts if (vm := vms.get((r.namespace, r.vm))) is None
-                             or drain.worker_role(vm.labels) is drain.Role.NONE)
+        # Workers (and control-plane machines, never picked) go through the drain shell instead; the
+        # rollout's own re-issues of a worker's restart too: its drain cycle re-issues it.
+        restarts = plan.restarts if self.drainer is None else tuple(r for r in plan.restarts if not r.drained)
         await asyncio.gather(*(bounded(self._restart(r)) for r in restarts),
                              *(bounded(self._record(rec)) for rec in plan.results))
         if self.drainer is not None and self.caches.vms is not None and self.caches.vmis is not None:
@@ -268,27 +255,16 @@ class RolloutController:
                  reissue=r.reissue)
         if res in (RestartResult.ISSUED, RestartResult.FALLBACK_DELETE):
             self._mark_progress(r.namespace, r.vm)  # routine: counted in licensectl_restarts_total, no Event
-        elif res is RestartResult.UNSUPPORTED:
-            await self.events.emit(vm_object(r.namespace, r.vm), "Warning", Reason.RESTART_FAILED,
-                                   "The cluster has no virtualmachines/restart subresource and the delete "
-                                   "fallback is off (or the VM's runStrategy is not Always)")
 
     async def _restart_target(self, r: RestartVm) -> RestartResult:
         """Restart unless the planned VMI was already replaced or is going away (read live: the
         restart call stops whatever VMI runs now, and the watch cache may lag). The read is skipped
         only when the plan shows no call of ours that could have replaced it (`check_live`), which
         the intent write just made, guarded by the planned resourceVersion, has proven current."""
-        if r.vmi_uid and (r.check_live or not r.vm_resource_version):
-            try:
-                live = await self.kubevirt.live_vmi_uid(r.namespace, r.vm)
-            except ApiException as e:
-                log.warning("restart target check failed", namespace=r.namespace, vm=r.vm, status=e.status)
-                return RestartResult.ERROR
-            if live != r.vmi_uid:
-                return RestartResult.STALE_TARGET
         vm = self.caches.vms.cache.get((r.namespace, r.vm)) if self.caches.vms else None
-        return await self.kubevirt.restart(namespace=r.namespace, vm=r.vm, vmi_uid=r.vmi_uid,
-                                           run_strategy=vm.run_strategy if vm else None)
+        return await restart_vmi(self.kubevirt, self.events, namespace=r.namespace, vm=r.vm, vmi_uid=r.vmi_uid,
+                                 run_strategy=vm.run_strategy if vm else None,
+                                 check_live=r.check_live or not r.vm_resource_version)
 
     def _expect_write(self, namespace: str, vm: str, old_rv: str) -> None:
         self._expect[(namespace, vm)] = (old_rv, self._monotonic())

@@ -3,8 +3,9 @@
 Versioning (docs/operations.md#chart-versions): the chart's `version` goes up with every change of
 anything under charts/licensectl, so a chart version names exactly one chart. The test walks every
 commit that touched the chart (plus the working tree, when it differs from HEAD) and requires each
-revision's version to be greater than the one before. The chart revisions from before the rule all
-said 0.1.0; they are the one exception.
+revision's version to be greater than the one before, or the revision to be an exact return to an
+earlier one (a revert: same files and version); no version may name two different charts. The chart
+revisions from before the rule all said 0.1.0; they are the one exception.
 
 Upgrades: the documented upgrade is `helm upgrade --reuse-values --set image.tag=NEW`. With
 --reuse-values Helm (pkg/action/upgrade.go, reuseValues) renders the NEW templates with the OLD
@@ -109,7 +110,9 @@ def revisions() -> list[Revision]:
 
 
 def version_problems(revs: list[Revision]) -> list[str]:
-    """Each chart revision (newest first) must carry a greater version than the revision before it."""
+    """Each chart revision (newest first) carries a greater version than the revision before it, unless
+    it is a return to an earlier revision exactly (a revert: same files, same version); and no version
+    ever names two different charts."""
     problems = []
     for newer, older in itertools.pairwise(revs):
         if dict(newer.files) == dict(older.files):
@@ -117,12 +120,28 @@ def version_problems(revs: list[Revision]) -> list[str]:
         if newer.version == older.version == BEFORE_THE_RULE:
             continue
         if Version(newer.version) <= Version(older.version):
+            if newer.version != BEFORE_THE_RULE and _returns_to_earlier(newer, revs):
+                continue
             changed = sorted(k for k in set(newer.files) | set(older.files)
                              if newer.files.get(k) != older.files.get(k))
             problems.append(f"{newer.name}: chart version {newer.version} but the chart changed since "
                             f"{older.name} (version {older.version}): {', '.join(changed[:5])}; bump `version` "
                             f"in {CHART_PATH}/Chart.yaml")
+    charts: dict[str, Revision] = {}
+    for rev in reversed(revs):  # oldest first: name the revision that reused a version
+        if rev.version == BEFORE_THE_RULE:
+            continue
+        first = charts.setdefault(rev.version, rev)
+        if dict(first.files) != dict(rev.files):
+            problems.append(f"{rev.name}: chart version {rev.version} already names the different chart of "
+                            f"{first.name}; bump `version` in {CHART_PATH}/Chart.yaml")
     return problems
+
+
+def _returns_to_earlier(rev: Revision, revs: list[Revision]) -> bool:
+    """Whether an older revision is this very chart under this very version (``revs`` newest first)."""
+    older = revs[revs.index(rev) + 1:]
+    return any(o.version == rev.version and dict(o.files) == dict(rev.files) for o in older)
 
 
 def test_chart_version_goes_up_with_every_chart_change() -> None:
@@ -138,11 +157,29 @@ def test_version_rule_catches_an_unbumped_change() -> None:
     edited = Revision("edited", {**newest.files, "values.yaml": "0" * 40}, newest.chart_yaml)
     assert version_problems([edited, newest]) == [
         f"edited: chart version {newest.version} but the chart changed since {newest.name} "
-        f"(version {newest.version}): values.yaml; bump `version` in {CHART_PATH}/Chart.yaml"]
+        f"(version {newest.version}): values.yaml; bump `version` in {CHART_PATH}/Chart.yaml",
+        f"edited: chart version {newest.version} already names the different chart of {newest.name}; bump "
+        f"`version` in {CHART_PATH}/Chart.yaml"]
     lowered = Revision("lowered", edited.files, {**newest.chart_yaml, "version": BEFORE_THE_RULE})
     assert len(version_problems([lowered, newest])) == 1
     bumped = Revision("bumped", edited.files, {**newest.chart_yaml, "version": "99.0.0"})
     assert version_problems([bumped, newest]) == []
+
+
+def test_version_rule_accepts_a_revert_but_not_a_reused_version() -> None:
+    base = revisions()[0]
+    one = Revision("one", {**base.files, "values.yaml": "1" * 40}, {**base.chart_yaml, "version": "50.0.0"})
+    two = Revision("two", {**base.files, "values.yaml": "2" * 40}, {**base.chart_yaml, "version": "51.0.0"})
+    back = Revision("back", one.files, one.chart_yaml)  # `git revert` of two: chart and version of one
+    assert version_problems([back, two, one]) == []
+    again = Revision("again", two.files, two.chart_yaml)  # the revert reverted: two once more
+    assert version_problems([again, back, two, one]) == []
+    reused = Revision("reused", {**base.files, "values.yaml": "3" * 40}, one.chart_yaml)  # 50.0.0, new chart
+    assert version_problems([reused, two, one]) == [
+        f"reused: chart version 50.0.0 but the chart changed since two (version 51.0.0): values.yaml; bump "
+        f"`version` in {CHART_PATH}/Chart.yaml",
+        f"reused: chart version 50.0.0 already names the different chart of one; bump `version` in "
+        f"{CHART_PATH}/Chart.yaml"]
 
 
 # --------------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from kubernetes_asyncio.client import ApiClient
 from licensectl_dev.devcluster.controlplane import ControlPlane
 
 from .scenarios import SCENARIOS, Env, run_scenario
+from .toolkit import controller_story
 
 CASES = [(name, seed) for name, spec in SCENARIOS.items() for seed in spec.short_seeds]
 
@@ -22,7 +23,8 @@ async def test_scenario_holds_every_invariant(scenario: str, seed: int, control_
     checked = sum(outcome.verdict.checks.values())
     assert checked > 0, "the scenario checked nothing"
     assert outcome.verdict.ok, "\n".join([f"{scenario} seed {seed} ({outcome.notes}):",
-                                          *outcome.verdict.violations])
+                                          *outcome.verdict.violations, "the controllers' decisions, oldest first:",
+                                          *controller_story(tmp_path)])
 
 
 def test_deletion_budget_counts_a_batch_from_its_completion() -> None:

@@ -418,3 +418,33 @@ __all__ = [
     "Burst", "FaultProxy", "JumpClock", "KubevirtRig", "TcpProxy", "admin_client", "replace_settings", "scratch_dir",
     "start_kubevirt", "write_kubeconfig",
 ]
+
+
+# What a failed scenario's report shows of the controllers' logs: the decisions, not the chatter.
+STORY_EVENTS = frozenset({"licensectl started", "signal received, shutting down", "leadership changed",
+                          "rotation decision", "restart", "event", "delivery readiness changed"})
+STORY_KEYS = ("identity", "leader", "namespace", "vm", "phase", "wave", "judged", "result", "reason", "message",
+              "error", "status")
+
+
+def controller_story(workdir: Path, limit: int = 120) -> list[str]:
+    """The controllers' decisions and warnings from every JSON log under `workdir`, in time order:
+    what a failed scenario's report needs to be read without the logs (they contain no token bytes --
+    the secrecy invariant scans them)."""
+    rows: list[tuple[str, str]] = []
+    for path in sorted(workdir.rglob("*.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(rec, dict):
+                continue
+            event, level = str(rec.get("event", "")), str(rec.get("level", ""))
+            if event not in STORY_EVENTS and level not in ("warning", "error", "critical"):
+                continue
+            detail = " ".join(f"{k}={str(rec[k])[:160]}" for k in STORY_KEYS if rec.get(k) not in (None, ""))
+            rows.append((str(rec.get("timestamp", "")), f"{str(rec.get('timestamp', ''))[11:23]} {path.stem} "
+                                                        f"{level[:4]} {event}: {detail}"))
+    rows.sort()
+    return [text for _ts, text in rows[-limit:]]

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 import pytest
 
-from licensectl.controllers.drain_loop import go_duration_seconds, tenant_node, tenant_pod
+from licensectl import config
+from licensectl.controllers.drain_loop import MachineSays, WorkerDrainer, go_duration_seconds, tenant_node, tenant_pod
 from licensectl.core import drain
+from licensectl.kube.api import ApiException, KubeClient
 
 
 @pytest.mark.parametrize(("text", "seconds"), [
@@ -56,3 +59,56 @@ def test_a_daemonset_pod_is_an_orphan_only_when_its_daemonset_is_gone() -> None:
     assert tenant_pod(obj, frozenset({("a", "ds")})).controller_missing
     bare = tenant_pod({"metadata": {"namespace": "a", "name": "q"}, "spec": {}, "status": {}})
     assert bare.controller_kind is None and bare.phase == "Pending"
+
+
+class _CustomObjects:
+    """Answers the drainer's GETs from `objects`; a value that is an exception is raised instead."""
+
+    def __init__(self, objects: dict[tuple[str, str], Any]) -> None:
+        self.objects = objects
+
+    async def get_namespaced_custom_object(self, _group: str, _version: str, _ns: str, plural: str,
+                                           name: str) -> dict[str, Any]:
+        got = self.objects.get((plural, name), ApiException(status=404))
+        if isinstance(got, BaseException):
+            raise got
+        return dict(got)
+
+
+def _drainer(objects: dict[tuple[str, str], Any]) -> WorkerDrainer:
+    """A drainer whose management-cluster reads come from `objects` (its client never connects)."""
+    unused = KubeClient(host="https://unused.invalid", session=None)  # type: ignore[arg-type]
+    d = WorkerDrainer(mgmt=unused, kubevirt=None, events=None, metrics=None,  # type: ignore[arg-type]
+                      settings=config.Settings(), clock=lambda: dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
+    d._custom = _CustomObjects(objects)
+    return d
+
+
+WORKER = drain.WorkerIdentity.from_vm("t", "kx-md-0", {drain.LABEL_CLUSTER_NAME: "kx",
+                                                       drain.LABEL_ROLE: "worker"})
+OWNED = {"metadata": {"ownerReferences": [{"kind": "Machine", "name": "m", "controller": True}]}}
+
+
+async def test_a_failed_machine_read_is_no_answer_never_an_unexcluded_machine() -> None:
+    assert WORKER is not None
+    excluded = {"metadata": {"annotations": {drain.ANN_EXCLUDE_NODE_DRAINING: ""}}, "spec": {"nodeDrainTimeout": "90s"}}
+    assert await _drainer({("kubevirtmachines", "kx-md-0"): OWNED, ("machines", "m"): excluded})._machine(
+        WORKER) == MachineSays(90.0, True)
+    for failing in (ApiException(status=500), TimeoutError()):
+        assert await _drainer({("kubevirtmachines", "kx-md-0"): OWNED, ("machines", "m"): failing})._machine(
+            WORKER) is None
+        assert await _drainer({("kubevirtmachines", "kx-md-0"): failing})._machine(WORKER) is None
+    # Absent is an answer: no KubevirtMachine, or no Machine, means Cluster API's defaults.
+    assert await _drainer({})._machine(WORKER) == MachineSays()
+    assert await _drainer({("kubevirtmachines", "kx-md-0"): OWNED})._machine(WORKER) == MachineSays()
+
+
+async def test_a_failed_cluster_read_keeps_the_policy_last_read_or_gives_none() -> None:
+    d = _drainer({("clusters", "kx"): ApiException(status=503)})
+    assert await d._policy("t", "kx") is None
+    d._custom = _CustomObjects({("clusters", "kx"): {"metadata": {"annotations": {
+        drain.ANN_MAX_DISRUPTED_WORKERS: "3"}}}})
+    assert (await d._policy("t", "kx")) == drain.ClusterPolicy(3, False)
+    d._custom = _CustomObjects({("clusters", "kx"): ApiException(status=500)})
+    assert (await d._policy("t", "kx")) == drain.ClusterPolicy(3, False)
+    assert d.worker_limits() == {"t/kx": 3}

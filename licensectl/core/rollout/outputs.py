@@ -39,6 +39,7 @@ class RestartVm:
     check_live: bool = True
     attempt: int = 1  # which restart for this revision: backstop retries back off on it
     guest_reports: bool | None = None  # the guest had reported (None: unknown, the leader's evidence pending)
+    drained: bool = False  # a tenant-cluster machine: the drain shell restarts it, after the drain
 
     def intent_annotations(self) -> Mapping[str, str | None]:
         """Annotations to merge-patch onto the VM; None removes a key (a stale result)."""

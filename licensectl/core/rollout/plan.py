@@ -184,7 +184,7 @@ def plan_rollout(
                         e.slot.intent.replica or e.slot.replica.name, e.slot.intent.issued_at, now,
                         reissue=True, vm_resource_version=e.slot.vm.resource_version if e.slot.vm else "",
                         check_live=True, attempt=e.slot.intent.attempt,
-                        guest_reports=e.slot.intent.guest_reports))
+                        guest_reports=e.slot.intent.guest_reports, drained=_drained(e.slot.vm)))
             unavailable = _pick([e for e in group if e.slot.namespace not in held], st, limit, unavailable,
                                 ns_unavailable, now, restarts, rate, guests, evidence_at, workers)
 
@@ -270,7 +270,12 @@ def _restart_for(e: _Eval, now: dt.datetime, guests: Mapping[tuple[str, str], Gu
                      vm_resource_version=vm.resource_version,
                      check_live=needs_live_check(e.slot.intent, e.slot.replica.revision, vmi.uid),
                      attempt=next_attempt(e.slot.intent, e.slot.replica.revision),
-                     guest_reports=guest_reports(guests, (e.slot.namespace, e.slot.name), _Now(now, evidence_at)))
+                     guest_reports=guest_reports(guests, (e.slot.namespace, e.slot.name), _Now(now, evidence_at)),
+                     drained=_drained(vm))
+
+
+def _drained(vm: model.Vm | None) -> bool:
+    return vm is not None and drain.worker_role(vm.labels) is not drain.Role.NONE
 
 
 def _state_of(e: _Eval, memos: Mapping[tuple[str, str], _Memo]) -> VmiRolloutState:
