@@ -78,6 +78,9 @@ class App:
         # from the Date headers of this process's own client (see `start`).
         self.server_clock = ServerClock()
         self.clock: Clock = clock or self.server_clock.now
+        # A replica's revision time is stamped with the latest the apiserver's clock can read: a VMI that
+        # started before the write is then never judged started after it (docs/design.md#decision-stale-rule).
+        self.stamp_clock: Clock = clock or self.server_clock.latest
         self._api_client = api_client
         self._own_client = api_client is None
         self.identity = identity or settings.pod_name or socket.gethostname()
@@ -145,7 +148,7 @@ class App:
         self.replication = ReplicationController(
             caches=self.caches, writer=SecretWriter(CoreV1Api(self.api), dry_run=s.dry_run), events=self.events,
             metrics=self.metrics, settings=s, credential_for=self._credential_for,
-            report_url=config.report_url_for(s), clock=self.clock, report_ca=self._report_ca,
+            report_url=config.report_url_for(s), clock=self.stamp_clock, report_ca=self._report_ca,
             gpu_class_api_version=f"{s.gpu_group}/{s.gpu_version}", rotations=self._rotations,
             credential_key=self._credential_key, credential_epoch=self._credential_epoch)
         # Evidence that a restarted VMI would get its volume (docs/design.md#delivery-readiness): only where

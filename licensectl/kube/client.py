@@ -63,11 +63,15 @@ def request_tracing(*, on_request: RequestObserver | None = None, clock: ServerC
         except Exception as e:  # a metrics bug must never fail an API call
             log.warning("client.observer_failed", error=type(e).__name__)
 
-    async def on_request_end(_session: aiohttp.ClientSession, _ctx: SimpleNamespace,
+    async def on_request_start(_session: aiohttp.ClientSession, ctx: SimpleNamespace,
+                               _params: aiohttp.TraceRequestStartParams) -> None:
+        ctx.licensectl_sent = local_time()  # the Date header was stamped after this: bounds the clock offset
+
+    async def on_request_end(_session: aiohttp.ClientSession, ctx: SimpleNamespace,
                              params: aiohttp.TraceRequestEndParams) -> None:
         notify(request_verb(params.method, params.url), int(params.response.status or 0))
         if clock is not None:
-            clock.observe(params.response.headers.get("Date"), local_time())
+            clock.observe(params.response.headers.get("Date"), local_time(), getattr(ctx, "licensectl_sent", None))
 
     async def on_request_exception(_session: aiohttp.ClientSession, _ctx: SimpleNamespace,
                                    params: aiohttp.TraceRequestExceptionParams) -> None:
@@ -76,6 +80,8 @@ def request_tracing(*, on_request: RequestObserver | None = None, clock: ServerC
         notify(request_verb(params.method, params.url), 0)
 
     trace = aiohttp.TraceConfig()
+    if clock is not None:
+        trace.on_request_start.append(on_request_start)
     trace.on_request_end.append(on_request_end)
     trace.on_request_exception.append(on_request_exception)
     return trace

@@ -153,3 +153,43 @@ def test_watch_is_told_from_the_query() -> None:
     assert kclient.request_verb("GET", URL("http://h/api/v1/pods?watch=true")) == "WATCH"
     assert kclient.request_verb("GET", URL("http://h/api/v1/pods?watch=false")) == "GET"
     assert kclient.request_verb("patch", URL("http://h/api/v1/namespaces/a")) == "PATCH"
+
+
+# -- bounds: responses at different fractions of a second pin the offset down ------------------------
+def _respond(c: ServerClock, true_offset: float, sent: float, rtt: float) -> None:
+    """One request sent at local `sent`, stamped by the server halfway through, received after `rtt`."""
+    c.observe(header(sent + rtt / 2 + true_offset), sent + rtt, sent)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_upper_bound_is_never_early_and_the_bounds_narrow(seed: int) -> None:
+    import random
+    rng = random.Random(seed)
+    true_offset = rng.uniform(-300.0, 300.0)
+    c = ServerClock(min_interval=0.0)
+    local = 1_800_000_000.0
+    for i in range(30):
+        local += rng.uniform(0.05, 1.7)
+        _respond(c, true_offset, local, rng.uniform(0.0005, 0.02))
+        assert c.upper >= true_offset, f"after {i + 1} responses the latest server time is early"
+        assert c.upper - true_offset <= 1.02  # never worse than one response's bound
+    assert abs(c.offset - true_offset) < 0.1
+    assert c.upper - true_offset < 0.2
+
+
+def test_a_wild_header_neither_moves_the_offset_nor_breaks_the_bounds() -> None:
+    c = ServerClock(min_interval=0.0)
+    local = 1_800_000_000.0
+    for i in range(8):
+        _respond(c, 42.25, local + i * 0.37, 0.001)
+    _respond(c, -5000.0, local + 4, 0.001)
+    assert abs(c.offset - 42.25) < 0.5 and c.upper >= 42.25
+
+
+def test_latest_is_the_upper_bound_on_the_clock() -> None:
+    c = ServerClock(min_interval=0.0)
+    local = time.time()
+    for i in range(10):
+        _respond(c, 7.0, local - 10 + i * 0.31, 0.001)
+    assert 0.0 <= (c.latest() - c.now()).total_seconds() <= c.upper - c.offset + 0.05
+    assert c.latest().timestamp() >= time.time() + 7.0 - 0.05
