@@ -170,7 +170,17 @@ async def test_a_second_token_during_the_canary_supersedes_it_with_at_most_two_r
             counts = restarts(rig, vms)
             ran_first = {(ns, n) for ns, n in vms if booted(guests, ns, n, first)}
             assert ran_first and ran_first <= set(canary_vms), ran_first
-            assert counts == {f"{ns}/{n}": 2 if (ns, n) in ran_first else 1 for ns, n in vms}, counts
+
+            def stamp_lag(ns: str, n: str) -> bool:
+                """The one extra restart docs/design.md#decision-stale-rule admits: the restart for the first
+                candidate was admitted (stamped) with it, but the replica was rewritten to the second before
+                the mount, so the VMI it stopped next had already booted the second token."""
+                recs = rig.kv.record.restarts_for(ns, n)
+                boots = {b.vmi_uid: b.token_sha256 for b in guests.boots(ns, n)}
+                return len(recs) == 2 and boots.get(recs[1].vmi_uid) == sha(second)
+
+            assert counts == {f"{ns}/{n}": 2 if (ns, n) in ran_first or stamp_lag(ns, n) else 1
+                              for ns, n in vms}, counts
             assert all(v <= 2 for v in counts.values())
             assert await source_revisions(fl) == dict.fromkeys(fl.tenants, c2)
             (ev,) = await source_events(fl, "RotationSuperseded")

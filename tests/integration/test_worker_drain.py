@@ -93,11 +93,11 @@ def worker(cluster: str) -> dict[str, str]:
     return {LABEL_CAPI_CLUSTER_NAME: cluster, LABEL_CAPI_ROLE: "worker"}
 
 
-async def create_capi(api: ApiClient, ns: str, plural: str, name: str, body: dict[str, Any]) -> None:
+async def create_capi(api: ApiClient, ns: str, plural: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
     group, version = (("infrastructure.cluster.x-k8s.io", "v1alpha1") if plural == "kubevirtmachines"
                       else ("cluster.x-k8s.io", "v1beta1"))
     kind = {"clusters": "Cluster", "machines": "Machine", "kubevirtmachines": "KubevirtMachine"}[plural]
-    await CustomObjectsApi(api).create_namespaced_custom_object(group, version, ns, plural, {
+    return await CustomObjectsApi(api).create_namespaced_custom_object(group, version, ns, plural, {
         "apiVersion": f"{group}/{version}", "kind": kind, **body,
         "metadata": {"name": name, "namespace": ns, **body.get("metadata", {})}})
 
@@ -181,11 +181,12 @@ async def test_a_machine_excluded_from_draining_is_restarted_without_a_cordon(
     f = rig
     ns = f.tenants[0]
     t = await tenant_cluster_factory(ns, "kx", kubevirt=f.kv, fresh=True)
-    await create_capi(f.api, ns, "machines", "kx-md-0-m", {
+    machine = await create_capi(f.api, ns, "machines", "kx-md-0-m", {
         "metadata": {"annotations": {drain.ANN_EXCLUDE_NODE_DRAINING: ""}}, "spec": {"clusterName": "kx"}})
+    # The owner's real UID: with any other, the garbage collector deletes the KubevirtMachine as an orphan.
     await create_capi(f.api, ns, "kubevirtmachines", "kx-md-0", {"metadata": {"ownerReferences": [
         {"apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Machine", "name": "kx-md-0-m",
-         "uid": "00000000-0000-0000-0000-000000000001", "controller": True}]}})
+         "uid": machine["metadata"]["uid"], "controller": True}]}})
     async with running_app(f.settings()):
         await f.boot([(ns, "kx-md-0", worker("kx"))])
         await eventually(lambda: _node_ready(t.api, "kx-md-0"), timeout=60, what="the worker's Node Ready")
