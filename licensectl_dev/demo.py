@@ -33,6 +33,7 @@ from licensectl.core.model import ANN_SOURCE_REVISION
 from licensectl.core.render import replica_name
 from licensectl.core.revision_text import source_revision
 from licensectl.core.rollout_view import progress_line
+from licensectl.kube.tasks import cancel_and_wait
 from licensectl.kube.watch import Informer
 from licensectl_dev.devcluster import fleet
 from licensectl_dev.devcluster import webhook as webhook_registration
@@ -227,11 +228,7 @@ class ClusterWatch:
                 raise RuntimeError(f"tenant cluster {CLUSTER}: watch {i.name} did not sync within 30 s")
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_and_wait(self._tasks)
         self._tasks.clear()
 
     def arm(self) -> None:

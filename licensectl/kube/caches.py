@@ -10,7 +10,6 @@ unmarked one leads to its golden image (`BootMarkCaches`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -34,6 +33,7 @@ from licensectl.core.model import (
 from licensectl.core.ports import CacheView
 from licensectl.kube import contract, projections
 from licensectl.kube.api import AnyClient, CoreV1Api, CustomObjectsApi
+from licensectl.kube.tasks import cancel_and_wait
 from licensectl.kube.watch import Informer, InformerHooks, shared_name_key
 
 log = logs.get(__name__)
@@ -143,12 +143,7 @@ class Caches(CacheHealth):
             self._tasks[inf.name] = asyncio.create_task(inf.run(), name=f"informer-{inf.name}")
 
     async def stop(self) -> None:
-        tasks = list(self._tasks.values()) + list(self._source_tasks.values())
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_and_wait([*self._tasks.values(), *self._source_tasks.values()])
         self._tasks.clear()
         self._source_tasks.clear()
 

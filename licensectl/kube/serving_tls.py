@@ -47,6 +47,7 @@ from licensectl.kube.api import (
 )
 from licensectl.kube.projections import tls_secret_from
 from licensectl.kube.raw import RawApi
+from licensectl.kube.tasks import cancel_and_wait
 from licensectl.kube.watch import Informer
 from licensectl.metrics import GaugeSample, Metrics
 
@@ -201,11 +202,7 @@ class ServingTLS:
                         reason=self.error)
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_and_wait(self._tasks)
         self._tasks.clear()
 
     async def on_leadership(self, leader: bool) -> None:

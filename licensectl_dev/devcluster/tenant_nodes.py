@@ -30,7 +30,6 @@ Upstream behaviour each rule plays:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import functools
 import hashlib
@@ -45,6 +44,7 @@ from kubernetes_asyncio.client.api_client import ApiClient
 from kubernetes_asyncio.client.rest import ApiException
 
 from licensectl.core.timecodec import format_time
+from licensectl.kube.tasks import cancel_and_wait
 from licensectl.kube.watch import Informer
 from licensectl_dev.devcluster.controlplane import K8S_VERSION
 from licensectl_dev.devcluster.tenant_cluster import CLUSTER_NAME_LABEL, MACHINE_NAME_LABEL, ROLE_LABEL
@@ -150,12 +150,7 @@ class TenantNodeAgent:
         log.info("tenant node agent started", namespace=self.namespace, cluster=self.cluster)
 
     async def stop(self) -> None:
-        tasks = [*self._tasks, *self._side]
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_and_wait([*self._tasks, *self._side])
         self._tasks.clear()
         self._side.clear()
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -24,46 +24,31 @@ from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 
 from licensectl.core import drain
 from licensectl.core.model import ANN_RESTART_RESULT, ANN_RESTART_REVISION, LABEL_CAPI_CLUSTER_NAME, LABEL_CAPI_ROLE
-from licensectl_dev.devcluster import fleet
 
 from ..conftest import KubevirtEnv, TenantClusterFactory
-from .support import World, eventually, make_world, metric, running_app, world_settings
+from .support import eventually, make_world, metric, running_app
+from .test_rollout import Fleet as RolloutFleet
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
 @dataclass
-class Fleet(World):
-    kv: KubevirtEnv = field(kw_only=True)
+class Fleet(RolloutFleet):
+    """The rollout tests' fleet, one restart at a time, with short drain timings."""
 
     def settings(self, **kw: Any) -> Any:
-        base: dict[str, Any] = {"max_unavailable": "1", "max_per_namespace": 1, "restart_timeout_seconds": 30.0,
-                                "log_level": "info", "vgpu_driver_images": fleet.GOLDEN_IMAGE,
-                                "report_interval_seconds": 1.0, "done_gate": "ready", "drain_retry_seconds": 1.0,
-                                "drain_timeout_seconds": 20.0, "worker_boot_timeout_seconds": 30.0}
-        base.update(kw)
-        return world_settings(self, self.kv.kubeconfig_path, **base)
+        return super().settings(**{"max_unavailable": "1", "done_gate": "ready", "drain_retry_seconds": 1.0,
+                                   "drain_timeout_seconds": 20.0, "worker_boot_timeout_seconds": 30.0, **kw})
 
     async def annotations(self, ns: str, name: str) -> dict[str, str]:
-        vm = await CustomObjectsApi(self.api).get_namespaced_custom_object(
-            "kubevirt.io", "v1", ns, "virtualmachines", name)
-        return dict(vm["metadata"].get("annotations") or {})
-
-    async def ready(self, ns: str, name: str) -> bool:
-        try:
-            vmi = await CustomObjectsApi(self.api).get_namespaced_custom_object(
-                "kubevirt.io", "v1", ns, "virtualmachineinstances", name)
-        except Exception:
-            return False
-        return any(c.get("type") == "Ready" and c.get("status") == "True"
-                   for c in (vmi.get("status") or {}).get("conditions") or [])
+        return dict((await self.vm_obj(ns, name))["metadata"].get("annotations") or {})
 
     async def boot(self, vms: list[tuple[str, str, dict[str, str] | None]]) -> None:
         for ns in self.tenants:
             await eventually(lambda ns=ns: self.replica_revision(ns), what=f"replica in {ns}")
         await asyncio.sleep(1.1)  # one-second revision times: boot after the revision
         for ns, name, labels in vms:
-            await fleet.create_vm(self.api, ns, name, gpu_claims=["gpu"], labels=labels)
+            await self.vm(ns, name, labels=labels)
         for ns, name, _ in vms:
             await eventually(lambda ns=ns, name=name: self.ready(ns, name), timeout=60, what=f"{ns}/{name} ready")
         await asyncio.sleep(1.1)
