@@ -1,6 +1,6 @@
 """Where the controller's memory goes: tracemalloc over its informer caches at the goal's size.
 
-`python -m benchmarks memory [--namespaces 5000 --vmis 20000]` (no control plane needed).
+`python -m benchmarks memory [--namespaces 5000 --vmis 20000 --plain-vmis 50000]` (no control plane needed).
 
 Builds the objects a LIST returns (metadata with managedFields, labels, ownerReferences; VMs and
 VMIs shaped like KubeVirt's), decodes them from JSON one 500-object page at a time like the
@@ -102,6 +102,31 @@ def vmi_obj(i: int, namespaces: int) -> dict[str, Any]:
                                                       "phaseTransitionTimestamp": "2026-01-01T00:01:00Z"}]}}
 
 
+def plain_vm_obj(i: int, namespaces: int) -> dict[str, Any]:
+    """An ordinary VM beside the vGPU ones: no GPU claim, no replica, no licensectl annotation."""
+    ns = f"tenant-a{i % namespaces}"
+    body = fleet.vm_body(ns, f"plain-{i}", firmware_uuid=_uid(ns, f"plain-{i}"))
+    body["metadata"] = _meta(ns, f"plain-{i}", manager="virt-controller", annotations={}, generation=2)
+    body["status"] = {"ready": True, "printableStatus": "Running", "created": True}
+    return body
+
+
+def plain_vmi_obj(i: int, namespaces: int) -> dict[str, Any]:
+    vmi = vmi_obj(i, namespaces)
+    vm = plain_vm_obj(i, namespaces)
+    ns, name = vm["metadata"]["namespace"], vm["metadata"]["name"]
+    vmi["metadata"] = {**vmi["metadata"], "name": name,
+                       "ownerReferences": [{**vmi["metadata"]["ownerReferences"][0], "name": name,
+                                            "uid": _uid(ns, name)}]}
+    vmi["spec"] = vm["spec"]["template"]["spec"]
+    return vmi
+
+
+def kept(relevant: Callable[[Any], bool], project: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """The informer's order (licensectl/kube/watch/informer.py): an object `relevant` refuses is never projected."""
+    return lambda o: project(o) if relevant(o) else None
+
+
 def pages(make: Callable[[int], dict[str, Any]], count: int) -> Iterator[bytes]:
     """The raw bodies of a paged LIST, one page at a time (as the apiserver sends them)."""
     for start in range(0, count, PAGE):
@@ -156,7 +181,7 @@ def import_rss() -> list[tuple[str, int]]:
     return [(label, int(v)) for (label, _), v in zip(_IMPORT_STAGES, out.stdout.split(), strict=True)]
 
 
-def run(namespaces: int, vmis: int) -> str:
+def run(namespaces: int, vmis: int, plain: int) -> str:
     tracemalloc.start(1)
     caches: dict[str, dict[tuple[str, str], Any]] = {}
     rows: list[list[str]] = []
@@ -165,13 +190,26 @@ def run(namespaces: int, vmis: int) -> str:
         ("namespaces", namespace_obj, projections.namespace_from, namespaces, object_key),
         ("gpuclaims", claim_obj, projections.gpu_claim_from, namespaces, shared_name_key),
         ("replica secrets", replica_obj, projections.replica_secret_from, namespaces, shared_name_key),
-        ("virtualmachines", lambda i: vm_obj(i, namespaces), projections.vm_from, vmis, object_key),
-        ("virtualmachineinstances", lambda i: vmi_obj(i, namespaces), projections.vmi_from, vmis, object_key),
+        ("virtualmachines", lambda i: vm_obj(i, namespaces), kept(projections.vm_relevant, projections.vm_from),
+         vmis, object_key),
+        ("virtualmachineinstances", lambda i: vmi_obj(i, namespaces),
+         kept(projections.vmi_relevant, projections.vmi_from), vmis, object_key),
+        # Ordinary VMs and VMIs beside them (docs/design.md#decision-cache-relevance): as the caches
+        # hold them, and (for scale) what they cost when every one is projected and held.
+        ("virtualmachines, no vGPU", lambda i: plain_vm_obj(i, namespaces),
+         kept(projections.vm_relevant, projections.vm_from), plain, object_key),
+        ("virtualmachineinstances, no vGPU", lambda i: plain_vmi_obj(i, namespaces),
+         kept(projections.vmi_relevant, projections.vmi_from), plain, object_key),
+        ("(no vGPU VMs, if every one were held)", lambda i: plain_vm_obj(i, namespaces), projections.vm_from,
+         plain, object_key),
+        ("(no vGPU VMIs, if every one were held)", lambda i: plain_vmi_obj(i, namespaces), projections.vmi_from,
+         plain, object_key),
     )
     for name, make, project, count, key in plan:
         cache = caches.setdefault(name, {})
         held, page_peak = measure(make, project, count, cache, key)
-        total += held
+        if not name.startswith("("):
+            total += held
         rows.append([name, f"{count:,}", fmt_mib(held), f"{held / max(count, 1):,.0f} B", fmt_mib(page_peak)])
     rows.append(["all caches", "", fmt_mib(total), "", "one page at a time"])
     snap = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
@@ -185,7 +223,8 @@ def run(namespaces: int, vmis: int) -> str:
     return "\n\n".join([
         format_table("Process floor: RSS of a fresh interpreter after each import (before any object)",
                      ["stage", "VmRSS", "added"], import_rows),
-        format_table(f"Informer cache memory (tracemalloc): {namespaces:,} tenant ns, {vmis:,} VMs + VMIs",
+        format_table(f"Informer cache memory (tracemalloc): {namespaces:,} tenant ns, {vmis:,} vGPU VMs + VMIs, "
+                     f"{plain:,} VMs + VMIs without a vGPU",
                      ["resource", "objects", "held by the cache", "per object", "peak of one 500-object page"],
                      rows),
         format_table("Top allocation sites still held", ["site", "size", "blocks"], sites),
@@ -196,6 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks memory", description=__doc__.splitlines()[0])
     p.add_argument("--namespaces", type=int, default=5_000)
     p.add_argument("--vmis", type=int, default=20_000)
+    p.add_argument("--plain-vmis", type=int, default=50_000, help="VMs + VMIs without a vGPU beside them")
     a = p.parse_args(list(sys.argv[1:] if argv is None else argv))
-    print(run(a.namespaces, a.vmis), flush=True)
+    print(run(a.namespaces, a.vmis, a.plain_vmis), flush=True)
     return 0

@@ -113,10 +113,12 @@ class Caches(CacheHealth):
         self.vms: Informer[Vm] | None = None
         self.vmis: Informer[Vmi] | None = None
         if with_kubevirt:
+            # Only VMs and VMIs that ask for a license are held (docs/design.md#decision-cache-relevance):
+            # a fleet of ordinary VMs beside the vGPU ones costs next to nothing.
             self.vms = mk("virtualmachines", contract.vm_lister(self._custom), projections.vm_from,
-                          on_change=changed("virtualmachines"))
+                          on_change=changed("virtualmachines"), keep=projections.vm_relevant)
             self.vmis = mk("virtualmachineinstances", contract.vmi_lister(self._custom), projections.vmi_from,
-                           on_change=changed("virtualmachineinstances"))
+                           on_change=changed("virtualmachineinstances"), keep=projections.vmi_relevant)
         # The vGPU guest driver marks of boot images, for the admission webhook only (none without it, or
         # with --vgpu-driver-check=off). Not core: their absence never stops a pass or readiness.
         self.boot_marks: BootMarkCaches | None = None

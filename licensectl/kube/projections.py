@@ -20,6 +20,7 @@ from typing import Any, TypedDict
 
 from licensectl.core import boot_image, model
 from licensectl.core.delivery import parse_stamp
+from licensectl.core.render import REPLICA_PREFIX
 from licensectl.core.timecodec import parse_time, to_epoch_us
 
 KUBEVIRT_GROUP = "kubevirt.io"
@@ -365,6 +366,46 @@ def vmi_from(obj: object) -> model.Vmi | None:
         delivered_key=_shared(key) if isinstance(key, str) and key else None,
         disk_serials=_shared_tuple(_disk_ids(spec)),
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Relevance: the VMIs and VMs the caches hold (docs/design.md#decision-cache-relevance)
+# ---------------------------------------------------------------------------------------------
+def _asks_for_license(obj: object) -> bool:
+    """A VMI (or a VM's template) that names a GPU claim, mounts a replica or carries a licensectl.io/
+    annotation: the only ones licensectl could ever deliver to, restart, drain or judge.
+
+    `spec.resourceClaims` or `spec.domain.devices.gpus` alone count too, so a claim wired in a way
+    `vmi_gpu_claims` cannot read yet is held rather than missed (its view then says why)."""
+    spec = _dict(_path(obj, "spec"))
+    if _list(spec.get("resourceClaims")) or _list(_path(spec, "domain", "devices", "gpus")):
+        return True
+    for v in _list(spec.get("volumes")):
+        name = _path(v, "secret", "secretName")
+        if isinstance(name, str) and name.startswith(REPLICA_PREFIX):
+            return True
+    annotations = _path(obj, "metadata", "annotations")
+    return isinstance(annotations, Mapping) and any(
+        isinstance(k, str) and k.startswith(_OWN_PREFIX) for k in annotations)
+
+
+def vmi_relevant(obj: Mapping[str, Any]) -> bool:
+    """Whether the VMI cache holds this VMI: a VMI that asks for no license costs the controller nothing."""
+    return _asks_for_license(obj)
+
+
+def vm_relevant(obj: Mapping[str, Any]) -> bool:
+    """Whether the VM cache holds this VM: its template asks for a license (so its VMIs do), it carries
+    licensectl's own annotations (an intent or a drain cycle outlives its VMI) or it is a tenant-cluster
+    worker (model.CAPK_LABELS)."""
+    if _asks_for_license(_path(obj, "spec", "template")):
+        return True
+    meta = _dict(_path(obj, "metadata"))
+    annotations = meta.get("annotations")
+    if isinstance(annotations, Mapping) and any(isinstance(k, str) and k.startswith(_OWN_PREFIX) for k in annotations):
+        return True
+    labels = meta.get("labels")
+    return isinstance(labels, Mapping) and any(k in labels for k in model.CAPK_LABELS)
 
 
 def run_strategy_of(spec: Mapping[str, Any]) -> str | None:

@@ -18,12 +18,15 @@ from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 
 from licensectl import config
 from licensectl.core import model
+from licensectl.core.render import replica_name
 from licensectl.kube import client as kclient
 from licensectl.kube import contract, projections
 from licensectl.kube.api import ApiException as KubeApiError
 from licensectl.kube.api import CoreV1Api as KubeCoreV1Api
+from licensectl.kube.caches import Caches
 from licensectl.kube.raw import RawApi
 from licensectl.kube.watch import REASON_GONE, REASON_TIMEOUT, Informer, InformerHooks, Key
+from licensectl_dev.devcluster import fleet
 from licensectl_dev.devcluster.controlplane import ControlPlane
 
 
@@ -365,3 +368,50 @@ async def test_make_api_client_counts_requests(kubeconfig_path: Any, namespace: 
     finally:
         await api.close()
     assert ("GET", 200) in seen and ("POST", 201) in seen and ("POST", 409) in seen
+
+
+async def test_the_controllers_vm_caches_hold_only_what_asks_for_a_license(
+        api_client: ApiClient, namespace: str) -> None:
+    """The VM and VMI informers the controller builds (kube/caches.py) keep the vGPU VMs and VMIs of a
+    namespace and none of the ordinary ones beside them; a VMI that starts or stops asking for a license
+    enters or leaves the cache (docs/design.md#decision-cache-relevance)."""
+    custom: Any = CustomObjectsApi(api_client)  # its stubs lack _content_type (a merge patch)
+
+    async def create(plural: str, body: dict[str, Any]) -> None:
+        await custom.create_namespaced_custom_object("kubevirt.io", "v1", namespace, plural, body)
+
+    def vmi(name: str, template: dict[str, Any]) -> dict[str, Any]:
+        return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+                "metadata": {"name": name, "namespace": namespace}, "spec": template["spec"]}
+
+    gpu = fleet.vm_body(namespace, "gpu", gpu_claims=("claim",))
+    plain = fleet.vm_body(namespace, "plain")
+    mounted = fleet.vm_body(namespace, "mounted", license_secret=replica_name("l40s"))
+    for body in (gpu, plain, mounted):
+        await create("virtualmachines", body)
+        await create("virtualmachineinstances", vmi(body["metadata"]["name"], body["spec"]["template"]))
+    caches = Caches(api_client, config.Settings(), on_change=lambda _kind: None)
+    assert caches.vms is not None and caches.vmis is not None
+    vms, vmis = caches.vms, caches.vmis
+
+    def held(inf: Informer[Any]) -> set[str]:
+        return {name for (ns, name) in inf.cache if ns == namespace}
+
+    async with running(vms), running(vmis):
+        assert await vms.wait_synced(15) and await vmis.wait_synced(15)
+        assert held(vms) == held(vmis) == {"gpu", "mounted"}
+        assert vmis.counters["ignored_objects"] >= 1 and vmis.counters["invalid_objects"] == 0
+        # The plain VMI starts asking (claims by annotation): it is held; it stops: it leaves.
+        patch = {"metadata": {"annotations": {model.ANN_GPU_CLAIMS: "claim"}}}
+        await custom.patch_namespaced_custom_object("kubevirt.io", "v1", namespace, "virtualmachineinstances",
+                                                    "plain", patch, _content_type="application/merge-patch+json")
+        await until(lambda: "plain" in held(vmis), what="the plain VMI held once it names a claim")
+        unpatch = {"metadata": {"annotations": {model.ANN_GPU_CLAIMS: None}}}
+        await custom.patch_namespaced_custom_object("kubevirt.io", "v1", namespace, "virtualmachineinstances",
+                                                    "plain", unpatch, _content_type="application/merge-patch+json")
+        await until(lambda: "plain" not in held(vmis), what="the plain VMI gone once it names none")
+        # A plain VM that carries a licensectl intent is held (the intent outlives its VMI).
+        mark = {"metadata": {"annotations": {model.ANN_RESTART_REVISION: "r1"}}}
+        await custom.patch_namespaced_custom_object("kubevirt.io", "v1", namespace, "virtualmachines",
+                                                    "plain", mark, _content_type="application/merge-patch+json")
+        await until(lambda: "plain" in held(vms), what="the plain VM held once it carries an intent")

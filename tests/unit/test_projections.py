@@ -366,3 +366,44 @@ def test_sharing_never_changes_a_value(m: dict[str, str], name: str, ns: str) ->
     assert vmi.secret_volumes == tuple(v for v in m.values() if v)
     assert (claim.namespace, claim.name, claim.class_name) == (ns, name, name)
     assert object_key(obj) == shared_name_key(obj) == (ns, name)
+
+
+REPLICA_VOLUME = {"name": "license", "secret": {"secretName": "nvidia-vgpu-license-l40s"}}
+DRA = {"resourceClaims": [{"name": "gpu", "resourceClaimName": "l40s"}],
+       "domain": {"devices": {"gpus": [{"name": "g", "claimName": "gpu"}]}}}
+
+
+@pytest.mark.parametrize(("spec", "annotations", "held"), [
+    ({}, {}, False),                                                          # an ordinary VM
+    ({"volumes": [{"name": "c", "secret": {"secretName": "cloud-init"}}]}, {}, False),  # another Secret
+    ({"volumes": [REPLICA_VOLUME]}, {}, True),                                # mounts a replica
+    (DRA, {}, True),                                                          # names a GPU claim
+    ({"resourceClaims": [{"name": "gpu"}]}, {}, True),                        # a claim not readable yet
+    ({"domain": {"devices": {"gpus": [{"name": "g", "deviceName": "nvidia.com/L40S"}]}}}, {}, True),
+    ({}, {model.ANN_GPU_CLAIMS: "l40s"}, True),                               # claims by annotation
+    ({}, {model.ANN_DELIVERED_REVISION: "x"}, True),                          # stamped by the webhook
+    ({}, {"example.com/licensectl.io": "x", "kubevirt.io/x": "y"}, False),    # others' annotations
+])
+def test_only_vmis_and_vms_that_ask_for_a_license_are_held(spec: dict[str, Any], annotations: dict[str, str],
+                                                            held: bool) -> None:
+    meta = {"name": "v", "namespace": "n", "annotations": annotations}
+    assert p.vmi_relevant({"metadata": meta, "spec": spec}) is held
+    # A VM asks through its template (the VMI it will create) ...
+    vm = {"metadata": {"name": "v", "namespace": "n"},
+          "spec": {"template": {"metadata": {"annotations": annotations}, "spec": spec}}}
+    assert p.vm_relevant(vm) is held
+
+
+def test_a_vm_is_held_for_its_own_marks_whatever_its_template() -> None:
+    plain = {"metadata": {"name": "v", "namespace": "n"}, "spec": {"template": {"spec": {}}}}
+    assert not p.vm_relevant(plain)
+    # ... or by licensectl's intent / drain annotations (they outlive the VMI) and as a tenant-cluster worker.
+    assert p.vm_relevant({**plain, "metadata": {"name": "v", "annotations": {model.ANN_RESTART_REVISION: "r"}}})
+    for label in model.CAPK_LABELS:
+        assert p.vm_relevant({**plain, "metadata": {"name": "v", "labels": {label: "x"}}})
+
+
+@pytest.mark.parametrize("obj", GARBAGE)
+def test_relevance_never_raises_on_garbage(obj: Any) -> None:
+    for fn in (p.vmi_relevant, p.vm_relevant):
+        assert fn(obj) in (True, False)

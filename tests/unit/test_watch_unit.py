@@ -457,3 +457,34 @@ async def test_a_restarting_apiserver_is_retried_when_it_says(monkeypatch: pytes
     initializing.headers = {"Retry-After": "1"}  # type: ignore[attr-defined]
     slept = await _sleeps_until_synced([initializing] * 10, monkeypatch)
     assert len(slept) >= 10 and all(1.0 <= s <= 1.25 for s in slept)
+
+
+def keep_wanted(o: Mapping[str, Any]) -> bool:
+    spec = o.get("spec")
+    if isinstance(spec, dict) and spec.get("keep") == "explode":
+        raise RuntimeError("bad predicate")
+    return isinstance(spec, dict) and bool(spec.get("keep"))
+
+
+async def test_objects_keep_refuses_are_never_held_and_leave_when_they_stop_being_wanted() -> None:
+    api = FakeApi()
+    api.list_round([page([obj("a", "1", spec={"keep": True}), obj("b", "2")], "10", "1"),
+                    page([obj("c", "3", spec={"keep": "explode"})], "10")])
+    api.watches.append(FakeResp(200, [
+        ev("ADDED", obj("d", "11")),                               # not wanted: never held
+        ev("MODIFIED", obj("b", "12", spec={"keep": True, "v": 1})),  # becomes wanted: an add
+        ev("MODIFIED", obj("a", "13")),                            # stops being wanted: a delete
+        ev("BOOKMARK", {"metadata": {"resourceVersion": "20"}}),
+    ], hang=api.release))
+    changes: list[Any] = []
+    inf = fast(api, changes=changes, keep=keep_wanted)
+    async with running(inf):
+        assert await inf.wait_synced(2)
+        await until(lambda: inf.resource_version == "20")
+        assert dict(inf.cache) == {("n", "b"): "b@1", ("n", "c"): "c@0"}
+    # The LIST held a and c (a predicate that raises holds the object: memory over a missed one); the
+    # watch added b when it became wanted and removed a when it stopped being wanted; d was never held.
+    assert changes == [(("n", "a"), None, "a@0"), (("n", "c"), None, "c@0"),
+                       (("n", "b"), None, "b@1"), (("n", "a"), "a@0", None)]
+    counters = inf.counters
+    assert counters["ignored_objects"] == 3 and counters["invalid_objects"] == 0

@@ -108,10 +108,12 @@ class Informer(Generic[T]):
         backoff_cap: float = RECOVERY_CAP,
         throttled_cap: float = THROTTLED_CAP,
         max_line_bytes: int = 16 * 1024 * 1024,
+        keep: Callable[[Mapping[str, Any]], bool] | None = None,
     ) -> None:
         self.name = name
         self._list_func = list_func
         self._project = projection
+        self._keep = keep
         self._key = key
         self._label_selector = label_selector
         self._field_selector = field_selector
@@ -137,7 +139,8 @@ class Informer(Generic[T]):
         self._last_sync_at: dt.datetime | None = None
         self._heard_at: float | None = None  # monotonic: last complete LIST, watch opened or watch line read
         self._counters: dict[str, int] = dict.fromkeys(
-            ("lists", "list_failures", "relists", "events", "watch_restarts", "invalid_objects"), 0)
+            ("lists", "list_failures", "relists", "events", "watch_restarts", "invalid_objects", "ignored_objects"),
+            0)
 
     # -- read side ------------------------------------------------------------------------------
     @property
@@ -309,7 +312,7 @@ class Informer(Generic[T]):
                     self._counters["invalid_objects"] += 1
                     continue
                 key = self._key(item)
-                proj = self._safe_project(item, key)
+                proj = self._kept_projection(item, key)
                 if proj is not None:
                     new[key] = proj
             meta = body.get("metadata")
@@ -483,7 +486,7 @@ class Informer(Generic[T]):
                 del self._cache[key]
                 self._notify(key, old, None)
         else:
-            new = self._safe_project(obj, key)
+            new = self._kept_projection(obj, key)
             if new is None:
                 if old is not None:
                     del self._cache[key]
@@ -494,6 +497,21 @@ class Informer(Generic[T]):
                     self._notify(key, old, new)
         if rv:
             self._rv = rv
+
+    def _kept_projection(self, obj: Mapping[str, Any], key: wire.Key) -> T | None:
+        """The projection to hold, or None: for an object `keep` refuses (never projected nor held; one held
+        before leaves the cache as if deleted) and for one that cannot be projected."""
+        if self._keep is not None:
+            try:
+                kept = self._keep(obj)
+            except Exception as e:  # a predicate that fails holds the object: memory over a missed VMI
+                log.warning("informer.keep_failed", informer=self.name, namespace=key[0], name=key[1],
+                            error=type(e).__name__)
+                kept = True
+            if not kept:
+                self._counters["ignored_objects"] += 1
+                return None
+        return self._safe_project(obj, key)
 
     def _safe_project(self, obj: Mapping[str, Any], key: wire.Key) -> T | None:
         try:
