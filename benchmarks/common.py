@@ -397,6 +397,32 @@ class BenchController(ControllerProcess):
         self._logs.cleanup()
 
 
+LOOP_LAG = "licensectl_event_loop_lag_seconds"
+
+
+def loop_lag_between(before: Scrape, after: Scrape, over: float = 0.1) -> str:
+    """What the controller's loop-lag probe saw between two scrapes (its histogram's deltas): samples,
+    how many were later than `over` seconds, and the bucket the worst one fell in. "n/a" for a controller
+    without the probe (an older revision)."""
+    if not after.has(f"{LOOP_LAG}_count"):
+        return "n/a (no loop-lag probe in this controller)"
+    total = int(after.value(f"{LOOP_LAG}_count") - before.value(f"{LOOP_LAG}_count"))
+    if total <= 0:
+        return "no samples"
+    buckets: list[tuple[float, int]] = []
+    for (name, labels), v in after.samples.items():
+        if name != f"{LOOP_LAG}_bucket":
+            continue
+        le = dict(labels)["le"]
+        bound = float("inf") if le == "+Inf" else float(le)
+        buckets.append((bound, int(v - before.value(name, le=le))))
+    buckets.sort()
+    late = total - next((n for bound, n in buckets if bound >= over), total)
+    worst = next((bound for bound, n in buckets if n >= total), float("inf"))
+    worst_text = "> 10 s" if worst == float("inf") else f"≤ {worst:g} s"
+    return f"{total} samples, {late} later than {over * 1000:.0f} ms, worst {worst_text}"
+
+
 class BenchRun:
     """What one benchmark run starts, ended when the run ends however it ends, in this order: the
     controller process of the moment (its log tail first goes to stderr if the run failed: that tail

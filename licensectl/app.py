@@ -25,7 +25,7 @@ from licensectl.controllers.guests import GuestStore
 from licensectl.controllers.replication_loop import CONFLICT_RECHECK_SECONDS, ReplicationController
 from licensectl.controllers.rollout_loop import RolloutController
 from licensectl.controllers.rotation_loop import RotationController
-from licensectl.controllers.runner import IDLE, Result, TaskRunner, reconcile_loop
+from licensectl.controllers.runner import IDLE, Pacing, Result, TaskRunner, measure_loop_lag, reconcile_loop
 from licensectl.controllers.settings import tenant_settings
 from licensectl.controllers.vm_restart import vmi_object
 from licensectl.core import boot_image, credentials
@@ -57,10 +57,12 @@ from licensectl.serve.webhook import Admission, Validation, WebhookServer, make_
 log = logs.get(__name__)
 
 LEADER_LABEL = f"{DOMAIN}/leader"
-# Minimum time between two passes of a loop. The rollout plans over every VMI, and VMI churn (tens of
-# creations a second) would otherwise re-plan the fleet every 50 ms, holding the interpreter while
-# admission answers wait; restarts are paced in seconds, so half a second costs nothing.
-COALESCE_SECONDS = {"replication": 0.05, "rollout": 0.5}
+# How each loop spaces its passes (controllers/runner.py Pacing, docs/design.md#webhook-thread). The
+# rollout plans over every VMI: VMI churn (tens of creations a second) or a rotation's replica writes (one
+# watch event each) would otherwise re-plan the fleet back to back, holding the interpreter while replica
+# writes and admission answers wait. Restarts are paced in seconds, so half a second (or twice the last
+# plan's CPU time, at most 5 s) costs nothing.
+PACING = {"replication": Pacing(coalesce=0.05), "rollout": Pacing(coalesce=0.5, idle_per_busy=2.0, max_idle=5.0)}
 Clock = Callable[[], dt.datetime]
 
 # Why a pass asks to run again soon rather than at the next event or resync.
@@ -218,6 +220,7 @@ class App:
         if self.delivery_probe is not None:
             self.tasks.start_daemon("delivery-probe", self.delivery_probe.run())
         self.tasks.start_daemon("guest-prune", self._prune_guests())
+        self.tasks.start_daemon("loop-lag", measure_loop_lag(self.metrics.loop_lag.observe))
         log.info("licensectl started", version=__version__, identity=self.identity, metrics_port=self.metrics_port,
                  reports_port=self.reports_port, leader_elect=s.leader_elect, dry_run=s.dry_run)
 
@@ -246,8 +249,10 @@ class App:
 
     # -- loops --------------------------------------------------------------------------------------
     async def _loop(self, name: str, trigger: asyncio.Event, step: Callable[[], Awaitable[Result]]) -> None:
+        busy = (lambda: self.rollout.plan_cpu_seconds) if name == "rollout" else None
         await reconcile_loop(name, step, trigger=trigger, resync=self.settings.resync_seconds,
-                             coalesce=COALESCE_SECONDS.get(name, 0.05), stopping=lambda: self._stopping)
+                             pacing=PACING.get(name, Pacing(coalesce=0.05)), stopping=lambda: self._stopping,
+                             busy=busy)
 
     async def _replicate(self) -> Result:
         if not self.caches.core_synced():

@@ -216,6 +216,11 @@ class Metrics:
             f"{PREFIX}_delivery_probes_total",
             "Delivery probes (dry-run VMI creates through the apiserver) by result (mutated, unchanged, error).",
             ["result"], registry=r)
+        self.loop_lag = Histogram(
+            f"{PREFIX}_event_loop_lag_seconds",
+            "How much later than asked the event loop ran a timer due every 0.1 s: what a Lease renewal, a "
+            "watch read or a guest report waits behind (a long plan, a scrape).", registry=r,
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
         self.reports_total = Counter(f"{PREFIX}_reports_total", "Guest reports by result.", ["result"],
                                      registry=r)
         # Serving TLS (webhook and guest reports listeners): docs/operations.md#serving-tls.

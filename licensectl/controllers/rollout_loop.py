@@ -107,6 +107,7 @@ class RolloutController:
         if drainer is not None:
             drainer.set_expect(self._expect_write)
         self.drain_wakeup: dt.datetime | None = None
+        self.plan_cpu_seconds = 0.0  # CPU time of the last pass's plan (observe)
 
     @property
     def awaiting_own_writes(self) -> bool:
@@ -163,7 +164,10 @@ class RolloutController:
         start = time.monotonic()
         result = "ok"
         try:
+            cpu = time.thread_time()
             plan = self.observe()
+            # The plan's own CPU (synchronous: nothing else ran meanwhile) paces the loop (runner.Pacing).
+            self.plan_cpu_seconds = time.thread_time() - cpu
             if plan is None:
                 return None
             self.plan = plan

@@ -6,7 +6,8 @@ pass at a time, so a pass never races itself and reads the watch caches without 
 are updated by the same loop between passes. A pass is level-based (it looks at the whole picture),
 so triggers carry no payload: an `asyncio.Event` set by a watch callback just says "look again",
 and any number of sets before the next pass collapse into one. A coalescing window after each pass
-keeps event bursts from re-planning the fleet many times a second. A pass that raises is retried
+keeps event bursts from re-planning the fleet many times a second, and an expensive plan
+bounds its own share of the interpreter (`Pacing`). A pass that raises is retried
 with exponential backoff; a periodic resync re-runs every loop even without events, so nothing
 depends on an event being delivered.
 
@@ -57,9 +58,42 @@ class Result:
 IDLE: Final = Result()
 
 
+@dataclass(frozen=True, slots=True)
+class Pacing:
+    """How a loop spaces its passes (docs/design.md#webhook-thread).
+
+    `coalesce`: after a watch event the loop stays idle this long, so a burst of events is one pass.
+    `idle_per_busy`: after a watch event it also stays idle this many times the CPU time its last *plan*
+    took (the synchronous part of the pass: `busy` in `reconcile_loop`), so a loop whose plan walks a large
+    fleet takes at most 1 / (1 + idle_per_busy) of the interpreter while events keep coming, and the
+    replica writes, watches and /metrics that share the event loop keep the rest. Bounded by `max_idle`.
+    Only the plan's own CPU counts: time the pass spent awaiting (its writes, while other tasks ran) is
+    not the pass's cost, and counting it once stalled a rollout behind a busy event loop."""
+
+    coalesce: float
+    idle_per_busy: float = 0.0
+    max_idle: float = 5.0
+
+
+def idle_before_next_pass(p: Pacing, *, triggered: bool, since_start: float, since_end: float,
+                          busy: float) -> float:
+    """Seconds to stay idle now, before the next pass (pure, so the rule is tested alone).
+
+    triggered: woken by a watch event (else by the pass's own requeue or the resync); since_start /
+    since_end: seconds since the last pass started / ended; busy: CPU seconds of its plan. A timed wakeup
+    (a settle period ending, a re-issue due) has nothing to coalesce and is never held back by the duty
+    bound: it only keeps passes a window apart."""
+    if not triggered:
+        return max(0.0, p.coalesce - since_start)
+    duty = min(p.max_idle, p.idle_per_busy * max(0.0, busy)) - since_end
+    return max(0.0, p.coalesce, duty)
+
+
 async def reconcile_loop(name: str, step: Callable[[], Awaitable[Result]], *, trigger: asyncio.Event,
-                         resync: float, coalesce: float, stopping: Callable[[], bool]) -> None:
-    """Run `step` until `stopping()`: after each pass wait for `trigger`, the requeue, or `resync`.
+                         resync: float, pacing: Pacing, stopping: Callable[[], bool],
+                         busy: Callable[[], float] | None = None) -> None:
+    """Run `step` until `stopping()`: after each pass wait for `trigger`, the requeue, or `resync`, then
+    stay idle as `pacing` says (`busy()`: CPU seconds of the last pass's plan).
 
     A failed pass is logged and retried with exponential backoff (reset by the next success); a
     pass in progress when `stopping()` turns true finishes, then the loop returns.
@@ -79,16 +113,31 @@ async def reconcile_loop(name: str, step: Callable[[], Awaitable[Result]], *, tr
                         retry_in=wait)
         if stopping():
             return
+        ended = loop.time()
         timeout = resync if wait is None else max(MIN_REQUEUE_SECONDS, min(wait, resync))
         triggered = False
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(trigger.wait(), timeout)
             triggered = True
         trigger.clear()
-        # Coalesce bursts of watch events into one pass (docs/design.md#webhook-thread): after an
-        # event the whole window stays idle, however long the pass took. A timed wakeup (a settle
-        # period ending, a re-issue due) has nothing to coalesce: it only keeps passes a window apart.
-        await asyncio.sleep(coalesce if triggered else max(0.0, coalesce - (loop.time() - started)))
+        now = loop.time()
+        await asyncio.sleep(idle_before_next_pass(pacing, triggered=triggered, since_start=now - started,
+                                                  since_end=now - ended, busy=busy() if busy else 0.0))
+
+
+# How often the loop-lag probe asks for a timer: the lag it sees is what a Lease renewal, a watch read or
+# a report answer due at that moment waits behind (a long pass, a scrape's sample taking).
+LOOP_LAG_INTERVAL_SECONDS = 0.1
+
+
+async def measure_loop_lag(observe: Callable[[float], None], *,
+                           interval: float = LOOP_LAG_INTERVAL_SECONDS) -> None:
+    """Until cancelled: sleep `interval` and `observe` how much later than asked the loop woke up."""
+    loop = asyncio.get_running_loop()
+    while True:
+        asked = loop.time()
+        await asyncio.sleep(interval)
+        observe(max(0.0, loop.time() - asked - interval))
 
 
 class TaskRunner:

@@ -83,6 +83,7 @@ CONTRACT_LABELS: dict[str, frozenset[str]] = {
         "webhook_configuration_problem": ("kind", "name", "problem"),
         "serving_cert_expiry_timestamp_seconds": (),
         "reconcile_duration_seconds": ("controller",),
+        "event_loop_lag_seconds": (),
         "rollout_duration_seconds": (),
     }.items()
 }

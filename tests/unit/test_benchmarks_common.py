@@ -146,3 +146,22 @@ def test_fake_tokens_expire_90_days_apart_and_name_their_rotation() -> None:
     payloads = [json.loads(base64.urlsafe_b64decode(t.split(b".")[1] + b"==")) for t in fake_tokens(3)]
     assert [p["rotation"] for p in payloads] == [1, 2, 3]
     assert [b["exp"] - a["exp"] for a, b in itertools.pairwise(payloads)] == [86400 * 90, 86400 * 90]
+
+
+def test_loop_lag_between_two_scrapes_counts_only_the_samples_between_them() -> None:
+    from prometheus_client import generate_latest
+
+    from benchmarks.common import loop_lag_between
+    from licensectl.metrics import Metrics
+    from licensectl_dev.testkit.metrics_text import parse_metrics
+
+    m = Metrics()
+    for lag in (0.0005, 0.3):  # before the first scrape: not counted
+        m.loop_lag.observe(lag)
+    before = parse_metrics(generate_latest(m.registry).decode())
+    for lag in (0.0005, 0.002, 0.07, 0.2):
+        m.loop_lag.observe(lag)
+    after = parse_metrics(generate_latest(m.registry).decode())
+    assert loop_lag_between(before, after) == "4 samples, 1 later than 100 ms, worst ≤ 0.25 s"
+    assert loop_lag_between(before, before) == "no samples"
+    assert loop_lag_between(before, parse_metrics("")).startswith("n/a")

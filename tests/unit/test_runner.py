@@ -5,14 +5,16 @@ unhealthy. Timings are scaled down; the order of things is what is checked."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+import time
 from collections.abc import Callable
 
 import pytest
 from structlog.testing import capture_logs
 
 from licensectl.controllers import runner
-from licensectl.controllers.runner import IDLE, Result, TaskRunner, reconcile_loop
+from licensectl.controllers.runner import IDLE, Pacing, Result, TaskRunner, idle_before_next_pass, reconcile_loop
 
 
 class Flag:
@@ -23,12 +25,12 @@ class Flag:
         return self.set
 
 
-async def wait_until(cond: Callable[[], bool]) -> None:
-    for _ in range(400):
+async def wait_until(cond: Callable[[], bool], within: float = 2.0) -> None:
+    for _ in range(int(within / 0.005)):
         if cond():
             return
         await asyncio.sleep(0.005)
-    raise AssertionError("condition not met within 2 s")
+    raise AssertionError(f"condition not met within {within} s")
 
 
 async def test_a_failing_pass_backs_off_exponentially_and_success_resets_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -47,7 +49,7 @@ async def test_a_failing_pass_backs_off_exponentially_and_success_resets_it(monk
 
     with capture_logs() as logs:
         await asyncio.wait_for(reconcile_loop("replication", step, trigger=asyncio.Event(), resync=60.0,
-                                              coalesce=0.0, stopping=stopping), 5.0)
+                                              pacing=Pacing(coalesce=0.0), stopping=stopping), 5.0)
     failed = [e for e in logs if e["event"] == "reconcile failed"]
     assert [e["retry_in"] for e in failed] == [0.02, 0.04, 0.08, 0.02]  # the 4th failure follows a success
     assert {e["loop"] for e in failed} == {"replication"} and failed[0]["error"] == "ConnectionError"
@@ -68,7 +70,7 @@ async def test_backoff_is_capped() -> None:
 
     with capture_logs() as logs:
         task = asyncio.create_task(reconcile_loop("rollout", step, trigger=asyncio.Event(), resync=60.0,
-                                                  coalesce=0.0, stopping=stopping))
+                                                  pacing=Pacing(coalesce=0.0), stopping=stopping))
         await task
     assert calls == 1 and logs[0]["retry_in"] == 1.0
     assert min(runner.BACKOFF_MAX_SECONDS, runner.BACKOFF_BASE_SECONDS * 2 ** 6) == runner.BACKOFF_MAX_SECONDS
@@ -84,8 +86,8 @@ async def test_a_trigger_wakes_an_idle_loop_and_a_burst_is_one_pass() -> None:
         passes += 1
         return IDLE  # nothing scheduled: only a trigger (or the 60 s resync) wakes it
 
-    task = asyncio.create_task(reconcile_loop("replication", step, trigger=trigger, resync=60.0, coalesce=0.05,
-                                              stopping=stopping))
+    task = asyncio.create_task(reconcile_loop("replication", step, trigger=trigger, resync=60.0,
+                                              pacing=Pacing(coalesce=0.05), stopping=stopping))
     await wait_until(lambda: passes == 1)
     await asyncio.sleep(0.1)
     assert passes == 1
@@ -109,8 +111,8 @@ async def test_a_requeue_runs_the_next_pass_without_a_trigger() -> None:
         stopping.set = passes >= 3
         return Result.after(0.01)
 
-    await asyncio.wait_for(reconcile_loop("rollout", step, trigger=asyncio.Event(), resync=60.0, coalesce=0.0,
-                                          stopping=stopping), 1.0)
+    await asyncio.wait_for(reconcile_loop("rollout", step, trigger=asyncio.Event(), resync=60.0,
+                                          pacing=Pacing(coalesce=0.0), stopping=stopping), 1.0)
     assert passes == 3
 
 
@@ -140,7 +142,7 @@ async def test_stop_waits_for_the_loops_then_cancels_the_elector() -> None:
     tasks = TaskRunner()
     tasks.start_daemon("leader-election", elector())
     tasks.start_loop("replication", reconcile_loop("replication", step, trigger=trigger, resync=60.0,
-                                                   coalesce=0.0, stopping=stopping))
+                                                   pacing=Pacing(coalesce=0.0), stopping=stopping))
     await in_pass.wait()
     tasks.spawn("label-pod", label_pod())
     stopping.set = True
@@ -208,3 +210,65 @@ async def test_a_dead_daemon_is_unhealthy_and_names_are_unique() -> None:
     with pytest.raises(ValueError, match="already running"):
         tasks.start_loop("replication", forever())
     await tasks.stop()
+
+
+ROLLOUT = Pacing(coalesce=0.5, idle_per_busy=2.0, max_idle=5.0)
+
+
+@pytest.mark.parametrize(("triggered", "since_start", "since_end", "busy", "idle"), [
+    (True, 0.0, 0.0, 0.001, 0.5),    # a cheap plan: the coalescing window only
+    (True, 1.2, 0.0, 1.0, 2.0),      # a 1 s plan after an event: twice its CPU time
+    (True, 3.0, 1.5, 1.0, 0.5),      # ... less the time since the pass ended (waiting for the event)
+    (True, 3.0, 2.5, 1.0, 0.5),      # ... never below the window
+    (True, 30.0, 0.0, 10.0, 5.0),    # bounded: an expensive plan is never held back more than max_idle
+    (True, 0.0, 0.0, -1.0, 0.5),     # a clock that went backwards counts as no cost
+    (False, 0.2, 0.0, 1.0, 0.3),     # a timed wakeup is due: window from the pass's start, no duty bound
+    (False, 2.0, 0.0, 1.0, 0.0),
+])
+def test_pacing_rule(triggered: bool, since_start: float, since_end: float, busy: float, idle: float) -> None:
+    assert idle_before_next_pass(ROLLOUT, triggered=triggered, since_start=since_start, since_end=since_end,
+                                 busy=busy) == pytest.approx(idle)
+
+
+async def test_only_the_plans_own_cpu_paces_the_loop_not_the_time_a_pass_awaited() -> None:
+    """A pass that awaits its writes for long (other tasks busy meanwhile) is not an expensive plan: the
+    next event runs a pass one window later, not twice the pass's wall time later (the stall a rule that
+    counted the whole pass once caused after a failover)."""
+    trigger = asyncio.Event()
+    stopping = Flag()
+    loop = asyncio.get_running_loop()
+    times: list[float] = []
+    plan_cpu = 0.0
+
+    async def step() -> Result:
+        times.append(loop.time())
+        if len(times) == 1:
+            await asyncio.sleep(0.4)   # awaiting writes: no CPU of its own
+        return IDLE
+
+    task = asyncio.create_task(reconcile_loop("rollout", step, trigger=trigger, resync=60.0,
+                                              pacing=Pacing(coalesce=0.05, idle_per_busy=2.0, max_idle=5.0),
+                                              stopping=stopping, busy=lambda: plan_cpu))
+    await wait_until(lambda: len(times) == 1)
+    trigger.set()
+    await wait_until(lambda: len(times) == 2, within=0.9)  # ~0.45 s: the pass's awaits + one window
+    # A plan that did cost CPU holds the next event's pass back by twice that.
+    plan_cpu = 0.25
+    trigger.set()
+    await wait_until(lambda: len(times) == 3)
+    assert times[2] - times[1] >= 0.45
+    stopping.set = True
+    trigger.set()
+    await asyncio.wait_for(task, 2.0)
+
+
+async def test_the_loop_lag_probe_sees_a_pass_that_holds_the_loop() -> None:
+    lags: list[float] = []
+    probe = asyncio.create_task(runner.measure_loop_lag(lags.append, interval=0.02))
+    await wait_until(lambda: len(lags) >= 3)
+    time.sleep(0.3)  # noqa: ASYNC251 (the point: a synchronous plan holding the loop)
+    await wait_until(lambda: len(lags) >= 5)
+    probe.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await probe
+    assert max(lags) >= 0.25
