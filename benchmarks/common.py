@@ -511,6 +511,6 @@ async def apiserver_outage(cp: Any, ctl: BenchController, outage_seconds: float,
                 to_ready = s.at - healed
             if to_leader is None and s.value("licensectl_leader") == 1.0:
                 to_leader = s.at - healed
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.5)  # a scrape costs the controller CPU: do not poll it into slowness
     return Recovery(outage=t_start - t_down, restart=healed - t_start, unhealthy_seen=unhealthy,
                     to_ready=to_ready, to_leader=to_leader)

@@ -14,6 +14,7 @@ import signal
 import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from aiohttp import web
@@ -101,6 +102,9 @@ class App:
         self._stopping = False
         self._reports_open = False
         self._uuid_index: dict[tuple[str, str], str] | None = None
+        # Derived from the VMI (and replica) caches once per cache generation (vmi_starts, affected_vmis).
+        self._starts: tuple[int, Mapping[tuple[str, str], dt.datetime | None]] | None = None
+        self._affected: tuple[tuple[int, int], tuple[tuple[str, str], ...]] | None = None
         self.metrics_port = 0
         self.reports_port = 0
         self.webhook_port = 0
@@ -469,12 +473,16 @@ class App:
         self.guests.record(namespace, vmi, state, feature_type=self._feature_type(namespace, vmi))
         self._roll_trigger.set()
 
-    def vmi_starts(self) -> dict[tuple[str, str], dt.datetime | None]:
-        """When each cached VMI started (running since, else created): a new guest's patience counts from it."""
+    def vmi_starts(self) -> Mapping[tuple[str, str], dt.datetime | None]:
+        """When each cached VMI started (running since, else created): a new guest's patience counts from it.
+        Derived once per VMI cache generation: a scrape reads it, and most scrapes see no VMI change."""
         vmis = self.caches.vmis
         if vmis is None:
             return {}
-        return {(v.namespace, v.name): v.running_since or v.created for v in vmis.cache.values()}
+        if self._starts is None or self._starts[0] != vmis.generation:
+            self._starts = (vmis.generation, MappingProxyType(
+                {(v.namespace, v.name): v.running_since or v.created for v in vmis.cache.values()}))
+        return self._starts[1]
 
     async def _prune_guests(self) -> None:
         """Forget the reports of guests whose VMI is gone, on a schedule of its own (a scrape only reads),
@@ -485,14 +493,18 @@ class App:
             if c.vmis is not None and c.core_synced() and c.kubevirt_healthy():
                 self.guests.prune(self.affected_vmis())
 
-    def affected_vmis(self) -> list[tuple[str, str]]:
-        """VMIs that mount a licensectl replica: the guests we expect reports from."""
+    def affected_vmis(self) -> tuple[tuple[str, str], ...]:
+        """VMIs that mount a licensectl replica: the guests we expect reports from. Derived once per
+        generation of the VMI and replica caches (a scrape and the guest pruning read it)."""
         vmis = self.caches.vmis
         if vmis is None:
-            return []
-        replicas = self.caches.replicas.cache
-        return [(v.namespace, v.name) for v in vmis.cache.values()
-                if any((v.namespace, s) in replicas for s in v.secret_volumes)]
+            return ()
+        gen = (vmis.generation, self.caches.replicas.generation)
+        if self._affected is None or self._affected[0] != gen:
+            replicas = self.caches.replicas.cache
+            self._affected = (gen, tuple((v.namespace, v.name) for v in vmis.cache.values()
+                                         if any((v.namespace, s) in replicas for s in v.secret_volumes)))
+        return self._affected[1]
 
     # -- health, metrics, status --------------------------------------------------------------------
     def readiness(self) -> health.Readiness:

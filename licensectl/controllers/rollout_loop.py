@@ -43,6 +43,7 @@ from licensectl.core.rollout import (
     RolloutPlan,
     RolloutStatus,
     SourceControl,
+    VmiRolloutState,
     VmiState,
     plan_rollout,
 )
@@ -51,6 +52,11 @@ from licensectl.core.timecodec import format_micro_time
 from licensectl.metrics import GaugeSample, Metrics
 
 log = logs.get(__name__)
+
+# Per namespace: VMIs missing their volume, undeliverable by (namespace, reason), backstop retries; and
+# the overdue manual-restart VMIs: what the VMI gauges show (RolloutLoop._vmi_aggregates).
+_VmiAggregates = tuple[dict[str, int], dict[tuple[str, str], int], dict[str, int],
+                       list[tuple[tuple[str, str], VmiRolloutState]]]
 
 WantedVolumes = Callable[[list[Vmi]], Mapping[tuple[str, str], tuple[str, ...]]]
 
@@ -108,6 +114,7 @@ class RolloutController:
             drainer.set_expect(self._expect_write)
         self.drain_wakeup: dt.datetime | None = None
         self.plan_cpu_seconds = 0.0  # CPU time of the last pass's plan (observe)
+        self._aggregates: tuple[RolloutPlan, _VmiAggregates] | None = None
 
     @property
     def awaiting_own_writes(self) -> bool:
@@ -330,6 +337,29 @@ class RolloutController:
         self.metrics.rollout_duration.observe(max(0.0, (completed - at).total_seconds()))
 
     # -- metrics / status ---------------------------------------------------------------------------
+    def _vmi_aggregates(self, plan: RolloutPlan) -> _VmiAggregates:
+        """The per-namespace counts the VMI gauges show, once per plan: a scrape then reads a few
+        namespaces' numbers instead of walking every VMI's state again."""
+        if self._aggregates is not None and self._aggregates[0] is plan:
+            return self._aggregates[1]
+        missing: dict[str, int] = {}
+        blocked: dict[tuple[str, str], int] = {}
+        retrying: dict[str, int] = {}
+        overdue: list[tuple[tuple[str, str], VmiRolloutState]] = []
+        for key, vs in plan.vmi_states.items():
+            ns = key[0]
+            if vs.missing_volume:
+                missing[ns] = missing.get(ns, 0) + 1
+            if vs.state is VmiState.UNDELIVERABLE:
+                blocked[(ns, vs.blocker)] = blocked.get((ns, vs.blocker), 0) + 1
+            if vs.attempt:
+                retrying[ns] = retrying.get(ns, 0) + 1
+            if vs.overdue:
+                overdue.append((key, vs))
+        out: _VmiAggregates = (missing, blocked, retrying, sorted(overdue, key=lambda kv: kv[0]))
+        self._aggregates = (plan, out)
+        return out
+
     def samples(self) -> Iterable[GaugeSample]:
         plan = self.plan
         if plan is None:
@@ -354,16 +384,7 @@ class RolloutController:
                 yield GaugeSample("rollout_namespace_failed_restarts", (*labels, ("namespace", ns)), float(n))
                 yield GaugeSample("rollout_namespace_paused", (*labels, ("namespace", ns)),
                                   1.0 if ns in st.paused_namespaces else 0.0)
-        missing: dict[str, int] = {}
-        blocked: dict[tuple[str, str], int] = {}
-        retrying: dict[str, int] = {}
-        for (ns, _vmi), vs in plan.vmi_states.items():
-            if vs.missing_volume:
-                missing[ns] = missing.get(ns, 0) + 1
-            if vs.state is VmiState.UNDELIVERABLE:
-                blocked[(ns, vs.blocker)] = blocked.get((ns, vs.blocker), 0) + 1
-            if vs.attempt:
-                retrying[ns] = retrying.get(ns, 0) + 1
+        missing, blocked, retrying, overdue = self._vmi_aggregates(plan)
         for ns, n in sorted(missing.items()):
             yield GaugeSample("vmis_missing_license_volume", (("namespace", ns),), float(n))
         for (ns, why), n in sorted(blocked.items()):
@@ -373,7 +394,7 @@ class RolloutController:
         for ns in sorted(missing.keys() | retrying.keys()):
             yield GaugeSample("vmis_backstop_retrying", (("namespace", ns),), float(retrying.get(ns, 0)))
         # Per VMI, but only the overdue manual ones (a handful): what LicensectlManualRestartOverdue names.
-        for (ns, vmi), vs in sorted(plan.vmi_states.items()):
+        for (ns, vmi), vs in overdue:
             if vs.overdue:
                 yield GaugeSample("rollout_manual_restart_overdue",
                                   (("namespace", ns), ("vmi", vmi), ("source_namespace", vs.source.namespace),

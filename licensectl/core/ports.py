@@ -129,6 +129,12 @@ class CacheView(Protocol[T_co]):
 
     def snapshot(self) -> Mapping[Key, T_co]: ...
 
+    @property
+    def generation(self) -> int:
+        """Grows with every change of the cache's content: what was derived from it at one generation
+        still holds while the generation is the same."""
+        ...
+
 
 class ReplicationCaches(Protocol):
     """What the replication loop reads: the core caches and the per-source Secret caches."""

@@ -73,6 +73,7 @@ class MemoryCache(Generic[T]):
         self.synced = True
         self.healthy = True
         self._items: dict[Key, T] = {key_of(o): o for o in items}
+        self.generation = 0
 
     @property
     def cache(self) -> Mapping[Key, T]:
@@ -84,9 +85,11 @@ class MemoryCache(Generic[T]):
     def put(self, *objs: T) -> None:
         for o in objs:
             self._items[key_of(o)] = o
+        self.generation += 1
 
     def remove(self, key: Key) -> None:
         self._items.pop(key, None)
+        self.generation += 1
 
 
 class MemoryCaches(CacheHealth):

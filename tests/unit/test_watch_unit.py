@@ -486,5 +486,7 @@ async def test_objects_keep_refuses_are_never_held_and_leave_when_they_stop_bein
     # watch added b when it became wanted and removed a when it stopped being wanted; d was never held.
     assert changes == [(("n", "a"), None, "a@0"), (("n", "c"), None, "c@0"),
                        (("n", "b"), None, "b@1"), (("n", "a"), "a@0", None)]
+    # The generation counts exactly the effective changes: what was derived at one generation still holds.
+    assert inf.generation == len(changes)
     counters = inf.counters
     assert counters["ignored_objects"] == 3 and counters["invalid_objects"] == 0

@@ -130,6 +130,7 @@ class Informer(Generic[T]):
         self._max_line = max_line_bytes
 
         self._cache: dict[wire.Key, T] = {}
+        self._generation = 0
         self._rv = ""
         self._synced = False
         self._synced_event = asyncio.Event()
@@ -150,6 +151,11 @@ class Informer(Generic[T]):
 
     def snapshot(self) -> dict[wire.Key, T]:
         return dict(self._cache)
+
+    @property
+    def generation(self) -> int:
+        """Grows with every effective change (the changes `on_change` is told of, relists included)."""
+        return self._generation
 
     @property
     def synced(self) -> bool:
@@ -525,6 +531,7 @@ class Informer(Generic[T]):
         return proj
 
     def _notify(self, key: wire.Key, old: T | None, new: T | None) -> None:
+        self._generation += 1
         if self._on_change is None:
             return
         try:
