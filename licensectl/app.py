@@ -480,8 +480,9 @@ class App:
         if vmis is None:
             return {}
         if self._starts is None or self._starts[0] != vmis.generation:
+            # Keyed by the cache's own key tuples ((namespace, name)): held, not copied.
             self._starts = (vmis.generation, MappingProxyType(
-                {(v.namespace, v.name): v.running_since or v.created for v in vmis.cache.values()}))
+                {k: v.running_since or v.created for k, v in vmis.cache.items()}))
         return self._starts[1]
 
     async def _prune_guests(self) -> None:
@@ -502,7 +503,7 @@ class App:
         gen = (vmis.generation, self.caches.replicas.generation)
         if self._affected is None or self._affected[0] != gen:
             replicas = self.caches.replicas.cache
-            self._affected = (gen, tuple((v.namespace, v.name) for v in vmis.cache.values()
+            self._affected = (gen, tuple(k for k, v in vmis.cache.items()
                                          if any((v.namespace, s) in replicas for s in v.secret_volumes)))
         return self._affected[1]
 
