@@ -103,8 +103,9 @@ class App:
         self._reports_open = False
         self._uuid_index: dict[tuple[str, str], str] | None = None
         # Derived from the VMI (and replica) caches once per cache generation (vmi_starts, affected_vmis).
-        self._starts: tuple[int, Mapping[tuple[str, str], dt.datetime | None]] | None = None
-        self._affected: tuple[tuple[int, int], tuple[tuple[str, str], ...]] | None = None
+        # Keyed by the cache objects too, so a replaced cache never passes for the one it replaced.
+        self._starts: tuple[tuple[object, int], Mapping[tuple[str, str], dt.datetime | None]] | None = None
+        self._affected: tuple[tuple[object, int, object, int], tuple[tuple[str, str], ...]] | None = None
         self.metrics_port = 0
         self.reports_port = 0
         self.webhook_port = 0
@@ -479,9 +480,10 @@ class App:
         vmis = self.caches.vmis
         if vmis is None:
             return {}
-        if self._starts is None or self._starts[0] != vmis.generation:
+        gen = (vmis, vmis.generation)
+        if self._starts is None or self._starts[0] != gen:
             # Keyed by the cache's own key tuples ((namespace, name)): held, not copied.
-            self._starts = (vmis.generation, MappingProxyType(
+            self._starts = (gen, MappingProxyType(
                 {k: v.running_since or v.created for k, v in vmis.cache.items()}))
         return self._starts[1]
 
@@ -500,7 +502,8 @@ class App:
         vmis = self.caches.vmis
         if vmis is None:
             return ()
-        gen = (vmis.generation, self.caches.replicas.generation)
+        replica_cache = self.caches.replicas
+        gen = (vmis, vmis.generation, replica_cache, replica_cache.generation)
         if self._affected is None or self._affected[0] != gen:
             replicas = self.caches.replicas.cache
             self._affected = (gen, tuple(k for k, v in vmis.cache.items()
