@@ -477,6 +477,54 @@ class Recovery:
     unhealthy_seen: bool     # the controller reported an unhealthy cache during the outage
     to_ready: float | None   # /readyz -> every informer synced and healthy, and licensectl_ready 1
     to_leader: float | None  # /readyz -> the controller holds its Lease again
+    to_served: float | None = None  # /readyz -> the apiserver answers a LIST of every watched kind (its part)
+
+
+# One LIST (limit 1) per kind the controller watches: a restarted apiserver answers 429 "storage is
+# initializing" until the watch cache of that kind is filled, so the last of them is when its part ends.
+WATCHED_LISTS: tuple[str, ...] = (
+    "/api/v1/namespaces", "/api/v1/secrets", "/apis/kubevirt.io/v1/virtualmachines",
+    "/apis/kubevirt.io/v1/virtualmachineinstances")
+
+
+async def lists_served(api: ApiClient, *, within: float = 300.0, every: float = 0.1) -> float | None:
+    """Seconds from now until every `WATCHED_LISTS` path answered 200 at least once (None: not within)."""
+    start = time.monotonic()
+    pending = set(WATCHED_LISTS)
+    while pending and time.monotonic() - start < within:
+        for path in sorted(pending):
+            with contextlib.suppress(Exception):
+                # Preloaded: any status outside 2xx (the 429 while the cache fills) raises ApiException.
+                await api.call_api(path, "GET", query_params=[("limit", 1)], auth_settings=["BearerToken"],
+                                   response_types_map={}, _preload_content=True, _request_timeout=5)
+                pending.discard(path)
+        if pending:
+            await asyncio.sleep(every)
+    return None if pending else time.monotonic() - start
+
+
+async def relist_floor(kubeconfig: str | os.PathLike[str], namespace: str, *, within: float = 300.0
+                       ) -> float | None:
+    """The controller's own informers (`licensectl.kube.caches.Caches`), started in this otherwise idle
+    process against an apiserver whose watch caches are warm: how long a complete relist of what the
+    controller watches takes when nothing else runs. The controller's part of a recovery is what it
+    needs beyond the apiserver's part and this."""
+    from licensectl.config import Settings
+    from licensectl.kube.caches import Caches
+
+    api = await make_client(kubeconfig, 8)
+    caches = Caches(api, Settings(namespace=namespace), on_change=lambda _kind: None)
+    try:
+        start = time.monotonic()
+        caches.start()
+        while not (caches.core_synced() and caches.kubevirt_healthy()):
+            if time.monotonic() - start > within:
+                return None
+            await asyncio.sleep(0.05)
+        return time.monotonic() - start
+    finally:
+        await caches.stop()
+        await api.close()
 
 
 def informers_recovered(s: Scrape) -> bool:
@@ -485,8 +533,8 @@ def informers_recovered(s: Scrape) -> bool:
     return bool(synced) and min(synced) == 1.0 and s.value("licensectl_ready") == 1.0
 
 
-async def apiserver_outage(cp: Any, ctl: BenchController, outage_seconds: float, *, within: float = 300.0
-                           ) -> Recovery:
+async def apiserver_outage(cp: Any, ctl: BenchController, outage_seconds: float, *, within: float = 300.0,
+                           api: ApiClient | None = None) -> Recovery:
     """Stop kube-apiserver for `outage_seconds` (longer than the informers' unhealthy grace, so the
     old backoff had reached its ceiling), start it on the same port and storage, and time from
     /readyz answering to the controller being ready with every cache resynced."""
@@ -502,6 +550,8 @@ async def apiserver_outage(cp: Any, ctl: BenchController, outage_seconds: float,
     await asyncio.to_thread(proc.start)
     await asyncio.to_thread(cp._wait_apiserver_ready)
     healed = time.monotonic()
+    # The apiserver's part, polled beside the controller's (a LIST of one object costs it little).
+    served = asyncio.create_task(lists_served(api, within=within)) if api is not None else None
     to_ready: float | None = None
     to_leader: float | None = None
     while time.monotonic() - healed < within and (to_ready is None or to_leader is None):
@@ -513,4 +563,4 @@ async def apiserver_outage(cp: Any, ctl: BenchController, outage_seconds: float,
                 to_leader = s.at - healed
         await asyncio.sleep(0.5)  # a scrape costs the controller CPU: do not poll it into slowness
     return Recovery(outage=t_start - t_down, restart=healed - t_start, unhealthy_seen=unhealthy,
-                    to_ready=to_ready, to_leader=to_leader)
+                    to_ready=to_ready, to_leader=to_leader, to_served=await served if served else None)

@@ -50,7 +50,7 @@ from licensectl.kube.serving_tls import ServingTLS
 from licensectl.kube.signing_key import SigningKeyStore
 from licensectl.kube.watch import InformerHooks
 from licensectl.kube.writer import SecretWriter
-from licensectl.metrics import GaugeSample, Metrics
+from licensectl.metrics import Deferred, GaugeSample, Metrics
 from licensectl.serve.http import make_internal_app, start_site
 from licensectl.serve.reports import EndpointLimits, make_reports_app
 from licensectl.serve.webhook import Admission, Validation, WebhookServer, make_webhook_app
@@ -157,7 +157,8 @@ class App:
             metrics=self.metrics, settings=s, credential_for=self._credential_for,
             report_url=config.report_url_for(s), clock=self.stamp_clock, report_ca=self._report_ca,
             gpu_class_api_version=f"{s.gpu_group}/{s.gpu_version}", rotations=self._rotations,
-            credential_key=self._credential_key, credential_epoch=self._credential_epoch)
+            credential_key=self._credential_key, credential_epoch=self._credential_epoch,
+            bind_credentials=self._credentials_now)
         # Evidence that a restarted VMI would get its volume (docs/design.md#delivery-readiness): only where
         # this deployment runs the webhook; without one, VM templates mount their replica themselves.
         if s.webhook_address:
@@ -240,6 +241,8 @@ class App:
         self._repl_trigger.set()
         self._roll_trigger.set()
         await self.tasks.stop()  # the passes finish (and the pod label lands), then the elector is cancelled
+        self.rollout.close()
+        self.replication.close()
         if self.elector is not None:
             await self.elector.release()
             await self._label_pod(False)
@@ -404,6 +407,11 @@ class App:
         ring = self.keys.keyring
         return ring.credential(namespace) if ring is not None else ""
 
+    def _credentials_now(self) -> Callable[[str], str]:
+        """`_credential_for` bound to the current key ring (a pass plans in another thread with it)."""
+        ring = self.keys.keyring
+        return ring.credential if ring is not None else (lambda _ns: "")
+
     def _credential_key(self) -> str:
         ring = self.keys.keyring
         return ring.current_id if ring is not None else ""
@@ -533,10 +541,10 @@ class App:
     def healthy(self) -> bool:
         return not self._stopping and self.tasks.healthy()
 
-    def _samples(self) -> list[GaugeSample]:
+    def _samples(self) -> list[GaugeSample | Deferred]:
         now = self.clock()
         live = self.affected_vmis()
-        out: list[GaugeSample] = []
+        out: list[GaugeSample | Deferred] = []
         # Which pod exports what (docs/operations.md#which-pod-exports-what): replication series from
         # every replica (the same watched cluster state, so `max` over pods is exact and a failover
         # leaves no gap); rollout and guest series only from the leader, the one replica that holds
@@ -547,8 +555,11 @@ class App:
             out.extend(self.rollout.samples())
             if self.rollout.drainer is not None and self.caches.vms is not None:
                 out.extend(self.rollout.drainer.samples(self.caches.vms.cache.values()))
-            out.extend(self.guests.samples(now, live, tenant_of=self._tenant_of(), started=self.vmi_starts(),
-                                           per_vmi=self.settings.guest_metrics == "per-vmi"))
+            # The per-guest walk runs in the render thread, over copies taken here (metrics.Deferred).
+            guests, tenant_of, started = self.guests.copy(), self._tenant_of(), self.vmi_starts()
+            per_vmi = self.settings.guest_metrics == "per-vmi"
+            out.append(Deferred(lambda: guests.samples(now, live, tenant_of=tenant_of, started=started,
+                                                       per_vmi=per_vmi)))
         if self.delivery_probe is not None:
             out.extend(self.delivery_probe.samples())
         out.extend(self.tls.samples())

@@ -105,29 +105,38 @@ SNAPSHOT_GAUGES: dict[str, str] = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class Deferred:
+    """Samples a provider computes later, in the render thread, from copies it took on the event loop: a
+    walk over every guest (tens of thousands) is work the loop that renews the Lease must not do."""
+
+    compute: Callable[[], Iterable[GaugeSample]]
+
+
 class SnapshotCollector(Collector):
     """Renders gauges from providers called at scrape time.
 
     The providers read the controller's caches, so they run on the event loop; `Metrics.render` takes
     their samples there (`take`) and formats the text in a worker thread from those samples only, so a
-    large scrape never holds the loop that renews the Lease and answers admission."""
+    large scrape never holds the loop that renews the Lease and answers admission. A provider's large
+    part comes as a `Deferred`, expanded in that thread."""
 
     def __init__(self) -> None:
-        self._providers: list[Callable[[], Iterable[GaugeSample]]] = []
-        self._taken: list[GaugeSample] | None = None
+        self._providers: list[Callable[[], Iterable[GaugeSample | Deferred]]] = []
+        self._taken: list[GaugeSample | Deferred] | None = None
 
-    def add(self, provider: Callable[[], Iterable[GaugeSample]]) -> None:
+    def add(self, provider: Callable[[], Iterable[GaugeSample | Deferred]]) -> None:
         self._providers.append(provider)
 
-    def take(self) -> list[GaugeSample]:
-        """Every provider's samples now (on the event loop)."""
+    def take(self) -> list[GaugeSample | Deferred]:
+        """Every provider's samples now (on the event loop); deferred parts stay deferred."""
         return [s for provider in self._providers for s in provider()]
 
     def collect(self) -> Iterator[Metric]:
         families: dict[str, GaugeMetricFamily] = {}
         taken = self._taken
         for provider in ((lambda: taken),) if taken is not None else self._providers:
-            for s in provider():
+            for s in _expanded(provider()):
                 fam = families.get(s.name)
                 if fam is None:
                     fam = GaugeMetricFamily(f"{PREFIX}_{s.name}", SNAPSHOT_GAUGES[s.name],
@@ -140,13 +149,21 @@ class SnapshotCollector(Collector):
         return iter(())
 
     @contextlib.contextmanager
-    def using(self, samples: list[GaugeSample]) -> Iterator[None]:
+    def using(self, samples: list[GaugeSample | Deferred]) -> Iterator[None]:
         """`collect` renders exactly `samples` while this holds (one render at a time: `Metrics.render`)."""
         self._taken = samples
         try:
             yield
         finally:
             self._taken = None
+
+
+def _expanded(items: Iterable[GaugeSample | Deferred]) -> Iterator[GaugeSample]:
+    for s in items:
+        if isinstance(s, Deferred):
+            yield from s.compute()
+        else:
+            yield s
 
 
 @dataclass

@@ -93,6 +93,15 @@ class GuestStore:
         # over has heard from nobody yet and must not call the whole fleet "not reporting".
         self.receiving_since: dt.datetime | None = None
 
+    def copy(self) -> GuestStore:
+        """A copy to read from another thread (a scrape's per-guest walk) while reports keep arriving here:
+        the maps are copied, the states in them are never changed in place."""
+        twin = GuestStore(self.interval_seconds, self.max_guests, self.boot_allowance_seconds)
+        twin._states, twin._feature_types, twin._leases = dict(self._states), dict(self._feature_types), dict(
+            self._leases)
+        twin.receiving_since = self.receiving_since
+        return twin
+
     def start_receiving(self, now: dt.datetime) -> None:
         """Reports now come to this replica (the reports Service selects the leader's pod)."""
         if self.receiving_since is None:
@@ -175,13 +184,12 @@ class GuestStore:
         With `token_sha_for` (what the VMI's replica holds *now*), "current" is judged when the plan is
         made, not when the report came: a report judged against a replica the cache had not yet seen
         rewritten would otherwise pass for evidence of the new token (docs/design.md#safe-rotation)."""
-        def current(k: tuple[str, str], g: GuestState) -> bool:
-            if token_sha_for is None:
-                return g.token_current
-            return g.token_sha256 is not None and g.token_sha256 == token_sha_for(*k)
+        return gates_of(self._states, token_sha_for)
 
-        return {k: GuestGate(licensed=g.state is LicenseState.LICENSED, token_sha256_current=current(k, g),
-                             reported_at=g.reported_at) for k, g in self._states.items()}
+    def states(self) -> dict[tuple[str, str], GuestState]:
+        """A copy of the last report per guest (states are replaced, never changed): what `gates_of` reads
+        from a worker thread while reports keep arriving on the event loop."""
+        return dict(self._states)
 
     def samples(self, now: dt.datetime, live: Iterable[tuple[str, str]] | None = None, *,
                 tenant_of: Callable[[str], str] | None = None, per_vmi: bool = True,
@@ -228,3 +236,15 @@ class GuestStore:
                started: Started | None = None) -> dict[str, int]:
         c = Counter(v.state for v in self.views(now, live, started))
         return {s: c.get(s, 0) for s in STATES}
+
+
+def gates_of(states: Mapping[tuple[str, str], GuestState],
+             token_sha_for: Callable[[str, str], str | None] | None = None) -> dict[tuple[str, str], GuestGate]:
+    """`GuestStore.gates` over given states: the rollout's planner thread builds them from a copy."""
+    def current(k: tuple[str, str], g: GuestState) -> bool:
+        if token_sha_for is None:
+            return g.token_current
+        return g.token_sha256 is not None and g.token_sha256 == token_sha_for(*k)
+
+    return {k: GuestGate(licensed=g.state is LicenseState.LICENSED, token_sha256_current=current(k, g),
+                         reported_at=g.reported_at) for k, g in states.items()}

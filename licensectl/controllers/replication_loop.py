@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from licensectl import config, logs
+from licensectl.controllers.planner import PlannerThread
 from licensectl.controllers.settings import rotation_settings, tenant_settings
 from licensectl.core import tokeninfo
 from licensectl.core.entitlement import ProblemKind
@@ -156,7 +157,8 @@ class ReplicationController:
                  concurrency: int = 32, gpu_class_api_version: str = "gpu.cozystack.io/v1alpha1",
                  report_ca: Callable[[], bytes] = bytes,
                  rotations: Callable[[], Mapping[ObjectRef, SourceRevisions] | None] = lambda: None,
-                 credential_key: Callable[[], str] = str, credential_epoch: Callable[[], str] = str) -> None:
+                 credential_key: Callable[[], str] = str, credential_epoch: Callable[[], str] = str,
+                 bind_credentials: Callable[[], Callable[[str], str]] | None = None) -> None:
         self.caches = caches
         # Safe rotation (docs/design.md#safe-rotation): replicas follow each source's record; None
         # (tests of replication alone) follows the live source.
@@ -169,6 +171,9 @@ class ReplicationController:
         self.credential_for = credential_for
         self.credential_key = credential_key  # id of the key credential_for derives from (docs/design.md#key-ring)
         self.credential_epoch = credential_epoch  # the last key revocation, part of every revision
+        # credential_for bound to the key of the moment (the App's key ring), read when a pass gathers.
+        self.bind_credentials = bind_credentials
+        self._planner = PlannerThread("replication")  # docs/design.md#plans-off-the-loop
         self.report_url = report_url
         self.report_ca = report_ca  # current serving CA bundle (kube/serving_tls.py), read every pass
         self.clock: WallClock = clock or (lambda: dt.datetime.now(dt.UTC))
@@ -193,11 +198,18 @@ class ReplicationController:
 
     # -- observe + plan ---------------------------------------------------------------------------
     def plan(self) -> ReplicationPlan:
+        """gather + plan in the caller's thread (tests, tools); `reconcile` plans off the loop."""
+        return plan_replication(self.gather())
+
+    def gather(self) -> ReplicationInputs:
+        """What a plan is made from, taken on the event loop in one synchronous step: copies of the caches,
+        and the signing key of this moment bound into `credential_for` (a key rotated while the plan runs
+        in the planner thread must not mix into it)."""
         c = self.caches
         classes = {k[1]: v for k, v in c.classes.snapshot().items()}
         wanted_sources = {gc.secret_ref for gc in classes.values() if gc.mode == "vgpu" and gc.secret_ref}
         c.ensure_sources(wanted_sources)
-        return plan_replication(ReplicationInputs(
+        return ReplicationInputs(
             namespaces={k[1]: v for k, v in c.namespaces.snapshot().items()},
             classes=classes,
             claims=list(c.claims.snapshot().values()),
@@ -205,7 +217,7 @@ class ReplicationController:
             replicas=c.replicas.snapshot(),
             conflicts=frozenset(k for k, seen in self.status.conflicts.items()
                                 if self._monotonic() - seen < CONFLICT_RECHECK_SECONDS),
-            credential_for=self.credential_for,
+            credential_for=self.bind_credentials() if self.bind_credentials is not None else self.credential_for,
             report_url=self.report_url,
             report_ca=self.report_ca(),
             token_key=self.settings.token_key,
@@ -215,7 +227,7 @@ class ReplicationController:
             steps=self.steps,
             credential_key=self.credential_key(),
             credential_epoch=self.credential_epoch(),
-        ))
+        )
 
     # -- act --------------------------------------------------------------------------------------
     async def reconcile(self, *, leader: bool = True) -> ReplicationPlan | None:
@@ -225,7 +237,8 @@ class ReplicationController:
         start = time.monotonic()
         result = "ok"
         try:
-            plan = self.plan()
+            inputs = self.gather()
+            plan, _cpu = await self._planner.run(lambda: plan_replication(inputs))
             self.status.plan = plan
             self._update_token_expiry(plan)
             if leader:
@@ -531,6 +544,9 @@ class ReplicationController:
         for kind in TENANT_PROBLEM_KINDS:
             yield GaugeSample("tenant_problems", (("kind", kind),), float(kinds.get(kind, 0)))
         yield GaugeSample("deletions_deferred", (), float(self.status.deferred_deletions))
+
+    def close(self) -> None:
+        self._planner.close()
 
     def status_dict(self) -> dict[str, Any]:
         plan = self.status.plan

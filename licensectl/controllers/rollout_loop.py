@@ -13,14 +13,17 @@ import asyncio
 import datetime as dt
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from licensectl import config, logs
 from licensectl.controllers.drain_loop import WorkerDrainer
-from licensectl.controllers.guests import GuestStore
+from licensectl.controllers.guests import GuestStore, gates_of
+from licensectl.controllers.planner import PlannerThread
 from licensectl.controllers.settings import rollout_settings
 from licensectl.controllers.vm_restart import restart_vmi, vm_object, vmi_object
-from licensectl.core.model import ObjectRef, Vmi, source_of
+from licensectl.core.guest_report import GuestState
+from licensectl.core.model import ObjectRef, Vm, Vmi, source_of
 from licensectl.core.ports import (
     EventSink,
     InvolvedObject,
@@ -59,6 +62,23 @@ _VmiAggregates = tuple[dict[str, int], dict[tuple[str, str], int], dict[str, int
                        list[tuple[tuple[str, str], VmiRolloutState]]]
 
 WantedVolumes = Callable[[list[Vmi]], Mapping[tuple[str, str], tuple[str, ...]]]
+
+
+
+@dataclass(frozen=True, slots=True)
+class PlanInputs:
+    """One pass's view of the cluster, gathered on the event loop for the planner thread."""
+
+    replicas: list[ReplicaRevision]
+    sources: dict[ObjectRef, SourceControl]
+    vmis: list[Vmi]
+    vms: list[Vm]
+    guest_states: dict[tuple[str, str], GuestState]
+    now: dt.datetime
+    evidence_at: dt.datetime | None
+    delivery_ready: bool
+    worker_limits: Mapping[str, int] | None
+
 
 EXPECTATION_TIMEOUT = 15.0
 ACT_CONCURRENCY = 16
@@ -115,6 +135,7 @@ class RolloutController:
         self.drain_wakeup: dt.datetime | None = None
         self.plan_cpu_seconds = 0.0  # CPU time of the last pass's plan (observe)
         self._aggregates: tuple[RolloutPlan, _VmiAggregates] | None = None
+        self._planner = PlannerThread("rollout")  # plan_from runs there (docs/design.md#plans-off-the-loop)
 
     @property
     def awaiting_own_writes(self) -> bool:
@@ -132,21 +153,44 @@ class RolloutController:
                 del self._expect[key]
         return not self._expect
 
-    def observe(self) -> RolloutPlan | None:
+    def gather(self) -> PlanInputs | None:
+        """What a plan is made from, taken on the event loop in one synchronous step: copies of the VM and
+        VMI caches and of the guest reports, so the planner thread iterates nothing the loop changes."""
         c = self.caches
         if c.vms is None or c.vmis is None or not (c.core_synced() and c.kubevirt_healthy()):
             return None
-        replicas = self._replica_revisions()
-        sources = {ref: SourceControl.from_annotations(s.annotations)
-                   for ref, s in c.source_states().items() if s is not None}
-        vmis = list(c.vmis.snapshot().values())
-        return plan_rollout(replicas=replicas, vmis=vmis,
-                            vms=list(c.vms.snapshot().values()), guests=self.guests.gates(self._token_sha_for),
-                            sources=sources,
-                            settings=self.rollout_settings, now=self.clock(), wanted=self._wanted(vmis),
-                            memo=self._memo, evidence_at=self.guests.evidence_complete_at(),
-                            delivery_ready=self._delivery_ready(),
-                            worker_limits=self.drainer.worker_limits() if self.drainer else None)
+        return PlanInputs(
+            replicas=self._replica_revisions(),
+            sources={ref: SourceControl.from_annotations(s.annotations)
+                     for ref, s in c.source_states().items() if s is not None},
+            vmis=list(c.vmis.snapshot().values()), vms=list(c.vms.snapshot().values()),
+            guest_states=self.guests.states(), now=self.clock(), evidence_at=self.guests.evidence_complete_at(),
+            delivery_ready=self._delivery_ready(),
+            worker_limits=self.drainer.worker_limits() if self.drainer else None)
+
+    def plan_from(self, inputs: PlanInputs) -> RolloutPlan:
+        """The pure plan over gathered inputs; runs in the planner thread (one at a time: it owns the memo).
+        Besides the copies it reads the live caches only by key (`token_sha_for`, the delivery view behind
+        `wanted`), as the webhook thread does: safe while the loop writes them, and no more out of step
+        with the copies than two informers ever are with each other."""
+        return plan_rollout(replicas=inputs.replicas, vmis=inputs.vmis, vms=inputs.vms,
+                            guests=gates_of(inputs.guest_states, self._token_sha_for), sources=inputs.sources,
+                            settings=self.rollout_settings, now=inputs.now, wanted=self._wanted(inputs.vmis),
+                            memo=self._memo, evidence_at=inputs.evidence_at,
+                            delivery_ready=inputs.delivery_ready, worker_limits=inputs.worker_limits)
+
+    def observe(self) -> RolloutPlan | None:
+        """gather + plan_from in the caller's thread (tests, tools); `reconcile` plans off the loop."""
+        inputs = self.gather()
+        return None if inputs is None else self.plan_from(inputs)
+
+    def _plan_with_aggregates(self, inputs: PlanInputs) -> RolloutPlan:
+        plan = self.plan_from(inputs)
+        self._vmi_aggregates(plan)  # what a scrape shows of it, counted here rather than on the loop
+        return plan
+
+    def close(self) -> None:
+        self._planner.close()
 
     def _replica_revisions(self) -> list[ReplicaRevision]:
         """Parsed revisions of all replicas, re-parsed only for replicas whose resourceVersion changed
@@ -171,12 +215,12 @@ class RolloutController:
         start = time.monotonic()
         result = "ok"
         try:
-            cpu = time.thread_time()
-            plan = self.observe()
-            # The plan's own CPU (synchronous: nothing else ran meanwhile) paces the loop (runner.Pacing).
-            self.plan_cpu_seconds = time.thread_time() - cpu
-            if plan is None:
+            inputs = self.gather()
+            if inputs is None:
+                self.plan_cpu_seconds = 0.0
                 return None
+            # The plan's own CPU (the planner thread's) paces the loop (runner.Pacing).
+            plan, self.plan_cpu_seconds = await self._planner.run(lambda: self._plan_with_aggregates(inputs))
             self.plan = plan
             if leader and not self.settings.dry_run:
                 await self._act(plan)

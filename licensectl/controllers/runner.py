@@ -1,7 +1,8 @@
 """How the App's loops run: the reconcile loop, what a pass returns, and the task runner.
 
-Concurrency model: one asyncio event loop runs everything (the admission webhook's own thread is
-the one exception, docs/design.md#webhook-thread). Each reconcile loop is one task that runs one
+Concurrency model: one asyncio event loop runs everything but the pure plans (each loop plans in its
+own thread, docs/design.md#plans-off-the-loop) and the admission webhook (its own thread,
+docs/design.md#webhook-thread). Each reconcile loop is one task that runs one
 pass at a time, so a pass never races itself and reads the watch caches without locks; the caches
 are updated by the same loop between passes. A pass is level-based (it looks at the whole picture),
 so triggers carry no payload: an `asyncio.Event` set by a watch callback just says "look again",

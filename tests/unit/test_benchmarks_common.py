@@ -9,6 +9,7 @@ import json
 import pytest
 
 from benchmarks.common import (
+    WATCHED_LISTS,
     fake_tokens,
     fmt_mib,
     fmt_num,
@@ -17,6 +18,7 @@ from benchmarks.common import (
     format_table,
     informers_recovered,
     level_sizes,
+    lists_served,
     parse_proc_stat_cpu,
     parse_proc_status,
     ratio,
@@ -165,3 +167,29 @@ def test_loop_lag_between_two_scrapes_counts_only_the_samples_between_them() -> 
     assert loop_lag_between(before, after) == "4 samples, 1 later than 100 ms, worst ≤ 0.25 s"
     assert loop_lag_between(before, before) == "no samples"
     assert loop_lag_between(before, parse_metrics("")).startswith("n/a")
+
+
+class _Restarting:
+    """An apiserver whose watch caches fill one kind at a time: 429 for a kind until its turn."""
+
+    def __init__(self, fills_after: dict[str, int]) -> None:
+        self.fills_after = dict(fills_after)
+        self.calls: list[str] = []
+
+    async def call_api(self, path: str, method: str, **kw: object) -> object:
+        self.calls.append(path)
+        assert method == "GET" and kw["query_params"] == [("limit", 1)]
+        if self.calls.count(path) <= self.fills_after.get(path, 0):
+            raise RuntimeError("429 storage is initializing")
+        return {}
+
+
+async def test_lists_served_waits_for_every_watched_kind_and_asks_each_only_until_it_answered() -> None:
+    slow = WATCHED_LISTS[-1]
+    api = _Restarting({slow: 3, WATCHED_LISTS[0]: 1})
+    took = await lists_served(api, every=0.0)  # type: ignore[arg-type]
+    assert took is not None and took >= 0
+    assert api.calls.count(slow) == 4 and api.calls.count(WATCHED_LISTS[0]) == 2
+    assert all(api.calls.count(p) == 1 for p in WATCHED_LISTS[1:-1])
+    never = _Restarting({slow: 10**9})
+    assert await lists_served(never, within=0.05, every=0.01) is None  # type: ignore[arg-type]

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from licensectl.metrics import GaugeSample, Metrics, render
+from licensectl.metrics import Deferred, GaugeSample, Metrics, render
 
 pytestmark = pytest.mark.asyncio
 
@@ -63,3 +63,32 @@ async def test_outside_a_render_the_registry_collects_live() -> None:
     value[0] = 0.0
     got = {s.name: s.value for fam in m.registry.collect() for s in fam.samples}
     assert got["licensectl_leader"] == 0.0
+
+
+async def test_a_deferred_part_is_computed_in_the_render_thread_from_what_the_loop_copied() -> None:
+    """A walk over every guest runs in the render thread, over the copy the provider took on the loop: a
+    change the loop makes after the scrape began is not in it."""
+    m = Metrics()
+    loop_thread = threading.get_ident()
+    computed_in: list[int] = []
+    live = {"ns-a": 1.0}
+
+    def provider() -> list[GaugeSample | Deferred]:
+        copied = dict(live)
+
+        def walk() -> list[GaugeSample]:
+            computed_in.append(threading.get_ident())
+            return [GaugeSample("guests", (("state", "licensed"), ("tenant", ns)), v) for ns, v in copied.items()]
+
+        return [GaugeSample("leader", (), 1.0), Deferred(walk)]
+
+    m.snapshots.add(provider)
+    scrape = asyncio.create_task(render(m))
+    await asyncio.sleep(0)
+    live["ns-b"] = 2.0
+    body = (await scrape).decode()
+    assert 'licensectl_guests{state="licensed",tenant="ns-a"} 1.0' in body and "ns-b" not in body
+    assert "licensectl_leader 1.0" in body
+    assert computed_in and all(t != loop_thread for t in computed_in)
+    # Outside a render (tests reading the registry) a deferred part is computed where it is read.
+    assert m.registry.get_sample_value("licensectl_guests", {"state": "licensed", "tenant": "ns-b"}) == 2.0

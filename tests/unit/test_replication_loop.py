@@ -4,14 +4,28 @@ tests/integration/test_replication.py."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import copy
 import dataclasses
+import threading
+
+import pytest
 
 from licensectl.config import Settings
+from licensectl.controllers import replication_loop
 from licensectl.controllers.replication_loop import CONFLICT_RECHECK_SECONDS, ReplicationController
-from licensectl.core.model import KEY_TOKEN, GpuClaim, GpuClass, Namespace, ObjectRef, SourceSecret
+from licensectl.core.model import (
+    KEY_REPORT_CREDENTIAL,
+    KEY_TOKEN,
+    GpuClaim,
+    GpuClass,
+    Namespace,
+    ObjectRef,
+    SourceSecret,
+)
 from licensectl.core.render import replica_name
+from licensectl.core.replication import ReplicationInputs, ReplicationPlan, plan_replication
 from licensectl.metrics import Metrics
 from licensectl_dev.testkit.memory import ManualClock, MemoryCaches, MemoryEvents, MemoryReplicaWriter
 
@@ -292,3 +306,46 @@ async def test_a_standby_reports_class_gauges_but_writes_no_event() -> None:
     assert w.writes() == [] and w.events.emitted == []
     assert gauges(w, "class_feature_type_mismatch") == {"vws": 1.0}
     assert gauges(w, "class_license_changed") == {"vws": 1.0}
+
+
+async def test_the_plan_is_made_off_the_loop_with_the_signing_key_of_the_moment_the_pass_began(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Replication plans in its own thread (docs/design.md#plans-off-the-loop): the loop keeps serving
+    meanwhile, and a key rotated while the plan runs does not mix into it -- every replica of the pass
+    carries the credential of the key the pass gathered; the next pass writes the new one."""
+    w = World(["tenant-a", "tenant-b"])
+    ring = ["key1"]
+    w.loop.bind_credentials = lambda: (lambda ns, key=ring[0]: f"{key}-{ns}")
+    loop_thread = threading.get_ident()
+    loop_ran = threading.Event()
+    planned_in: list[int] = []
+    real_plan = plan_replication
+
+    def slow_plan(inputs: ReplicationInputs) -> ReplicationPlan:
+        planned_in.append(threading.get_ident())
+        assert loop_ran.wait(timeout=10), "the event loop did not run while the plan was being made"
+        return real_plan(inputs)
+
+    async def rotate_key_meanwhile() -> None:
+        await asyncio.sleep(0)
+        ring[0] = "key2"
+        loop_ran.set()
+
+    monkeypatch.setattr(replication_loop, "plan_replication", slow_plan)
+    try:
+        task = asyncio.create_task(rotate_key_meanwhile())
+        await w.loop.reconcile()
+        await task
+    finally:
+        w.loop.close()
+    assert planned_in and planned_in[0] != loop_thread
+
+    def credentials() -> set[str]:
+        return {base64.b64decode(w.writer.secrets[(ns, REPLICA)]["data"][KEY_REPORT_CREDENTIAL]).decode()
+                for ns in w.replicas()}
+
+    assert credentials() == {f"key1-{ns}" for ns in (ROOT, "tenant-a", "tenant-b")}
+    monkeypatch.setattr(replication_loop, "plan_replication", real_plan)
+    await w.loop.reconcile()
+    assert credentials() == {f"key2-{ns}" for ns in (ROOT, "tenant-a", "tenant-b")}
+    w.loop.close()

@@ -5,17 +5,19 @@ runs against the real apiserver in tests/integration/test_rollout.py."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import datetime as dt
 import random
+import threading
 from collections import Counter
 
 import pytest
 
 from licensectl.config import Settings
 from licensectl.controllers.guests import MISSED_INTERVALS, GuestStore
-from licensectl.controllers.rollout_loop import RolloutController
+from licensectl.controllers.rollout_loop import PlanInputs, RolloutController
 from licensectl.core.model import (
     ANN_CLASS,
     ANN_RESTART_REVISION,
@@ -33,7 +35,7 @@ from licensectl.core.model import (
     SourceSecret,
 )
 from licensectl.core.ports import RestartResult
-from licensectl.core.rollout import Phase, VmiState
+from licensectl.core.rollout import Phase, RolloutPlan, VmiState
 from licensectl.core.timecodec import format_micro_time
 from licensectl.metrics import Metrics
 from licensectl_dev.testkit.memory import ManualClock, MemoryCaches, MemoryEvents, MemoryKubevirt
@@ -376,3 +378,38 @@ async def test_a_controller_that_just_took_over_waits_for_guest_evidence_before_
     w.clock.advance(MISSED_INTERVALS * 60.0)  # a silent guest: judged by time after the window
     await w.loop.reconcile()
     assert w.kubevirt.restarted() == [("tenant-a", "vm1")]
+
+
+async def test_the_plan_is_made_off_the_event_loop_which_keeps_serving_meanwhile() -> None:
+    """A plan over a large fleet takes a second of CPU: made on the loop it would hold up Lease
+    renewals, watch reads and guest reports. Here the plan waits until a task on the loop has run, which
+    only works while the plan is made elsewhere; and a VM written while the plan is under way changes
+    nothing in it (the plan is made from the copies gathered when the pass began)."""
+    w = World([("tenant-a", "vm1"), ("tenant-b", "vm2")])
+    loop_thread = threading.get_ident()
+    loop_ran = threading.Event()
+    planned_in: list[int] = []
+    plan_from = w.loop.plan_from
+
+    def slow_plan(inputs: PlanInputs) -> RolloutPlan:
+        planned_in.append(threading.get_ident())
+        assert loop_ran.wait(timeout=10), "the event loop did not run while the plan was being made"
+        return plan_from(inputs)
+
+    async def meanwhile() -> None:
+        await asyncio.sleep(0)
+        assert w.caches.vms is not None
+        w.caches.vms.remove(("tenant-b", "vm2"))  # as the VM watch would show a deleted VM
+        loop_ran.set()
+
+    w.loop.plan_from = slow_plan  # type: ignore[method-assign]
+    try:
+        task = asyncio.create_task(meanwhile())
+        plan = await w.loop.reconcile()
+        await task
+    finally:
+        w.loop.close()
+    assert plan is not None and planned_in and planned_in[0] != loop_thread
+    assert set(plan.vmi_states) == {("tenant-a", "vm1"), ("tenant-b", "vm2")}
+    assert plan.vmi_states[("tenant-b", "vm2")].state is not VmiState.BLOCKED  # its VM was in the gathered view
+    assert w.loop.plan_cpu_seconds >= 0.0
