@@ -503,30 +503,6 @@ async def lists_served(api: ApiClient, *, within: float = 300.0, every: float = 
     return None if pending else time.monotonic() - start
 
 
-async def relist_floor(kubeconfig: str | os.PathLike[str], namespace: str, *, within: float = 300.0
-                       ) -> float | None:
-    """The controller's own informers (`licensectl.kube.caches.Caches`), started in this otherwise idle
-    process against an apiserver whose watch caches are warm: how long a complete relist of what the
-    controller watches takes when nothing else runs. The controller's part of a recovery is what it
-    needs beyond the apiserver's part and this."""
-    from licensectl.config import Settings
-    from licensectl.kube.caches import Caches
-
-    api = await make_client(kubeconfig, 8)
-    caches = Caches(api, Settings(namespace=namespace), on_change=lambda _kind: None)
-    try:
-        start = time.monotonic()
-        caches.start()
-        while not (caches.core_synced() and caches.kubevirt_healthy()):
-            if time.monotonic() - start > within:
-                return None
-            await asyncio.sleep(0.05)
-        return time.monotonic() - start
-    finally:
-        await caches.stop()
-        await api.close()
-
-
 def informers_recovered(s: Scrape) -> bool:
     """Every watched resource synced and healthy (licensectl_informer_synced 1), and ready."""
     synced = [v for (name, _), v in s.samples.items() if name == "licensectl_informer_synced"]
