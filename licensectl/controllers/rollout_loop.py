@@ -135,6 +135,7 @@ class RolloutController:
         self.drain_wakeup: dt.datetime | None = None
         self.plan_cpu_seconds = 0.0  # CPU time of the last pass's plan (observe)
         self._aggregates: tuple[RolloutPlan, _VmiAggregates] | None = None
+        self._notable: tuple[RolloutPlan, list[tuple[tuple[str, str], VmiRolloutState]]] | None = None
         self._planner = PlannerThread("rollout")  # plan_from runs there (docs/design.md#plans-off-the-loop)
 
     @property
@@ -187,6 +188,7 @@ class RolloutController:
     def _plan_with_aggregates(self, inputs: PlanInputs) -> RolloutPlan:
         plan = self.plan_from(inputs)
         self._vmi_aggregates(plan)  # what a scrape shows of it, counted here rather than on the loop
+        self._needs_event(plan)  # and the few VMIs a pass writes an Event about
         return plan
 
     def close(self) -> None:
@@ -257,7 +259,7 @@ class RolloutController:
                              *(bounded(self._record(rec)) for rec in plan.results))
         if self.drainer is not None and self.caches.vms is not None and self.caches.vmis is not None:
             self.drain_wakeup = await self.drainer.reconcile(plan, self.caches.vms.cache, self.caches.vmis.cache)
-        for (ns, vmi), st in plan.vmi_states.items():
+        for (ns, vmi), st in self._needs_event(plan):
             if st.state is VmiState.BLOCKED:
                 await self.events.emit(vmi_object(ns, vmi), "Warning", Reason.RESTART_BLOCKED,
                                        f"VMI runs an older license than {replica_revision(st.revision)} but cannot be "
@@ -379,6 +381,17 @@ class RolloutController:
             return
         self._measured[ref] = revision
         self.metrics.rollout_duration.observe(max(0.0, (completed - at).total_seconds()))
+
+    def _needs_event(self, plan: RolloutPlan) -> list[tuple[tuple[str, str], VmiRolloutState]]:
+        """The VMIs `_act` writes a Warning about (blocked, undeliverable, missing their volume), once per
+        plan: picked in the planner thread, so the loop does not walk every VMI's state for a handful."""
+        hit = self._notable
+        if hit is not None and hit[0] is plan:
+            return hit[1]
+        out = [(k, st) for k, st in plan.vmi_states.items()
+               if st.state in (VmiState.BLOCKED, VmiState.UNDELIVERABLE) or st.missing_volume]
+        self._notable = (plan, out)
+        return out
 
     # -- metrics / status ---------------------------------------------------------------------------
     def _vmi_aggregates(self, plan: RolloutPlan) -> _VmiAggregates:

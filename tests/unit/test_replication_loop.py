@@ -9,6 +9,7 @@ import base64
 import copy
 import dataclasses
 import threading
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -349,3 +350,27 @@ async def test_the_plan_is_made_off_the_loop_with_the_signing_key_of_the_moment_
     await w.loop.reconcile()
     assert credentials() == {f"key2-{ns}" for ns in (ROOT, "tenant-a", "tenant-b")}
     w.loop.close()
+
+
+async def test_writes_run_through_a_bounded_pool_and_one_failure_stops_none_of_the_others() -> None:
+    """A rotation's thousands of writes are a few workers, not a task each (docs/design.md#plans-off-the-loop)."""
+    w = World([])
+    running = [0]
+    most = [0]
+    done: list[int] = []
+
+    def job(i: int) -> Callable[[], Awaitable[None]]:
+        async def run() -> None:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+            await asyncio.sleep(0)
+            running[0] -= 1
+            if i == 3:
+                raise RuntimeError("one write failed")
+            done.append(i)
+        return run
+
+    await w.loop._run_pool([job(i) for i in range(500)])
+    assert sorted(done) == [i for i in range(500) if i != 3]
+    assert 1 < most[0] <= 2 * w.loop._concurrency
+    await w.loop._run_pool([])  # nothing to do: no worker, no error
