@@ -177,15 +177,6 @@ class GuestStore:
             out.append(GuestView(ns, vmi, state, g, wrong))
         return out
 
-    def gates(self, token_sha_for: Callable[[str, str], str | None] | None = None
-              ) -> Mapping[tuple[str, str], GuestGate]:
-        """Rollout evidence: licensed + token current, with the report time.
-
-        With `token_sha_for` (what the VMI's replica holds *now*), "current" is judged when the plan is
-        made, not when the report came: a report judged against a replica the cache had not yet seen
-        rewritten would otherwise pass for evidence of the new token (docs/design.md#safe-rotation)."""
-        return gates_of(self._states, token_sha_for)
-
     def states(self) -> dict[tuple[str, str], GuestState]:
         """A copy of the last report per guest (states are replaced, never changed): what `gates_of` reads
         from a worker thread while reports keep arriving on the event loop."""
@@ -240,7 +231,10 @@ class GuestStore:
 
 def gates_of(states: Mapping[tuple[str, str], GuestState],
              token_sha_for: Callable[[str, str], str | None] | None = None) -> dict[tuple[str, str], GuestGate]:
-    """`GuestStore.gates` over given states: the rollout's planner thread builds them from a copy."""
+    """Rollout evidence: licensed + token current, with the report time; built in the rollout's planner
+    thread from `GuestStore.states()`. With `token_sha_for` (what the VMI's replica holds *now*), "current"
+    is judged when the plan is made, not when the report came: a report judged against a replica the cache
+    had not yet seen rewritten would otherwise pass for evidence of the new token (docs/design.md#safe-rotation)."""
     def current(k: tuple[str, str], g: GuestState) -> bool:
         if token_sha_for is None:
             return g.token_current
