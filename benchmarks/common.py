@@ -478,6 +478,49 @@ class Recovery:
     to_ready: float | None   # /readyz -> every informer synced and healthy, and licensectl_ready 1
     to_leader: float | None  # /readyz -> the controller holds its Lease again
     to_served: float | None = None  # /readyz -> the apiserver answers a LIST of every watched kind (its part)
+    per_informer: tuple[InformerRecovery, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class InformerRecovery:
+    """One cache around the outage: when it was synced and healthy again, and the LISTs it made."""
+    resource: str
+    synced_after: float | None  # /readyz -> licensectl_informer_synced 1 again (None: not seen)
+    lists: int                  # complete LISTs that succeeded during the outage and the recovery
+    list_seconds: float         # their time (licensectl_informer_list_duration_seconds)
+    failed_lists: int           # LISTs that failed (the apiserver down, or 429 while its cache filled)
+    watch_restarts: dict[str, int]  # by reason (gone: relist needed; error: rewatch from the last RV)
+
+    def describe(self) -> str:
+        when = "not synced" if self.synced_after is None else f"synced {self.synced_after:.2f} s"
+        lists = f"{self.lists} LIST(s) {self.list_seconds:.2f} s" if self.lists else "no relist"
+        restarts = ", ".join(f"{k} {v}" for k, v in sorted(self.watch_restarts.items()) if v) or "none"
+        return f"{self.resource}: {when}, {lists}, {self.failed_lists} failed, watch restarts {restarts}"
+
+
+LIST_SECONDS = "licensectl_informer_list_duration_seconds"
+
+
+def informer_recoveries(before: Scrape, after: Scrape, synced_at: Mapping[str, float]) -> tuple[InformerRecovery, ...]:
+    """Per cache, from the scrapes before the outage and after the recovery: when it was synced again
+    (`synced_at`, seconds after /readyz, from the polls) and the LISTs and watch restarts in between."""
+    resources = sorted({dict(ls)["resource"] for (n, ls) in after.samples if n == "licensectl_informer_synced"})
+    out = []
+    for r in resources:
+        restarts = {dict(ls).get("reason", ""): int(v - before.value(n, **dict(ls)))
+                    for (n, ls), v in after.samples.items()
+                    if n == "licensectl_watch_restarts_total" and dict(ls).get("resource") == r.split(":")[0]}
+        lr = r.split(":")[0]
+        out.append(InformerRecovery(
+            resource=r, synced_after=synced_at.get(r),
+            lists=int(after.value(f"{LIST_SECONDS}_count", resource=lr, result="ok")
+                      - before.value(f"{LIST_SECONDS}_count", resource=lr, result="ok")),
+            list_seconds=after.value(f"{LIST_SECONDS}_sum", resource=lr, result="ok")
+            - before.value(f"{LIST_SECONDS}_sum", resource=lr, result="ok"),
+            failed_lists=int(after.value(f"{LIST_SECONDS}_count", resource=lr, result="error")
+                             - before.value(f"{LIST_SECONDS}_count", resource=lr, result="error")),
+            watch_restarts={k: v for k, v in restarts.items() if v}))
+    return tuple(out)
 
 
 # One LIST (limit 1) per kind the controller watches: a restarted apiserver answers 429 "storage is
@@ -515,6 +558,7 @@ async def apiserver_outage(cp: Any, ctl: BenchController, outage_seconds: float,
     old backoff had reached its ceiling), start it on the same port and storage, and time from
     /readyz answering to the controller being ready with every cache resynced."""
     proc = cp._procs["kube-apiserver"]  # the same stop/start ControlPlane.restart_apiserver does
+    before = await ctl.must_scrape()
     await asyncio.to_thread(proc.stop)
     t_down = time.monotonic()
     unhealthy = False
@@ -530,13 +574,20 @@ async def apiserver_outage(cp: Any, ctl: BenchController, outage_seconds: float,
     served = asyncio.create_task(lists_served(api, within=within)) if api is not None else None
     to_ready: float | None = None
     to_leader: float | None = None
+    synced_at: dict[str, float] = {}
+    last = before
     while time.monotonic() - healed < within and (to_ready is None or to_leader is None):
         s = await ctl.scrape()
         if s is not None:
+            last = s
+            for (name, labels), v in s.samples.items():
+                if name == "licensectl_informer_synced" and v == 1.0:
+                    synced_at.setdefault(dict(labels)["resource"], s.at - healed)
             if to_ready is None and informers_recovered(s):
                 to_ready = s.at - healed
             if to_leader is None and s.value("licensectl_leader") == 1.0:
                 to_leader = s.at - healed
         await asyncio.sleep(0.5)  # a scrape costs the controller CPU: do not poll it into slowness
     return Recovery(outage=t_start - t_down, restart=healed - t_start, unhealthy_seen=unhealthy,
-                    to_ready=to_ready, to_leader=to_leader, to_served=await served if served else None)
+                    to_ready=to_ready, to_leader=to_leader, to_served=await served if served else None,
+                    per_informer=informer_recoveries(before, last, synced_at))

@@ -90,6 +90,7 @@ class ReplicationScale:
     timeout: float
     vmis: int = 0  # running VMs, each with its VMI, spread over the tenants
     outage_seconds: float = 35.0  # > the informers' 30 s unhealthy grace: the old backoff was at its ceiling
+    recovery_goal: float = 10.0  # /readyz -> ready, seconds (issue goals: 10 s at full, 30 s at xl)
 
 
 SCALES = {
@@ -99,7 +100,7 @@ SCALES = {
                              steady_periods=2, timeout=3600.0, vmis=20_000),
     # Opt-in, not in CI: 20,000 tenants and 50,000 VMIs; what breaks first is reported.
     "xl": ReplicationScale(namespaces=20_000, max_depth=4, unrelated_secrets=50_000, resync_seconds=20.0,
-                           steady_periods=2, timeout=4 * 3600.0, vmis=50_000),
+                           steady_periods=2, timeout=4 * 3600.0, vmis=50_000, recovery_goal=30.0),
 }
 
 
@@ -449,7 +450,8 @@ async def run(cp: ControlPlane, scale_name: str, build: ControllerBuild = THIS_T
             ["event loop lag at steady state", lag_steady, "", "resync passes only"],
             ["controller peak RSS (VmHWM)", fmt_mib(hwm), f"goal ≤ {GOAL_RSS_MIB} MiB",
              f"RSS at end {fmt_mib(rss_end)}; max sampled VmRSS {fmt_mib(ctl.peak_rss)}"],
-            ["recovery: apiserver /readyz -> controller ready", fmt_seconds(rec.to_ready), "goal ≤ 5 s",
+            ["recovery: apiserver /readyz -> controller ready", fmt_seconds(rec.to_ready),
+             f"goal ≤ {scale.recovery_goal:g} s",
              f"every informer synced+healthy after a {rec.outage:.0f}s outage (apiserver restart took "
              f"{rec.restart:.1f}s; caches went unhealthy: {'yes' if rec.unhealthy_seen else 'no'})"],
             ["recovery: apiserver /readyz -> leader again", fmt_seconds(rec.to_leader), "",
@@ -459,6 +461,9 @@ async def run(cp: ControlPlane, scale_name: str, build: ControllerBuild = THIS_T
             ["recovery, the controller's part: ready - LISTs served",
              fmt_seconds(None if rec.to_ready is None or rec.to_served is None else rec.to_ready - rec.to_served),
              "", "the relists, the first passes and everything else the controller waits for"],
+            *[[f"recovery, cache {r.resource}", r.describe(), "",
+               "from licensectl_informer_synced (polled), _informer_list_duration_seconds, _watch_restarts_total"]
+              for r in rec.per_informer],
             ["controller exit on SIGTERM", str(code), "0", ""],
         ]
         return format_table(f"Replication benchmark ({scale_name})", ["metric", "measured", "baseline / goal",

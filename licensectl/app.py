@@ -146,8 +146,10 @@ class App:
         if self._api_client is None:
             tracing = kclient.request_tracing(on_request=self._count_request, clock=self.server_clock)
             self._api_client = await kclient.make_api_client(s, trace_configs=[tracing])
-        hooks = InformerHooks(on_watch_restart=lambda inf, reason: self.metrics.watch_restarts.labels(
-            inf.split(":")[0], reason).inc())
+        hooks = InformerHooks(
+            on_watch_restart=lambda inf, reason: self.metrics.watch_restarts.labels(inf.split(":")[0], reason).inc(),
+            on_list=lambda inf, result, _objects, seconds: self.metrics.informer_lists.labels(
+                inf.split(":")[0], result).observe(seconds))
         self.caches = Caches(self.api, s, on_change=self._changed, hooks=hooks)
         self.events = EventRecorder(CoreV1Api(self.api), dry_run=s.dry_run, clock=self.clock)
         self.keys = SigningKeyStore(self.api, s.namespace, grace=dt.timedelta(seconds=s.key_grace_seconds),

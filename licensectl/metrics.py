@@ -188,6 +188,11 @@ class Metrics:
         self.watch_restarts = Counter(f"{PREFIX}_watch_restarts_total",
                                       "Watch restarts by resource and reason (gone, error, timeout, ...).",
                                       ["resource", "reason"], registry=r)
+        self.informer_lists = Histogram(f"{PREFIX}_informer_list_duration_seconds",
+                                        "Complete paged LISTs (initial and relists) by resource and result: "
+                                        "how long a cache takes to resync after an outage.",
+                                        ["resource", "result"], registry=r,
+                                        buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120))
         self.api_requests = Counter(f"{PREFIX}_api_requests_total", "Requests to the apiserver by verb and code.",
                                     ["verb", "code"], registry=r)
         self.replica_writes = Counter(f"{PREFIX}_replica_writes_total",

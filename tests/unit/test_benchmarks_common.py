@@ -10,12 +10,14 @@ import pytest
 
 from benchmarks.common import (
     WATCHED_LISTS,
+    InformerRecovery,
     fake_tokens,
     fmt_mib,
     fmt_num,
     fmt_ratio,
     fmt_seconds,
     format_table,
+    informer_recoveries,
     informers_recovered,
     level_sizes,
     lists_served,
@@ -193,3 +195,33 @@ async def test_lists_served_waits_for_every_watched_kind_and_asks_each_only_unti
     assert all(api.calls.count(p) == 1 for p in WATCHED_LISTS[1:-1])
     never = _Restarting({slow: 10**9})
     assert await lists_served(never, within=0.05, every=0.01) is None  # type: ignore[arg-type]
+
+
+def test_informer_recoveries_count_the_lists_and_restarts_between_the_scrapes() -> None:
+    before = parse_metrics("\n".join([
+        "# TYPE licensectl_informer_synced gauge",
+        'licensectl_informer_synced{resource="vmis"} 1',
+        "# TYPE licensectl_informer_list_duration_seconds histogram",
+        'licensectl_informer_list_duration_seconds_count{resource="vmis",result="ok"} 1',
+        'licensectl_informer_list_duration_seconds_sum{resource="vmis",result="ok"} 2.0',
+        "# TYPE licensectl_watch_restarts_total counter",
+        'licensectl_watch_restarts_total{resource="vmis",reason="timeout"} 4', ""]))
+    after = parse_metrics("\n".join([
+        "# TYPE licensectl_informer_synced gauge",
+        'licensectl_informer_synced{resource="vmis"} 1',
+        'licensectl_informer_synced{resource="source:ns/token"} 1',
+        "# TYPE licensectl_informer_list_duration_seconds histogram",
+        'licensectl_informer_list_duration_seconds_count{resource="vmis",result="ok"} 2',
+        'licensectl_informer_list_duration_seconds_sum{resource="vmis",result="ok"} 5.5',
+        'licensectl_informer_list_duration_seconds_count{resource="vmis",result="error"} 3',
+        'licensectl_informer_list_duration_seconds_sum{resource="vmis",result="error"} 0.1',
+        "# TYPE licensectl_watch_restarts_total counter",
+        'licensectl_watch_restarts_total{resource="vmis",reason="timeout"} 4',
+        'licensectl_watch_restarts_total{resource="vmis",reason="gone"} 1',
+        'licensectl_watch_restarts_total{resource="vmis",reason="error"} 7', ""]))
+    source, vmis = informer_recoveries(before, after, {"vmis": 4.25})
+    assert vmis == InformerRecovery("vmis", 4.25, lists=1, list_seconds=3.5, failed_lists=3,
+                                    watch_restarts={"gone": 1, "error": 7})
+    assert vmis.describe() == "vmis: synced 4.25 s, 1 LIST(s) 3.50 s, 3 failed, watch restarts error 7, gone 1"
+    assert source.resource == "source:ns/token" and source.synced_after is None and source.lists == 0
+    assert source.describe() == "source:ns/token: not synced, no relist, 0 failed, watch restarts none"
