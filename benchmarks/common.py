@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -479,6 +479,12 @@ class Recovery:
     to_leader: float | None  # /readyz -> the controller holds its Lease again
     to_served: float | None = None  # /readyz -> the apiserver answers a LIST of every watched kind (its part)
     per_informer: tuple[InformerRecovery, ...] = ()
+    # CPU seconds from /readyz until the controller was ready, per process (the apiserver's own start,
+    # before /readyz, not included): who did the work the recovery waited for.
+    cpu: Mapping[str, float] = field(default_factory=dict)
+
+    def cpu_text(self) -> str:
+        return ", ".join(f"{k} {v:.1f} s" for k, v in self.cpu.items()) or "n/a"
 
 
 @dataclass(frozen=True, slots=True)
@@ -570,6 +576,10 @@ async def apiserver_outage(cp: Any, ctl: BenchController, outage_seconds: float,
     await asyncio.to_thread(proc.start)
     await asyncio.to_thread(cp._wait_apiserver_ready)
     healed = time.monotonic()
+    procs = {"controller": ctl.pid or 0, **{k: v for k, v in cp.pids.items()
+                                            if k in ("kube-apiserver", "etcd", "kube-controller-manager")}}
+    cpu0 = cpu_seconds(procs)
+    cpu_ready: dict[str, float] = {}
     # The apiserver's part, polled beside the controller's (a LIST of one object costs it little).
     served = asyncio.create_task(lists_served(api, within=within)) if api is not None else None
     to_ready: float | None = None
@@ -585,9 +595,10 @@ async def apiserver_outage(cp: Any, ctl: BenchController, outage_seconds: float,
                     synced_at.setdefault(dict(labels)["resource"], s.at - healed)
             if to_ready is None and informers_recovered(s):
                 to_ready = s.at - healed
+                cpu_ready = {k: v - cpu0.get(k, 0.0) for k, v in cpu_seconds(procs).items()}
             if to_leader is None and s.value("licensectl_leader") == 1.0:
                 to_leader = s.at - healed
         await asyncio.sleep(0.5)  # a scrape costs the controller CPU: do not poll it into slowness
     return Recovery(outage=t_start - t_down, restart=healed - t_start, unhealthy_seen=unhealthy,
                     to_ready=to_ready, to_leader=to_leader, to_served=await served if served else None,
-                    per_informer=informer_recoveries(before, last, synced_at))
+                    per_informer=informer_recoveries(before, last, synced_at), cpu=cpu_ready)

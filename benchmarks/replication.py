@@ -461,6 +461,8 @@ async def run(cp: ControlPlane, scale_name: str, build: ControllerBuild = THIS_T
             ["recovery, the controller's part: ready - LISTs served",
              fmt_seconds(None if rec.to_ready is None or rec.to_served is None else rec.to_ready - rec.to_served),
              "", "the relists, the first passes and everything else the controller waits for"],
+            ["recovery: CPU from /readyz to ready", rec.cpu_text(), "",
+             "per process: which one did the work the recovery waited for"],
             *[[f"recovery, cache {r.resource}", r.describe(), "",
                "from licensectl_informer_synced (polled), _informer_list_duration_seconds, _watch_restarts_total"]
               for r in rec.per_informer],
