@@ -552,6 +552,23 @@ async def lists_served(api: ApiClient, *, within: float = 300.0, every: float = 
     return None if pending else time.monotonic() - start
 
 
+RECOVERY_PROCESSES = ("kube-apiserver", "etcd", "kube-controller-manager")
+
+
+async def restart_cpu_without_controller(cp: Any, window: float) -> dict[str, float]:
+    """The same apiserver restart with no controller running: CPU per control-plane process over
+    `window` seconds from /readyz. Subtracted from the recovery's CPU it leaves the work the
+    controller's relists caused, apart from what a restart costs the apiserver anyway."""
+    proc = cp._procs["kube-apiserver"]
+    await asyncio.to_thread(proc.stop)
+    await asyncio.to_thread(proc.start)
+    await asyncio.to_thread(cp._wait_apiserver_ready)
+    procs = {k: v for k, v in cp.pids.items() if k in RECOVERY_PROCESSES}
+    before = cpu_seconds(procs)
+    await asyncio.sleep(window)
+    return {k: v - before.get(k, 0.0) for k, v in cpu_seconds(procs).items()}
+
+
 def informers_recovered(s: Scrape) -> bool:
     """Every watched resource synced and healthy (licensectl_informer_synced 1), and ready."""
     synced = [v for (name, _), v in s.samples.items() if name == "licensectl_informer_synced"]
@@ -576,8 +593,7 @@ async def apiserver_outage(cp: Any, ctl: BenchController, outage_seconds: float,
     await asyncio.to_thread(proc.start)
     await asyncio.to_thread(cp._wait_apiserver_ready)
     healed = time.monotonic()
-    procs = {"controller": ctl.pid or 0, **{k: v for k, v in cp.pids.items()
-                                            if k in ("kube-apiserver", "etcd", "kube-controller-manager")}}
+    procs = {"controller": ctl.pid or 0, **{k: v for k, v in cp.pids.items() if k in RECOVERY_PROCESSES}}
     cpu0 = cpu_seconds(procs)
     cpu_ready: dict[str, float] = {}
     # The apiserver's part, polled beside the controller's (a LIST of one object costs it little).

@@ -106,6 +106,7 @@ class App:
         # Keyed by the cache objects too, so a replaced cache never passes for the one it replaced.
         self._starts: tuple[tuple[object, int], Mapping[tuple[str, str], dt.datetime | None]] | None = None
         self._affected: tuple[tuple[object, int, object, int], tuple[tuple[str, str], ...]] | None = None
+        self._holders: tuple[tuple[object, int, object, int], credentials.Holders] | None = None
         self.metrics_port = 0
         self.reports_port = 0
         self.webhook_port = 0
@@ -427,7 +428,12 @@ class App:
         vmis = self.caches.vmis
         if vmis is None or not (vmis.synced and vmis.healthy) or not self.caches.replicas.synced:
             return credentials.holders_from(None)
-        return credentials.holders_from(credentials.vmi_keys(vmis.cache.values(), self.caches.replicas.cache))
+        replica_cache = self.caches.replicas
+        gen = (vmis, vmis.generation, replica_cache, replica_cache.generation)
+        if self._holders is None or self._holders[0] != gen:  # once per cache generation, not per pass
+            self._holders = (gen, credentials.holders_from(credentials.vmi_keys(vmis.cache.values(),
+                                                                                 replica_cache.cache)))
+        return self._holders[1]
 
     async def _prune_keys(self) -> dt.datetime | None:
         """Retire older signing keys no running VMI holds; a failed write is retried. Returns when an

@@ -11,17 +11,21 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from licensectl import config, logs
 from licensectl.controllers.guests import GuestStore
 from licensectl.controllers.settings import rotation_settings
-from licensectl.core.guest_report import LicenseState
+from licensectl.core.guest_report import GuestState, LicenseState
 from licensectl.core.model import (
     ANN_REVISION,
     ANN_SOURCE_REVISION,
     ObjectRef,
+    ReplicaSecret,
     RevisionStore,
+    SourceSecret,
+    Vmi,
     source_of,
 )
 from licensectl.core.ports import EventSink, InvolvedObject, WallClock
@@ -31,10 +35,12 @@ from licensectl.core.rollout import RolloutPlan, SourceControl, VmiState
 from licensectl.core.rollout_view import rotation_json
 from licensectl.core.rotation import (
     ACTIVE,
+    Decision,
     HosterControl,
     RotationPhase,
     RotationRecord,
     SourceView,
+    WaveStatus,
     WaveVmi,
     can_change,
     decide,
@@ -49,6 +55,27 @@ from licensectl.metrics import GaugeSample, Metrics
 log = logs.get(__name__)
 
 PHASES = tuple(p.value for p in RotationPhase)
+
+
+@dataclass(frozen=True, slots=True)
+class _Ask:
+    """One source whose record may change this pass, as read on the loop."""
+    ref: ObjectRef
+    store: RevisionStore | None
+    record: RotationRecord | None
+    live: SourceSecret | None
+    live_rev: str | None
+    control: HosterControl
+    namespaces: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class _Snapshot:
+    rollout: RolloutPlan | None
+    replicas: Mapping[tuple[str, str], ReplicaSecret]
+    vmis: Mapping[tuple[str, str], Vmi]
+    guests: Mapping[tuple[str, str], GuestState]
+    evidence_at: dt.datetime
 
 
 def source_object(ref: ObjectRef) -> InvolvedObject:
@@ -109,12 +136,11 @@ class RotationController:
 
     async def _reconcile(self, plan: ReplicationPlan) -> None:
         now = self.clock()
-        st = self.rotation_settings
         stores = self.stores()
         live_sources = self.caches.source_states()
         per_source = plan.namespaces_per_source()
         wanted = {gc.secret_ref for gc in self.caches.classes.cache.values() if gc.mode == "vgpu" and gc.secret_ref}
-        checks: list[dt.datetime] = []
+        asks: list[_Ask] = []
         for ref in sorted(wanted, key=str):
             if ref not in live_sources:
                 continue  # source cache not synced: unknown, decide nothing
@@ -128,22 +154,29 @@ class RotationController:
             control = HosterControl.from_annotations(
                 live.annotations if live else {},
                 paused=SourceControl.from_annotations(live.annotations).paused if live else False)
-            namespaces = per_source.get(ref, frozenset())
-            if not can_change(record, live_rev, control):
+            if can_change(record, live_rev, control):
+                asks.append(_Ask(ref, store, record, live, live_rev, control, per_source.get(ref, frozenset())))
+        checks: list[dt.datetime] = []
+        if asks:
+            # The views walk every VMI the rollout planned: judged in a worker thread over copies taken
+            # here in one step, so the loop (Lease renewals, admission, watches) does not wait behind them.
+            snap = self._snapshot()
+            answers = await asyncio.to_thread(lambda: [self._judge(a, snap, now) for a in asks])
+        else:
+            answers = []
+        for a, answer in zip(asks, answers, strict=True):
+            if answer is None:
                 continue
-            view = self._view(ref, record, live_rev, control, namespaces, now)
-            if view is None:
-                continue
-            if record is not None and record.phase in ACTIVE:
-                judged = wave_status(record, view, st.steps)
-                self._wave_progress[ref] = (max(0, judged.members - judged.pending), judged.members)
-            d = decide(record, view, st=st, now=now)
+            view, judged, d = answer
+            if judged is not None:
+                self._wave_progress[a.ref] = (max(0, judged.members - judged.pending), judged.members)
             if d.next_check is not None:
                 checks.append(d.next_check)
             if d.record is None:
                 continue
-            body = rs.store_body(namespace=self.settings.namespace, source=ref, existing=store, decision=d,
-                                 live=live, token_key=self.settings.token_key)
+            ref = a.ref
+            body = rs.store_body(namespace=self.settings.namespace, source=ref, existing=a.store, decision=d,
+                                 live=a.live, token_key=self.settings.token_key)
             if body is None:
                 log.warning("rotation decision skipped: the store cannot back it", source=str(ref))
                 continue
@@ -156,30 +189,48 @@ class RotationController:
                 log.warning("rotation decision not written", source=str(ref), error=type(e).__name__,
                             status=getattr(e, "status", None))
                 continue
-            ws = wave_status(record, view, st.steps) if record is not None and record.phase in ACTIVE else None
             log.info("rotation decision", source=str(ref), phase=d.record.phase.value, wave=d.record.wave,
                      stable=d.record.stable[:12], candidate=d.record.candidate[:12],
-                     judged=None if ws is None else {"members": ws.members, "pending": ws.pending,
-                                                     "proven": ws.proven, "capable": ws.capable},
+                     judged=None if judged is None else {"members": judged.members, "pending": judged.pending,
+                                                         "proven": judged.proven, "capable": judged.capable},
                      namespaces=len(view.namespaces), vmis=len(view.vmis))
             for ev in d.events:
                 await self.events.emit(source_object(ref), ev.type, ev.reason, ev.message)
         self.next_check = min(checks, default=None)
 
+    def _snapshot(self) -> _Snapshot:
+        """What the views read, taken on the loop in one synchronous step: the rollout plan (immutable)
+        and copies of the replica and VMI caches and of the guest reports."""
+        vmis = self.caches.vmis
+        return _Snapshot(rollout=self._rollout_plan(), replicas=self.caches.replicas.snapshot(),
+                         vmis=vmis.snapshot() if vmis is not None else {}, guests=self.guests.states(),
+                         evidence_at=self.guests.evidence_complete_at())
+
+    def _judge(self, a: _Ask, snap: _Snapshot,
+               now: dt.datetime) -> tuple[SourceView, WaveStatus | None, Decision] | None:
+        """View, the running wave's status and the decision for one source (pure over the snapshot; runs in
+        a worker thread). None while the rollout has no plan and the decision needs one."""
+        view = self._view(a.ref, a.record, a.live_rev, a.control, a.namespaces, now, snap)
+        if view is None:
+            return None
+        st = self.rotation_settings
+        judged = wave_status(a.record, view, st.steps) if a.record is not None and a.record.phase in ACTIVE else None
+        return view, judged, decide(a.record, view, st=st, now=now)
+
     def _view(self, ref: ObjectRef, record: RotationRecord | None, live: str | None, control: HosterControl,
-              namespaces: frozenset[str], now: dt.datetime) -> SourceView | None:
+              namespaces: frozenset[str], now: dt.datetime, snap: _Snapshot) -> SourceView | None:
         """The observations `decide` reads; None while the rollout has no plan (KubeVirt caches not
         synced): a wave is never judged, nor a canary chosen, without knowing the VMIs."""
-        rollout = self._rollout_plan()
+        rollout = snap.rollout
         if rollout is None and record is not None:  # only the first decision (stable := live) needs no VMIs
             return None
-        replicas = self.caches.replicas.cache
+        replicas = snap.replicas
         carried: dict[str, set[str]] = {}
         for (ns, _name), r in replicas.items():
             if ns in namespaces and r.owned and source_of(r.annotations) == ref:
                 carried.setdefault(ns, set()).add(r.annotations.get(ANN_SOURCE_REVISION, ""))
         ns_view = {ns: (next(iter(carried[ns])) if len(carried.get(ns, ())) == 1 else "") for ns in namespaces}
-        vmis_cache = self.caches.vmis.cache if self.caches.vmis is not None else {}
+        vmis_cache = snap.vmis
         candidate = record.candidate if record is not None else ""
         out: list[WaveVmi] = []
         for (ns, name), vs in (rollout.vmi_states.items() if rollout else ()):
@@ -190,7 +241,7 @@ class RotationController:
                 ANN_SOURCE_REVISION) == candidate and rep.annotations.get(ANN_REVISION) == vs.revision
             vmi = vmis_cache.get((ns, name))
             started = (vmi.running_since or vmi.created) if vmi is not None else None
-            g = self.guests.get(ns, name)
+            g = snap.guests.get((ns, name))
             fresh = g is not None and started is not None and g.reported_at > started
             holds = (g is not None and on_cand and g.token_sha256 is not None
                      and g.token_sha256 == self._token_sha_for(ns, name))
@@ -205,7 +256,7 @@ class RotationController:
         # A leader that just took over has heard from no guest yet: where the canary was chosen among
         # reporting guests, it waits one silence window before judging a wave -- the same wait the rollout
         # takes before a decision that needs guest evidence (docs/design.md#evidence-after-takeover).
-        patient = record is not None and record.evidence and now < self.guests.evidence_complete_at()
+        patient = record is not None and record.evidence and now < snap.evidence_at
         return SourceView(live=live, control=control, namespaces=ns_view, vmis=out, evidence_ready=not patient)
 
     async def _invalid_store(self, ref: ObjectRef, store: RevisionStore) -> None:
