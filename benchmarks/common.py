@@ -400,6 +400,30 @@ class BenchController(ControllerProcess):
 LOOP_LAG = "licensectl_event_loop_lag_seconds"
 
 
+GC_PAUSE = "licensectl_gc_pause_seconds"
+
+
+def gc_pauses_between(before: Scrape, after: Scrape, over: float = 0.05) -> str:
+    """The controller's full (generation 2) garbage collections between two scrapes: how many, their total,
+    how many took longer than `over` and the bucket of the longest. A collection holds the GIL, so it
+    stops the event loop wherever it was triggered. "n/a" for a controller without the timer."""
+    if not after.has(f"{GC_PAUSE}_count"):
+        return "n/a (no GC timer in this controller)"
+    count = int(after.value(f"{GC_PAUSE}_count", generation="2") - before.value(f"{GC_PAUSE}_count", generation="2"))
+    if count <= 0:
+        return "none"
+    total = after.value(f"{GC_PAUSE}_sum", generation="2") - before.value(f"{GC_PAUSE}_sum", generation="2")
+    buckets = sorted((float("inf") if dict(ls)["le"] == "+Inf" else float(dict(ls)["le"]),
+                      int(v - before.value(n, generation="2", le=dict(ls)["le"])))
+                     for (n, ls), v in after.samples.items()
+                     if n == f"{GC_PAUSE}_bucket" and dict(ls).get("generation") == "2")
+    longer = count - next((k for bound, k in buckets if bound >= over), count)
+    worst = next((bound for bound, k in buckets if k >= count), float("inf"))
+    worst_text = "> 2.5 s" if worst == float("inf") else f"≤ {worst:g} s"
+    return (f"{count} full collections, {total:.2f} s in all, {longer} longer than {over * 1000:.0f} ms, "
+            f"worst {worst_text}")
+
+
 def loop_lag_between(before: Scrape, after: Scrape, over: float = 0.1) -> str:
     """What the controller's loop-lag probe saw between two scrapes (its histogram's deltas): samples,
     how many were later than `over` seconds, and the bucket the worst one fell in. "n/a" for a controller

@@ -26,7 +26,15 @@ from licensectl.controllers.guests import GuestStore
 from licensectl.controllers.replication_loop import CONFLICT_RECHECK_SECONDS, ReplicationController
 from licensectl.controllers.rollout_loop import RolloutController
 from licensectl.controllers.rotation_loop import RotationController
-from licensectl.controllers.runner import IDLE, Pacing, Result, TaskRunner, measure_loop_lag, reconcile_loop
+from licensectl.controllers.runner import (
+    IDLE,
+    Pacing,
+    Result,
+    TaskRunner,
+    measure_gc_pauses,
+    measure_loop_lag,
+    reconcile_loop,
+)
 from licensectl.controllers.settings import tenant_settings
 from licensectl.controllers.vm_restart import vmi_object
 from licensectl.core import boot_image, credentials
@@ -230,6 +238,8 @@ class App:
             self.tasks.start_daemon("delivery-probe", self.delivery_probe.run())
         self.tasks.start_daemon("guest-prune", self._prune_guests())
         self.tasks.start_daemon("loop-lag", measure_loop_lag(self.metrics.loop_lag.observe))
+        self.tasks.start_daemon("gc-pauses", measure_gc_pauses(
+            lambda generation, seconds: self.metrics.gc_pauses.labels(str(generation)).observe(seconds)))
         log.info("licensectl started", version=__version__, identity=self.identity, metrics_port=self.metrics_port,
                  reports_port=self.reports_port, leader_elect=s.leader_elect, dry_run=s.dry_run)
 

@@ -243,6 +243,11 @@ class Metrics:
             "How much later than asked the event loop ran a timer due every 0.1 s: what a Lease renewal, a "
             "watch read or a guest report waits behind (a long plan, a scrape).", registry=r,
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+        self.gc_pauses = Histogram(
+            f"{PREFIX}_gc_pause_seconds",
+            "Python garbage collections by generation: each one stops the event loop and every thread (the "
+            "GIL), so a long one shows as loop lag.", ["generation"], registry=r,
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
         self.reports_total = Counter(f"{PREFIX}_reports_total", "Guest reports by result.", ["result"],
                                      registry=r)
         # Serving TLS (webhook and guest reports listeners): docs/operations.md#serving-tls.

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Final
@@ -139,6 +141,31 @@ async def measure_loop_lag(observe: Callable[[float], None], *,
         asked = loop.time()
         await asyncio.sleep(interval)
         observe(max(0.0, loop.time() - asked - interval))
+
+
+def gc_pause_timer(observe: Callable[[int, float], None],
+                   clock: Callable[[], float] = time.perf_counter) -> Callable[[str, dict[str, int]], None]:
+    """A `gc.callbacks` entry that `observe`s (generation, seconds) of every collection. A collection holds
+    the GIL: over a large heap it stops the event loop and every thread at once, wherever it was triggered."""
+    started: list[float] = []
+
+    def callback(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[:] = [clock()]
+        elif phase == "stop" and started:
+            observe(int(info.get("generation", 0)), clock() - started.pop())
+
+    return callback
+
+
+async def measure_gc_pauses(observe: Callable[[int, float], None]) -> None:
+    """Until cancelled: time the interpreter's garbage collections (`gc_pause_timer`)."""
+    callback = gc_pause_timer(observe)
+    gc.callbacks.append(callback)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        gc.callbacks.remove(callback)
 
 
 class TaskRunner:

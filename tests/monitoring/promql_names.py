@@ -84,6 +84,7 @@ CONTRACT_LABELS: dict[str, frozenset[str]] = {
         "serving_cert_expiry_timestamp_seconds": (),
         "reconcile_duration_seconds": ("controller",),
         "event_loop_lag_seconds": (),
+        "gc_pause_seconds": ("generation",),
         "informer_list_duration_seconds": ("resource", "result"),
         "rollout_duration_seconds": (),
     }.items()

@@ -17,6 +17,7 @@ from benchmarks.common import (
     fmt_ratio,
     fmt_seconds,
     format_table,
+    gc_pauses_between,
     informer_recoveries,
     informers_recovered,
     level_sizes,
@@ -225,3 +226,20 @@ def test_informer_recoveries_count_the_lists_and_restarts_between_the_scrapes() 
     assert vmis.describe() == "vmis: synced 4.25 s, 1 LIST(s) 3.50 s, 3 failed, watch restarts error 7, gone 1"
     assert source.resource == "source:ns/token" and source.synced_after is None and source.lists == 0
     assert source.describe() == "source:ns/token: not synced, no relist, 0 failed, watch restarts none"
+
+
+def test_gc_pauses_between_two_scrapes_count_only_full_collections_between_them() -> None:
+    def scrape(count: int, total: float, buckets: dict[str, int]) -> str:
+        lines = ["# TYPE licensectl_gc_pause_seconds histogram",
+                 'licensectl_gc_pause_seconds_count{generation="0"} 999',
+                 f'licensectl_gc_pause_seconds_count{{generation="2"}} {count}',
+                 f'licensectl_gc_pause_seconds_sum{{generation="2"}} {total}']
+        lines += [f'licensectl_gc_pause_seconds_bucket{{generation="2",le="{le}"}} {n}' for le, n in buckets.items()]
+        return "\n".join([*lines, ""])
+
+    before = parse_metrics(scrape(2, 0.05, {"0.025": 2, "0.05": 2, "0.1": 2, "0.25": 2, "+Inf": 2}))
+    after = parse_metrics(scrape(5, 0.35, {"0.025": 3, "0.05": 4, "0.1": 4, "0.25": 5, "+Inf": 5}))
+    assert gc_pauses_between(before, after) == (
+        "3 full collections, 0.30 s in all, 1 longer than 50 ms, worst ≤ 0.25 s")
+    assert gc_pauses_between(before, before) == "none"
+    assert gc_pauses_between(before, parse_metrics("")).startswith("n/a")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import itertools
 import time
 from collections.abc import Callable
@@ -272,3 +273,29 @@ async def test_the_loop_lag_probe_sees_a_pass_that_holds_the_loop() -> None:
     with contextlib.suppress(asyncio.CancelledError):
         await probe
     assert max(lags) >= 0.25
+
+
+def test_the_gc_pause_timer_times_each_collection_by_generation() -> None:
+    seen: list[tuple[int, float]] = []
+    ticks = iter([10.0, 10.25, 20.0, 20.5])
+    cb = runner.gc_pause_timer(lambda g, s: seen.append((g, s)), clock=lambda: next(ticks))
+    cb("start", {"generation": 2})
+    cb("stop", {"generation": 2, "collected": 0, "uncollectable": 0})
+    cb("stop", {"generation": 0})  # a stop without its start (registered mid-collection) is not timed
+    cb("start", {"generation": 0})
+    cb("stop", {"generation": 0})
+    assert seen == [(2, 0.25), (0, 0.5)]
+
+
+async def test_gc_pauses_are_observed_while_the_daemon_runs_and_not_after() -> None:
+    seen: list[tuple[int, float]] = []
+    daemon = asyncio.create_task(runner.measure_gc_pauses(lambda g, s: seen.append((g, s))))
+    await asyncio.sleep(0)
+    gc.collect(2)
+    assert any(g == 2 and s >= 0.0 for g, s in seen)
+    daemon.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await daemon
+    count = len(seen)
+    gc.collect(2)
+    assert len(seen) == count
