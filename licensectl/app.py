@@ -31,6 +31,7 @@ from licensectl.controllers.runner import (
     Pacing,
     Result,
     TaskRunner,
+    keep_heap_frozen,
     measure_gc_pauses,
     measure_loop_lag,
     reconcile_loop,
@@ -238,6 +239,8 @@ class App:
             self.tasks.start_daemon("delivery-probe", self.delivery_probe.run())
         self.tasks.start_daemon("guest-prune", self._prune_guests())
         self.tasks.start_daemon("loop-lag", measure_loop_lag(self.metrics.loop_lag.observe))
+        self.tasks.start_daemon("heap-freeze", keep_heap_frozen(
+            lambda: self.caches.core_synced() and (self.caches.vmis is None or self.caches.kubevirt_healthy())))
         self.tasks.start_daemon("gc-pauses", measure_gc_pauses(
             lambda generation, seconds: self.metrics.gc_pauses.labels(str(generation)).observe(seconds)))
         log.info("licensectl started", version=__version__, identity=self.identity, metrics_port=self.metrics_port,

@@ -168,6 +168,36 @@ async def measure_gc_pauses(observe: Callable[[int, float], None]) -> None:
         gc.callbacks.remove(callback)
 
 
+# How often the heap is collected in full and frozen again (`keep_heap_frozen`): the one full-heap pause
+# the controller then takes on purpose, and the longest a cycle of frozen garbage waits to be freed.
+REFREEZE_SECONDS = 600.0
+
+
+def refreeze() -> None:
+    """Collect everything once, then move every surviving object to the permanent generation, which no
+    later collection walks (`gc.freeze`). Frozen objects are still freed by reference counting; only a
+    cycle among them waits for the next refreeze."""
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
+
+
+async def keep_heap_frozen(ready: Callable[[], bool], *, every: float = REFREEZE_SECONDS,
+                           poll: float = 1.0) -> None:
+    """Until cancelled: once `ready()` (the caches are listed: the bulk of the heap exists), `refreeze`,
+    then again every `every` seconds. A full collection walks every tracked object: over the caches of a
+    large fleet it takes 100 ms or more and stops the loop (the GIL), and while a rotation churns objects
+    it ran about once a second. With the long-lived objects frozen it walks only what changed since."""
+    while not ready():  # noqa: ASYNC110 (a predicate over several caches, no one event)
+        await asyncio.sleep(poll)
+    try:
+        while True:
+            refreeze()
+            await asyncio.sleep(every)
+    finally:
+        gc.unfreeze()  # a stopped App leaves nothing frozen (tests run many in one process)
+
+
 class TaskRunner:
     """Owns the App's tasks, in three kinds that differ in how they end.
 

@@ -299,3 +299,50 @@ async def test_gc_pauses_are_observed_while_the_daemon_runs_and_not_after() -> N
     count = len(seen)
     gc.collect(2)
     assert len(seen) == count
+
+
+async def test_the_heap_is_frozen_once_the_caches_are_listed_and_again_on_schedule() -> None:
+    gc.unfreeze()
+    ready = [False]
+    refrozen: list[int] = []
+    real = runner.refreeze
+
+    def counting() -> None:
+        real()
+        refrozen.append(gc.get_freeze_count())
+
+    runner.refreeze = counting  # type: ignore[assignment]
+    daemon = asyncio.create_task(runner.keep_heap_frozen(lambda: ready[0], every=0.05, poll=0.01))
+    try:
+        await asyncio.sleep(0.05)
+        assert refrozen == [] and gc.get_freeze_count() == 0  # not before the caches are listed
+        ready[0] = True
+        await wait_until(lambda: len(refrozen) >= 2)
+        assert all(n > 0 for n in refrozen)
+    finally:
+        daemon.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await daemon
+        runner.refreeze = real  # type: ignore[assignment]
+    assert gc.get_freeze_count() == 0  # a stopped daemon leaves nothing frozen
+
+
+def test_refreeze_frees_a_cycle_that_became_garbage_while_frozen() -> None:
+    import weakref
+
+    class Node:
+        other: Node | None = None
+
+    gc.unfreeze()
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    alive = weakref.ref(a)
+    try:
+        runner.refreeze()
+        del a, b  # a cycle: reference counting alone never frees it
+        gc.collect()
+        assert alive() is not None  # frozen: no collection walks it
+        runner.refreeze()
+        assert alive() is None  # the next refreeze collects before it freezes
+    finally:
+        gc.unfreeze()
