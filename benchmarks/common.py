@@ -507,6 +507,11 @@ class Recovery:
     # before /readyz, not included): who did the work the recovery waited for.
     cpu: Mapping[str, float] = field(default_factory=dict)
 
+    def synced_after(self, resources: Callable[[str], bool]) -> float | None:
+        """/readyz -> the last of the caches `resources` picks synced again (None: one was not seen synced)."""
+        picked = [r.synced_after for r in self.per_informer if resources(r.resource)]
+        return None if not picked or None in picked else max(t for t in picked if t is not None)
+
     def cpu_text(self) -> str:
         return ", ".join(f"{k} {v:.1f} s" for k, v in self.cpu.items()) or "n/a"
 

@@ -107,6 +107,19 @@ SCALES = {
 }
 
 
+KUBEVIRT_CACHES = frozenset({"virtualmachines", "virtualmachineinstances"})
+
+
+def is_kubevirt_cache(resource: str) -> bool:
+    return resource in KUBEVIRT_CACHES
+
+
+def is_core_cache(resource: str) -> bool:
+    """The caches every replication decision needs (`Caches.core` and the sources)."""
+    return resource.startswith("source:") or resource in {
+        "namespaces", "gpuclasses", "gpuclaims", "replicas", "revisionstores"}
+
+
 # ---------------------------------------------------------------------------------------------
 # Seeding
 # ---------------------------------------------------------------------------------------------
@@ -464,6 +477,11 @@ async def run(cp: ControlPlane, scale_name: str, build: ControllerBuild = THIS_T
              f"goal ≤ {scale.recovery_goal:g} s",
              f"every informer synced+healthy after a {rec.outage:.0f}s outage (apiserver restart took "
              f"{rec.restart:.1f}s; caches went unhealthy: {'yes' if rec.unhealthy_seen else 'no'})"],
+            ["recovery: /readyz -> replication's caches synced", fmt_seconds(rec.synced_after(is_core_cache)), "",
+             "namespaces, GPU classes and claims, replicas, revision stores, sources: replication and "
+             "admission decide from these alone"],
+            ["recovery: /readyz -> VM and VMI caches synced", fmt_seconds(rec.synced_after(is_kubevirt_cache)), "",
+             "what the rollout waits for: 2 paged LISTs of every vGPU VM and VMI"],
             ["recovery: apiserver /readyz -> leader again", fmt_seconds(rec.to_leader), "",
              "Lease re-acquired (lease duration 15 s)"],
             ["recovery, the apiserver's part: /readyz -> LISTs served", fmt_seconds(rec.to_served), "",

@@ -11,6 +11,7 @@ import pytest
 from benchmarks.common import (
     WATCHED_LISTS,
     InformerRecovery,
+    Recovery,
     fake_tokens,
     fmt_mib,
     fmt_num,
@@ -243,3 +244,17 @@ def test_gc_pauses_between_two_scrapes_count_only_full_collections_between_them(
         "3 full collections, 0.30 s in all, 1 longer than 50 ms, worst ≤ 0.25 s")
     assert gc_pauses_between(before, before) == "none"
     assert gc_pauses_between(before, parse_metrics("")).startswith("n/a")
+
+
+def test_recovery_synced_after_is_the_last_picked_cache_and_unknown_if_one_never_synced() -> None:
+    def cache(name: str, at: float | None) -> InformerRecovery:
+        return InformerRecovery(name, at, lists=1, list_seconds=1.0, failed_lists=0, watch_restarts={})
+
+    rec = Recovery(outage=35, restart=4, unhealthy_seen=True, to_ready=18, to_leader=0.1,
+                   per_informer=(cache("replicas", 0.5), cache("gpuclaims", 7.0), cache("virtualmachines", 18.0)))
+    assert rec.synced_after(lambda r: r in {"replicas", "gpuclaims"}) == 7.0
+    assert rec.synced_after(lambda r: r == "virtualmachines") == 18.0
+    assert rec.synced_after(lambda r: r == "datavolumes") is None  # none picked
+    late = Recovery(outage=35, restart=4, unhealthy_seen=True, to_ready=None, to_leader=None,
+                    per_informer=(cache("replicas", 0.5), cache("gpuclaims", None)))
+    assert late.synced_after(lambda r: True) is None
