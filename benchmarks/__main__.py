@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import sys
 import tempfile
 import time
@@ -40,6 +41,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="run the controller from this git revision's licensectl package (a before/after "
                         "comparison: same fleet, floors and benchmark code); the guest-report load of `all` "
                         "always measures this tree")
+    p.add_argument("--tracemalloc", action="store_true",
+                   help="replication: run the controller with PYTHONTRACEMALLOC=1 and print its /debug/memory "
+                        "(allocation sites) after the steady state; tracing slows it, so its timings are not "
+                        "comparable")
     return p
 
 
@@ -69,6 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             tree = extract_package(args.controller_from, Path(scratch))
             build = ControllerBuild(label=f"git revision {args.controller_from}", tree=tree)
             progress(f"controller processes run {build.label} from {tree}")
+        if args.tracemalloc:
+            build = dataclasses.replace(build, tracemalloc=True, label=f"{build.label}, allocation tracing on")
         for name in names:
             version, table = run_one(name, args.scale, build)
             print(table + "\n", flush=True)

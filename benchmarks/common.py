@@ -42,6 +42,7 @@ class ControllerBuild:
 
     label: str = "this tree"
     tree: Path | None = None
+    tracemalloc: bool = False  # `--tracemalloc`: PYTHONTRACEMALLOC=1, /debug/memory read at the peak
 
 
 THIS_TREE = ControllerBuild()
@@ -348,7 +349,8 @@ class BenchController(ControllerProcess):
                  build: ControllerBuild = THIS_TREE) -> None:
         self._logs = tempfile.TemporaryDirectory(prefix="licensectl-bench-controller-")
         super().__init__(os.fspath(kubeconfig), CONTROLLER_NS, log_dir=Path(self._logs.name), name="controller",
-                         settings={"log_level": "warning"}, args=args, reports_port=0, tree=build.tree)
+                         settings={"log_level": "warning"}, args=args, reports_port=0, tree=build.tree,
+                         extra_env={"PYTHONTRACEMALLOC": "1"} if build.tracemalloc else None)
         self.peak_rss = 0  # max VmRSS seen by the sampler
         self._sampler: asyncio.Task[None] | None = None
 
@@ -372,6 +374,12 @@ class BenchController(ControllerProcess):
         if not self.alive():
             raise RuntimeError(f"controller exited with {self.returncode}:\n{self.log_tail()}")
         return await super().scrape()
+
+    async def memory_report(self) -> str:
+        """The controller's /debug/memory (allocation sites; needs `ControllerBuild.tracemalloc`)."""
+        url = self.metrics_url.rsplit("/metrics", 1)[0] + "/debug/memory"
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as s, s.get(url) as r:
+            return f"HTTP {r.status}\n{await r.text()}" if r.status != 200 else await r.text()
 
     async def scrape_cost(self) -> tuple[float, int, int]:
         """(seconds, bytes, series) of one /metrics scrape: what a Prometheus scrape costs the controller."""

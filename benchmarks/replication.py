@@ -376,6 +376,8 @@ async def run(cp: ControlPlane, scale_name: str, build: ControllerBuild = THIS_T
         hwm = mem.get("VmHWM", 0)
         rss_end = mem.get("VmRSS", 0)
 
+        allocations = await ctl.memory_report() if build.tracemalloc else ""
+
         # -- recovery from an apiserver outage (after the memory readings: a relist may follow) ---
         progress(f"recovery: stopping kube-apiserver for {scale.outage_seconds:g}s")
         rec = await apiserver_outage(cp, ctl, scale.outage_seconds, api=api)
@@ -499,5 +501,9 @@ async def run(cp: ControlPlane, scale_name: str, build: ControllerBuild = THIS_T
               for r in rec.per_informer],
             ["controller exit on SIGTERM", str(code), "0", ""],
         ]
-        return format_table(f"Replication benchmark ({scale_name})", ["metric", "measured", "baseline / goal",
-                                                                      "notes"], rows)
+        table = format_table(f"Replication benchmark ({scale_name})", ["metric", "measured", "baseline / goal",
+                                                                       "notes"], rows)
+        if allocations:
+            table += ("\n\nController memory by allocation site (/debug/memory after the steady state, "
+                      "tracemalloc, 1 frame)\n\n" + allocations)
+        return table

@@ -1,4 +1,4 @@
-"""The internal HTTP listener: /metrics, /livez (alias /healthz), /readyz and /v1/status.
+"""The internal HTTP listener: /metrics, /livez (alias /healthz), /readyz, /v1/status and /debug/memory.
 
 Tenant traffic never reaches this port: guest reports have their own listener (reports.py), so
 a NetworkPolicy can open one to tenants and keep the other for monitoring only. What ready and
@@ -7,6 +7,7 @@ live mean is decided in core/readiness.py (docs/design.md#readiness); the body s
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -16,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from licensectl.core.readiness import Readiness
 from licensectl.metrics import Metrics, render
+from licensectl.serve.memory_report import current_report
 
 
 def _answer(r: Readiness) -> web.Response:
@@ -37,8 +39,16 @@ def make_internal_app(metrics: Metrics, *, ready: Callable[[], Readiness], live:
     async def status_handler(_: web.Request) -> web.Response:
         return web.json_response(status())
 
+    async def memory_handler(_: web.Request) -> web.Response:
+        rep = await asyncio.to_thread(current_report)
+        if rep is None:
+            return web.Response(status=404, text="allocation tracing is off: start licensectl with "
+                                                 "PYTHONTRACEMALLOC=1 to see where its memory is\n")
+        return web.Response(text=rep.text())
+
     app = web.Application()
     app.router.add_get("/metrics", metrics_handler)
+    app.router.add_get("/debug/memory", memory_handler)
     app.router.add_get("/livez", livez)
     app.router.add_get("/healthz", livez)  # the name manifests of earlier releases probe
     app.router.add_get("/readyz", readyz)
