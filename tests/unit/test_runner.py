@@ -312,10 +312,12 @@ async def test_the_heap_is_frozen_once_the_caches_are_listed_and_again_on_schedu
         refrozen.append(gc.get_freeze_count())
 
     runner.refreeze = counting  # type: ignore[assignment]
-    daemon = asyncio.create_task(runner.keep_heap_frozen(lambda: ready[0], every=0.05, poll=0.01))
+    threshold = gc.get_threshold()
+    daemon = asyncio.create_task(runner.keep_heap_frozen(lambda: ready[0], every=0.05, poll=0.01, full_every=77))
     try:
         await asyncio.sleep(0.05)
         assert refrozen == [] and gc.get_freeze_count() == 0  # not before the caches are listed
+        assert gc.get_threshold() == (threshold[0], threshold[1], 77)  # full collections rarer from the start
         ready[0] = True
         await wait_until(lambda: len(refrozen) >= 2)
         assert all(n > 0 for n in refrozen)
@@ -325,6 +327,7 @@ async def test_the_heap_is_frozen_once_the_caches_are_listed_and_again_on_schedu
             await daemon
         runner.refreeze = real  # type: ignore[assignment]
     assert gc.get_freeze_count() == 0  # a stopped daemon leaves nothing frozen
+    assert gc.get_threshold() == threshold  # and the thresholds as they were
 
 
 def test_refreeze_frees_a_cycle_that_became_garbage_while_frozen() -> None:
