@@ -1,4 +1,4 @@
-"""`python -m benchmarks [replication|rollout|all] [--scale small|full|xl] [--controller-from REV]`,
+"""`python -m benchmarks [replication|rollout|admission|peer|all] [--scale small|full|xl] [--controller-from REV]`,
 `python -m benchmarks reports ...`.
 
 Each benchmark gets a fresh local control plane (etcd + kube-apiserver + kube-controller-manager),
@@ -21,14 +21,17 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks import admission, memory, replication, reports, rollout
+from benchmarks import admission, memory, peer, replication, reports, rollout
 from benchmarks.common import THIS_TREE, ControllerBuild, format_table, machine_rows, progress
 from licensectl import logs
 from licensectl_dev.devcluster.controlplane import ETCD_VERSION, ControlPlane
 from licensectl_dev.testkit.process import extract_package
 
 Runner = Callable[[ControlPlane, str, ControllerBuild], Coroutine[Any, Any, str]]
-BENCHMARKS: dict[str, Runner] = {"replication": replication.run, "rollout": rollout.run, "admission": admission.run}
+BENCHMARKS: dict[str, Runner] = {"replication": replication.run, "rollout": rollout.run, "admission": admission.run,
+                                  "peer": peer.run}
+# Named only, never part of `all`: the Go peer comparison builds a Go program and runs N=3,000 at every scale.
+OPT_IN = frozenset({"peer"})
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -66,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return memory.main(argv[1:])  # no control plane: tracemalloc over the informer caches
     args = _parser().parse_args(argv)
     logs.configure("console", "warning", stream=sys.stderr)  # library logs must not mix with the tables
-    names = list(BENCHMARKS) if args.which == "all" else [args.which]
+    names = [n for n in BENCHMARKS if n not in OPT_IN] if args.which == "all" else [args.which]
     version = "unknown"
     with tempfile.TemporaryDirectory(prefix="licensectl-bench-build-") as scratch:
         build = THIS_TREE

@@ -1,4 +1,5 @@
-"""Cached builds of the Go command-line tools the tests run for real: helm, helm-unittest, vmalert-tool.
+"""Cached builds of the Go command-line tools the tests run for real (helm, helm-unittest, vmalert-tool)
+and of the benchmarks' Go replicator peer (built on demand).
 
 Like the control plane, each tool is built once from a pinned wrapper module in go/<name>/ (its
 go.mod/go.sum fix every dependency) and cached under the licensectl cache dir, so a fresh clone
@@ -46,6 +47,8 @@ class GoTool:
     ldflags: tuple[str, ...] = ()
     # Extra files written next to the binary after a build (name -> text), e.g. a plugin manifest.
     extra_files: Mapping[str, str] = field(default_factory=dict)
+    # Built only when asked for by name (a benchmark's own program), never by `build-tools` / `make setup`.
+    on_demand: bool = False
 
     @property
     def module_dir(self) -> Path:
@@ -94,6 +97,17 @@ TOOLS: Mapping[str, GoTool] = {
             ldflags=("-X github.com/VictoriaMetrics/VictoriaMetrics/lib/buildinfo.Version="
                      "vmalert-tool-v1.151.0",),
         ),
+        # Not an upstream tool: the benchmarks' minimal Go replicator (go/replicator-peer/cmd/), whose
+        # wrapper pins client-go; `python -m benchmarks peer` compares licensectl's CPU with it.
+        GoTool(
+            name="replicator-peer",
+            module="k8s.io/client-go",
+            version="v0.35.4",
+            package="licensectl.dev/gotools/replicator-peer/cmd/replicator-peer",
+            binary="replicator-peer",
+            ldflags=("-X main.clientGoVersion=v0.35.4",),
+            on_demand=True,
+        ),
     )
 }
 
@@ -109,13 +123,18 @@ def get_tool(name: str) -> GoTool:
 
 
 def pin_digest(tool: GoTool) -> str:
-    """Short digest of the wrapper module's go.mod + go.sum: part of the cache key."""
+    """Short digest of the wrapper module's go.mod + go.sum, and of the sources of a program of its own
+    (every .go file but tools.go, which only pins imports): part of the cache key, so an edited program
+    is never served from a stale build."""
     h = hashlib.sha256()
     for fname in ("go.mod", "go.sum"):
         p = tool.module_dir / fname
         h.update(fname.encode() + b"\0")
         h.update(p.read_bytes() if p.exists() else b"")
         h.update(b"\0")
+    for p in sorted(tool.module_dir.rglob("*.go")):
+        if p.name != "tools.go":
+            h.update(p.relative_to(tool.module_dir).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()[:12]
 
 
@@ -191,5 +210,6 @@ def ensure_tools(
     names: Iterable[str] | None = None, log: Logger = _stderr, env: Mapping[str, str] | None = None
 ) -> dict[str, Path]:
     """Build (or find cached) several tools, one after another (a 2-core machine gains nothing from
-    parallel Go builds); all of TOOLS when `names` is None."""
-    return {n: ensure_tool(n, log=log, env=env) for n in (TOOLS if names is None else names)}
+    parallel Go builds); every tool the tests run (all of TOOLS but the on-demand ones) when `names` is None."""
+    wanted = [n for n, t in TOOLS.items() if not t.on_demand] if names is None else list(names)
+    return {n: ensure_tool(n, log=log, env=env) for n in wanted}

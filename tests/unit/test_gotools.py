@@ -108,7 +108,8 @@ def test_go_missing_is_a_clear_error(fake_env: dict[str, str], tmp_path: Path) -
 
 
 def test_unknown_tool() -> None:
-    with pytest.raises(BuildError, match="unknown Go tool 'kubectx'; known: helm, helm-unittest, vmalert-tool"):
+    known = "helm, helm-unittest, replicator-peer, vmalert-tool"
+    with pytest.raises(BuildError, match=f"unknown Go tool 'kubectx'; known: {known}"):
         gotools.ensure_tool("kubectx", log=lambda _: None)
 
 
@@ -140,6 +141,34 @@ def test_changing_a_pin_changes_the_cache_dir(tmp_path: Path, monkeypatch: pytes
     assert first.name.startswith("helm-v4.3.2-")
     (go_dir / "helm" / "go.sum").write_text("a v1 h1:bbb\n")
     assert gotools.tool_dir(tool, env) != first
+
+
+def test_editing_a_wrapper_program_changes_the_cache_dir_but_tools_go_does_not(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    go_dir = tmp_path / "go"
+    wrapper = go_dir / "replicator-peer"
+    (wrapper / "cmd" / "replicator-peer").mkdir(parents=True)
+    monkeypatch.setattr(gotools, "GO_DIR", go_dir)
+    env = {"LICENSECTL_CACHE_DIR": str(tmp_path / "cache")}
+    tool = gotools.TOOLS["replicator-peer"]
+    (wrapper / "go.mod").write_text("module x\n")
+    (wrapper / "go.sum").write_text("a v1 h1:aaa\n")
+    (wrapper / "tools.go").write_text("package tools\n")
+    main = wrapper / "cmd" / "replicator-peer" / "main.go"
+    main.write_text("package main\nfunc main() {}\n")
+    first = gotools.tool_dir(tool, env)
+    (wrapper / "tools.go").write_text("package tools // reworded\n")
+    assert gotools.tool_dir(tool, env) == first  # tools.go only pins imports; go.mod/go.sum say what they pin
+    main.write_text("package main\nfunc main() { println() }\n")
+    assert gotools.tool_dir(tool, env) != first
+
+
+def test_build_tools_without_names_skips_the_on_demand_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    built: list[str] = []
+    monkeypatch.setattr(gotools, "ensure_tool", lambda name, **_: built.append(name) or Path(name))
+    assert set(gotools.ensure_tools()) == {"helm", "helm-unittest", "vmalert-tool"}
+    assert gotools.ensure_tools(["replicator-peer"]) == {"replicator-peer": Path("replicator-peer")}
+    assert built == ["helm", "helm-unittest", "vmalert-tool", "replicator-peer"]
 
 
 def test_build_command_stamps_version_and_targets_out_dir(tmp_path: Path) -> None:
