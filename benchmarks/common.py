@@ -26,7 +26,7 @@ from kubernetes_asyncio.client import ApiClient, Configuration
 
 from licensectl_dev.devcluster import fleet
 from licensectl_dev.testkit.controller import ControllerProcess
-from licensectl_dev.testkit.metrics_text import Scrape
+from licensectl_dev.testkit.metrics_text import Scrape, delta
 from licensectl_dev.testkit.world import SOURCE_NAME, World, build_world
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -411,25 +411,45 @@ LOOP_LAG = "licensectl_event_loop_lag_seconds"
 GC_PAUSE = "licensectl_gc_pause_seconds"
 
 
+@dataclass(frozen=True, slots=True)
+class HistogramDelta:
+    """What one histogram (one label set) observed between two scrapes."""
+    count: int
+    total: float
+    buckets: tuple[tuple[float, int], ...]  # (upper bound, cumulative count), ascending
+
+    def over(self, bound: float) -> int:
+        """Observations above `bound` (counted from the first bucket bound at or above it)."""
+        return self.count - next((n for b, n in self.buckets if b >= bound), self.count)
+
+    def worst(self) -> float:
+        """The bucket bound the largest observation fell under (inf: above every bound)."""
+        return next((b for b, n in self.buckets if n >= self.count), float("inf"))
+
+
+def histogram_between(before: Scrape, after: Scrape, name: str, **labels: str) -> HistogramDelta:
+    buckets = sorted((float("inf") if dict(ls)["le"] == "+Inf" else float(dict(ls)["le"]),
+                      int(v - before.value(n, **labels, le=dict(ls)["le"])))
+                     for (n, ls), v in after.samples.items()
+                     if n == f"{name}_bucket" and set(labels.items()) <= ls)
+    return HistogramDelta(count=int(after.value(f"{name}_count", **labels) - before.value(f"{name}_count", **labels)),
+                          total=after.value(f"{name}_sum", **labels) - before.value(f"{name}_sum", **labels),
+                          buckets=tuple(buckets))
+
+
 def gc_pauses_between(before: Scrape, after: Scrape, over: float = 0.05) -> str:
     """The controller's full (generation 2) garbage collections between two scrapes: how many, their total,
     how many took longer than `over` and the bucket of the longest. A collection holds the GIL, so it
     stops the event loop wherever it was triggered. "n/a" for a controller without the timer."""
     if not after.has(f"{GC_PAUSE}_count"):
         return "n/a (no GC timer in this controller)"
-    count = int(after.value(f"{GC_PAUSE}_count", generation="2") - before.value(f"{GC_PAUSE}_count", generation="2"))
-    if count <= 0:
+    h = histogram_between(before, after, GC_PAUSE, generation="2")
+    if h.count <= 0:
         return "none"
-    total = after.value(f"{GC_PAUSE}_sum", generation="2") - before.value(f"{GC_PAUSE}_sum", generation="2")
-    buckets = sorted((float("inf") if dict(ls)["le"] == "+Inf" else float(dict(ls)["le"]),
-                      int(v - before.value(n, generation="2", le=dict(ls)["le"])))
-                     for (n, ls), v in after.samples.items()
-                     if n == f"{GC_PAUSE}_bucket" and dict(ls).get("generation") == "2")
-    longer = count - next((k for bound, k in buckets if bound >= over), count)
-    worst = next((bound for bound, k in buckets if k >= count), float("inf"))
+    worst = h.worst()
     worst_text = "> 2.5 s" if worst == float("inf") else f"≤ {worst:g} s"
-    return (f"{count} full collections, {total:.2f} s in all, {longer} longer than {over * 1000:.0f} ms, "
-            f"worst {worst_text}")
+    return (f"{h.count} full collections, {h.total:.2f} s in all, {h.over(over)} longer than "
+            f"{over * 1000:.0f} ms, worst {worst_text}")
 
 
 def loop_lag_between(before: Scrape, after: Scrape, over: float = 0.1) -> str:
@@ -438,21 +458,12 @@ def loop_lag_between(before: Scrape, after: Scrape, over: float = 0.1) -> str:
     without the probe (an older revision)."""
     if not after.has(f"{LOOP_LAG}_count"):
         return "n/a (no loop-lag probe in this controller)"
-    total = int(after.value(f"{LOOP_LAG}_count") - before.value(f"{LOOP_LAG}_count"))
-    if total <= 0:
+    h = histogram_between(before, after, LOOP_LAG)
+    if h.count <= 0:
         return "no samples"
-    buckets: list[tuple[float, int]] = []
-    for (name, labels), v in after.samples.items():
-        if name != f"{LOOP_LAG}_bucket":
-            continue
-        le = dict(labels)["le"]
-        bound = float("inf") if le == "+Inf" else float(le)
-        buckets.append((bound, int(v - before.value(name, le=le))))
-    buckets.sort()
-    late = total - next((n for bound, n in buckets if bound >= over), total)
-    worst = next((bound for bound, n in buckets if n >= total), float("inf"))
+    worst = h.worst()
     worst_text = "> 10 s" if worst == float("inf") else f"≤ {worst:g} s"
-    return f"{total} samples, {late} later than {over * 1000:.0f} ms, worst {worst_text}"
+    return f"{h.count} samples, {h.over(over)} later than {over * 1000:.0f} ms, worst {worst_text}"
 
 
 class BenchRun:
@@ -550,18 +561,15 @@ def informer_recoveries(before: Scrape, after: Scrape, synced_at: Mapping[str, f
     resources = sorted({dict(ls)["resource"] for (n, ls) in after.samples if n == "licensectl_informer_synced"})
     out = []
     for r in resources:
+        kind = r.split(":")[0]  # sources are "source:<ns>/<name>"; the counters are labelled "source"
         restarts = {dict(ls).get("reason", ""): int(v - before.value(n, **dict(ls)))
                     for (n, ls), v in after.samples.items()
-                    if n == "licensectl_watch_restarts_total" and dict(ls).get("resource") == r.split(":")[0]}
-        lr = r.split(":")[0]
+                    if n == "licensectl_watch_restarts_total" and dict(ls).get("resource") == kind}
         out.append(InformerRecovery(
             resource=r, synced_after=synced_at.get(r),
-            lists=int(after.value(f"{LIST_SECONDS}_count", resource=lr, result="ok")
-                      - before.value(f"{LIST_SECONDS}_count", resource=lr, result="ok")),
-            list_seconds=after.value(f"{LIST_SECONDS}_sum", resource=lr, result="ok")
-            - before.value(f"{LIST_SECONDS}_sum", resource=lr, result="ok"),
-            failed_lists=int(after.value(f"{LIST_SECONDS}_count", resource=lr, result="error")
-                             - before.value(f"{LIST_SECONDS}_count", resource=lr, result="error")),
+            lists=int(delta(after, before, f"{LIST_SECONDS}_count", resource=kind, result="ok")),
+            list_seconds=delta(after, before, f"{LIST_SECONDS}_sum", resource=kind, result="ok"),
+            failed_lists=int(delta(after, before, f"{LIST_SECONDS}_count", resource=kind, result="error")),
             watch_restarts={k: v for k, v in restarts.items() if v}))
     return tuple(out)
 
