@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api
+from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api, CustomObjectsApi
 
 from licensectl.core.model import ANN_RESTART_REVISION, ObjectRef
 from licensectl.kube.revision_store import store_name
@@ -184,6 +184,10 @@ async def test_upgrade_mid_rollout_old_leader_hands_over_to_new_version(
 
     # Uninstall, as documented: with the controller gone, the replica command removes every replica
     # and nothing else (the signing key Secret carries the same label; the source has none).
+    # The commands span all namespaces: earlier tests' namespaces still being deleted would make them
+    # report NotFound for objects listed a moment before (docs/operations.md#uninstall says to re-run).
+    await eventually(lambda: _no_vm_in_a_terminating_namespace(api_client), timeout=120, interval=0.5,
+                     what="the VMs of earlier tests' namespaces are gone")
     assert await secret_exists(api_client, fl.controller_ns, SIGNING_KEY_SECRET)
     delete, annotate = documented_uninstall_commands(fl.controller_ns)
     await run_kubectl(rig.cp, delete)
@@ -215,6 +219,16 @@ async def run_kubectl(cp: ControlPlane, argv: list[str]) -> str:
     out, _ = await proc.communicate()
     assert proc.returncode == 0, out.decode(errors="replace")
     return out.decode(errors="replace")
+
+
+async def _no_vm_in_a_terminating_namespace(api: ApiClient) -> bool:
+    """What the documented annotate command could trip over. (A namespace may stay Terminating with no
+    VM left, held by a stopped simulator's VMI finalizer: that one does not matter here.)"""
+    namespaces = await CoreV1Api(api).list_namespace()
+    terminating = {n.metadata.name for n in namespaces.items
+                   if n.status is not None and n.status.phase == "Terminating"}
+    vms = await CustomObjectsApi(api).list_cluster_custom_object("kubevirt.io", "v1", "virtualmachines")
+    return not [vm for vm in vms["items"] if vm["metadata"]["namespace"] in terminating]
 
 
 async def secret_exists(api: ApiClient, ns: str, name: str) -> bool:
