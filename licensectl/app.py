@@ -13,7 +13,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -347,7 +347,7 @@ class App:
         return DeliveryView(claims=self.caches.claims.cache, classes=self.caches.classes.cache,
                             entitled=plan.entitlement.entitled, replicas=self.caches.replicas.cache)
 
-    def _wanted_volumes(self, vmis: list[Vmi]) -> dict[tuple[str, str], tuple[str, ...]]:
+    def _wanted_volumes(self, vmis: Sequence[Vmi]) -> dict[tuple[str, str], tuple[str, ...]]:
         view = self.delivery_view()
         # Caches incomplete: no backstop decision, never a restart from a partial view.
         return {} if view is None else wanted_volumes(vmis, view)

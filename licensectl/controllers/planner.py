@@ -9,17 +9,24 @@ interval, so the loop waits milliseconds, not the whole plan.
 
 One thread per loop, one plan at a time: a plan may keep state from pass to pass (the rollout's memo),
 and a pass that was cancelled while its plan ran leaves that plan to finish before the next one starts.
+
+`CacheCopies` keeps the gather's own share of the loop small: a cache is copied again only when its
+generation moved, so a rotation's passes, which mostly follow replica writes, do not copy 50,000 VMIs,
+VMs or 20,000 namespaces each time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import Any, TypeVar, cast
+
+from licensectl.core.ports import CacheView, Key
 
 T = TypeVar("T")
+V = TypeVar("V")
 
 
 class PlannerThread:
@@ -43,3 +50,26 @@ class PlannerThread:
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = None
+
+
+class CacheCopies:
+    """What a gather copies of each cache, made once per cache generation and handed out again while the
+    generation holds. A copy is shared by every plan made meanwhile, so its shape must be immutable
+    (a tuple) or only ever read (a Mapping nobody writes). One shape per cache: the copy is keyed by the
+    cache's name."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, tuple[object, int, Any]] = {}
+
+    def of(self, view: CacheView[V], shape: Callable[[Mapping[Key, V]], T]) -> T:
+        """`shape(view.cache)` as of the cache's current generation."""
+        hit = self._held.get(view.name)
+        if hit is None or hit[0] is not view or hit[1] != view.generation:
+            hit = (view, view.generation, shape(view.cache))
+            self._held[view.name] = hit
+        return cast(T, hit[2])
+
+
+def objects_of(cache: Mapping[Key, V]) -> tuple[V, ...]:
+    """A cache's objects as an immutable copy (a `CacheCopies` shape)."""
+    return tuple(cache.values())

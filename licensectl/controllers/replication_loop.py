@@ -14,10 +14,10 @@ import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from licensectl import config, logs
-from licensectl.controllers.planner import PlannerThread
+from licensectl.controllers.planner import CacheCopies, PlannerThread, objects_of
 from licensectl.controllers.settings import rotation_settings, tenant_settings
 from licensectl.core import tokeninfo
 from licensectl.core.entitlement import ProblemKind
@@ -54,6 +54,12 @@ from licensectl.core.revision_text import replica_revision, short, source_revisi
 from licensectl.metrics import GaugeSample, Metrics
 
 log = logs.get(__name__)
+T = TypeVar("T")
+
+
+def _by_name(cache: Mapping[tuple[str, str], T]) -> dict[str, T]:
+    return {k[1]: v for k, v in cache.items()}
+
 
 CONFLICT_RECHECK_SECONDS = 60.0
 
@@ -175,6 +181,7 @@ class ReplicationController:
         # credential_for bound to the key of the moment (the App's key ring), read when a pass gathers.
         self.bind_credentials = bind_credentials
         self._planner = PlannerThread("replication")  # docs/design.md#plans-off-the-loop
+        self._copies = CacheCopies()  # the gather's copies, once per cache generation
         self.report_url = report_url
         self.report_ca = report_ca  # current serving CA bundle (kube/serving_tls.py), read every pass
         self.clock: WallClock = clock or (lambda: dt.datetime.now(dt.UTC))
@@ -208,15 +215,15 @@ class ReplicationController:
         and the signing key of this moment bound into `credential_for` (a key rotated while the plan runs
         in the planner thread must not mix into it)."""
         c = self.caches
-        classes = {k[1]: v for k, v in c.classes.snapshot().items()}
+        classes = self._copies.of(c.classes, _by_name)
         wanted_sources = {gc.secret_ref for gc in classes.values() if gc.mode == "vgpu" and gc.secret_ref}
         c.ensure_sources(wanted_sources)
         return ReplicationInputs(
-            namespaces={k[1]: v for k, v in c.namespaces.snapshot().items()},
+            namespaces=self._copies.of(c.namespaces, _by_name),
             classes=classes,
-            claims=list(c.claims.snapshot().values()),
+            claims=self._copies.of(c.claims, objects_of),
             sources=c.source_states(),
-            replicas=c.replicas.snapshot(),
+            replicas=self._copies.of(c.replicas, dict),
             conflicts=frozenset(k for k, seen in self.status.conflicts.items()
                                 if self._monotonic() - seen < CONFLICT_RECHECK_SECONDS),
             credential_for=self.bind_credentials() if self.bind_credentials is not None else self.credential_for,

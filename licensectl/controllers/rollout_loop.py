@@ -12,14 +12,14 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from licensectl import config, logs
 from licensectl.controllers.drain_loop import WorkerDrainer
 from licensectl.controllers.guests import GuestStore, gates_of
-from licensectl.controllers.planner import PlannerThread
+from licensectl.controllers.planner import CacheCopies, PlannerThread, objects_of
 from licensectl.controllers.settings import rollout_settings
 from licensectl.controllers.vm_restart import restart_vmi, vm_object, vmi_object
 from licensectl.core.guest_report import GuestState
@@ -61,18 +61,17 @@ log = logs.get(__name__)
 _VmiAggregates = tuple[dict[str, int], dict[tuple[str, str], int], dict[str, int],
                        list[tuple[tuple[str, str], VmiRolloutState]]]
 
-WantedVolumes = Callable[[list[Vmi]], Mapping[tuple[str, str], tuple[str, ...]]]
-
+WantedVolumes = Callable[[Sequence[Vmi]], Mapping[tuple[str, str], tuple[str, ...]]]
 
 
 @dataclass(frozen=True, slots=True)
 class PlanInputs:
     """One pass's view of the cluster, gathered on the event loop for the planner thread."""
 
-    replicas: list[ReplicaRevision]
+    replicas: Sequence[ReplicaRevision]
     sources: dict[ObjectRef, SourceControl]
-    vmis: list[Vmi]
-    vms: list[Vm]
+    vmis: Sequence[Vmi]
+    vms: Sequence[Vm]
     guest_states: dict[tuple[str, str], GuestState]
     now: dt.datetime
     evidence_at: dt.datetime | None
@@ -127,6 +126,8 @@ class RolloutController:
         self._progress_at: dict[ObjectRef, dt.datetime] = {}
         self._measured: dict[ObjectRef, str] = {}
         self._revisions: dict[tuple[str, str], tuple[str, ReplicaRevision | None]] = {}
+        self._copies = CacheCopies()  # the gather's copies, once per cache generation
+        self._revisions_copy: tuple[object, int, tuple[ReplicaRevision, ...]] | None = None
         # Tenant-cluster workers are drained before their restart (controllers/drain_loop.py); None: restart
         # them like any VM (a deployment that manages no tenant clusters, or tests of the plain rollout).
         self.drainer = drainer
@@ -164,7 +165,7 @@ class RolloutController:
             replicas=self._replica_revisions(),
             sources={ref: SourceControl.from_annotations(s.annotations)
                      for ref, s in c.source_states().items() if s is not None},
-            vmis=list(c.vmis.snapshot().values()), vms=list(c.vms.snapshot().values()),
+            vmis=self._copies.of(c.vmis, objects_of), vms=self._copies.of(c.vms, objects_of),
             guest_states=self.guests.states(), now=self.clock(), evidence_at=self.guests.evidence_complete_at(),
             delivery_ready=self._delivery_ready(),
             worker_limits=self.drainer.worker_limits() if self.drainer else None)
@@ -194,11 +195,17 @@ class RolloutController:
     def close(self) -> None:
         self._planner.close()
 
-    def _replica_revisions(self) -> list[ReplicaRevision]:
-        """Parsed revisions of all replicas, re-parsed only for replicas whose resourceVersion changed
-        (a rotation touches every replica; the passes between touch few)."""
+    def _replica_revisions(self) -> tuple[ReplicaRevision, ...]:
+        """Parsed revisions of all replicas: the same tuple while the replica cache's generation holds;
+        re-parsed only for replicas whose resourceVersion changed (a rotation touches every replica; the
+        passes between touch few)."""
+        replicas = self.caches.replicas
+        memo = self._revisions_copy
+        if memo is not None and memo[0] is replicas and memo[1] == replicas.generation:
+            return memo[2]
+        generation = replicas.generation
         out: list[ReplicaRevision] = []
-        live = self.caches.replicas.cache
+        live = replicas.cache
         for key, secret in live.items():
             hit = self._revisions.get(key)
             if hit is None or hit[0] != secret.resource_version:
@@ -209,7 +216,9 @@ class RolloutController:
         if len(self._revisions) > len(live):
             for key in [k for k in self._revisions if k not in live]:
                 del self._revisions[key]
-        return out
+        revisions = tuple(out)
+        self._revisions_copy = (replicas, generation, revisions)
+        return revisions
 
     async def reconcile(self, *, leader: bool = True) -> RolloutPlan | None:
         if not self._expectations_met():

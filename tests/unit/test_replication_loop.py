@@ -374,3 +374,21 @@ async def test_writes_run_through_a_bounded_pool_and_one_failure_stops_none_of_t
     assert sorted(done) == [i for i in range(500) if i != 3]
     assert 1 < most[0] <= 2 * w.loop._concurrency
     await w.loop._run_pool([])  # nothing to do: no worker, no error
+
+
+async def test_a_pass_copies_a_cache_again_only_when_it_changed() -> None:
+    """The gather runs on the event loop: the namespaces, classes, claims and replicas it hands the
+    planner are copied again only when that cache's generation moved (a rotation's passes follow its
+    replica writes: 20,000 namespaces stay as they were), and then they show the change."""
+    w = World(["tenant-a", "tenant-b"])
+    first, again = w.loop.gather(), w.loop.gather()
+    assert again.namespaces is first.namespaces and again.claims is first.claims
+    assert again.classes is first.classes and again.replicas is first.replicas
+    await w.loop.reconcile()
+    w.caches.namespaces.put(tenant("tenant-c"))
+    changed = w.loop.gather()
+    assert set(changed.namespaces) == {ROOT, "tenant-a", "tenant-b", "tenant-c"}
+    assert set(first.namespaces) == {ROOT, "tenant-a", "tenant-b"}  # a copy handed out earlier never changes
+    assert changed.claims is first.claims and changed.classes is first.classes
+    assert changed.replicas is not first.replicas
+    assert {ns for ns, _ in changed.replicas} == {ROOT, "tenant-a", "tenant-b"} and not first.replicas

@@ -413,3 +413,22 @@ async def test_the_plan_is_made_off_the_event_loop_which_keeps_serving_meanwhile
     assert set(plan.vmi_states) == {("tenant-a", "vm1"), ("tenant-b", "vm2")}
     assert plan.vmi_states[("tenant-b", "vm2")].state is not VmiState.BLOCKED  # its VM was in the gathered view
     assert w.loop.plan_cpu_seconds >= 0.0
+
+
+def test_a_pass_copies_the_caches_only_when_they_changed() -> None:
+    """The gather runs on the event loop: its copies of 50,000 VMIs and VMs and its scan of every replica
+    are made again only when the cache's generation moved, and then they show the change."""
+    w = World([("tenant-a", "vm1"), ("tenant-b", "vm2")])
+    first, again = w.loop.gather(), w.loop.gather()
+    assert first is not None and again is not None
+    assert again.vmis is first.vmis and again.vms is first.vms and again.replicas is first.replicas
+    assert {v.name for v in first.vmis} == {"vm1", "vm2"} and len(first.replicas) == 2
+
+    assert w.caches.vms is not None and w.caches.vmis is not None
+    w.caches.vms.remove(("tenant-b", "vm2"))
+    w.caches.replicas.remove(("tenant-b", REPLICA))
+    changed = w.loop.gather()
+    assert changed is not None
+    assert [v.name for v in changed.vms] == ["vm1"] and changed.vmis is first.vmis
+    assert [r.namespace for r in changed.replicas] == ["tenant-a"]
+    assert [v.name for v in first.vms] == ["vm1", "vm2"]  # a copy handed out earlier never changes
