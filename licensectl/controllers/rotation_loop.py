@@ -16,6 +16,7 @@ from typing import Any
 
 from licensectl import config, logs
 from licensectl.controllers.guests import GuestStore
+from licensectl.controllers.planner import CacheCopies
 from licensectl.controllers.settings import rotation_settings
 from licensectl.core.guest_report import GuestState, LicenseState
 from licensectl.core.model import (
@@ -104,6 +105,7 @@ class RotationController:
         self.next_check: dt.datetime | None = None
         # source -> (VMIs of the running wave settled on the candidate, VMIs in it): `rollout status` progress.
         self._wave_progress: dict[ObjectRef, tuple[int, int]] = {}
+        self._copies = CacheCopies()  # the snapshot's copies, once per cache generation
 
     # -- what replication reads -------------------------------------------------------------------
     def stores(self) -> dict[ObjectRef, RevisionStore]:
@@ -200,10 +202,11 @@ class RotationController:
 
     def _snapshot(self) -> _Snapshot:
         """What the views read, taken on the loop in one synchronous step: the rollout plan (immutable)
-        and copies of the replica and VMI caches and of the guest reports."""
+        and copies of the replica and VMI caches (read only, shared while a cache is unchanged) and of
+        the guest reports."""
         vmis = self.caches.vmis
-        return _Snapshot(rollout=self._rollout_plan(), replicas=self.caches.replicas.snapshot(),
-                         vmis=vmis.snapshot() if vmis is not None else {}, guests=self.guests.states(),
+        return _Snapshot(rollout=self._rollout_plan(), replicas=self._copies.of(self.caches.replicas, dict),
+                         vmis=self._copies.of(vmis, dict) if vmis is not None else {}, guests=self.guests.states(),
                          evidence_at=self.guests.evidence_complete_at())
 
     def _judge(self, a: _Ask, snap: _Snapshot,
