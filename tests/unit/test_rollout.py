@@ -275,6 +275,32 @@ def test_restarts_carry_the_live_check_decision() -> None:
     assert d.check_live
 
 
+def test_a_plan_shares_equal_states_and_keeps_the_keys_it_holds() -> None:
+    """50,000 guests in a handful of states hold a handful of state objects, and a pass over unchanged
+    guests holds no new key tuple: what the plan costs in memory is the guests that changed."""
+    memo = PlanMemo()
+    vs = [vmi(ns=f"t-{i % 3}", name=f"vm{i}", uid=f"u{i}") for i in range(30)]
+    ms = [vm(ns=f"t-{i % 3}", name=f"vm{i}") for i in range(30)]
+    reps = [rep(ns=f"t-{i}", rev="r2" if i == 2 else "r1") for i in range(3)]
+
+    def once(now: float, vmis: Sequence[Vmi] = vs) -> RolloutPlan:
+        p = plan_rollout(replicas=reps, vmis=vmis, vms=ms, guests={}, sources={}, settings=ST, now=at(now),
+                         memo=memo)
+        assert p == plan(reps, vmis, ms, now)
+        return p
+
+    first = once(10)
+    assert {st.state for st in first.vmi_states.values()} == {VmiState.STALE}
+    assert len({id(st) for st in first.vmi_states.values()}) == 2  # one per revision, not one per guest
+    without_memo = plan(reps, vs, ms, 10)
+    assert len({id(st) for st in without_memo.vmi_states.values()}) == 2
+    changed = [*vs[:1], dataclasses.replace(vs[1], ready=False), *vs[2:]]
+    second = once(20, changed)
+    keys_before = {k: k for k in first.vmi_states}
+    assert all(k is keys_before[k] for k in second.vmi_states)  # the same tuples, not equal copies
+    assert all(second.vmi_states[k] is first.vmi_states[k] for k in first.vmi_states)
+
+
 def test_memo_reevaluates_only_changed_guests_and_those_whose_times_came() -> None:
     memo = PlanMemo()
     vs = [vmi(name=f"vm{i}", uid=f"u{i}") for i in range(4)]

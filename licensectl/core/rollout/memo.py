@@ -15,9 +15,12 @@ from licensectl.core.rollout.evaluation import _Eval, _evaluate, _Now, _Slot
 from licensectl.core.rollout.inputs import GuestGate, ReplicaRevision, RolloutSettings, SourceControl
 from licensectl.core.rollout.outputs import VmiRolloutState
 
+MAX_SHARED_STATES = 4096
+
 
 @dataclass(slots=True)
 class _Memo:
+    key: tuple[str, str]  # (namespace, name), one tuple per guest for as long as it is remembered
     vmi: model.Vmi | None
     vm: model.Vm | None
     replica: ReplicaRevision
@@ -44,6 +47,8 @@ class PlanMemo:
 
     def __init__(self) -> None:
         self._entries: dict[tuple[str, str], _Memo] = {}
+        # One instance per distinct VMI state: most of 50,000 guests are in a few (docs/design.md#plans-off-the-loop).
+        self._states: dict[VmiRolloutState, VmiRolloutState] = {}
         self._settings: RolloutSettings | None = None
         self._now: dt.datetime | None = None
         self._evidence_at: dt.datetime | None = None
@@ -54,24 +59,32 @@ class PlanMemo:
                 or evidence_at != self._evidence_at):
             # New knobs, a clock stepped back, or a new leader term: nothing is known to hold.
             self._entries.clear()
+        if len(self._states) > MAX_SHARED_STATES:  # distinct retry times and reasons pile up: start over
+            self._states.clear()
         self._settings, self._now, self._evidence_at = settings, now, evidence_at
 
     def _keep(self, entries: dict[tuple[str, str], _Memo]) -> None:
         """This pass's evaluations replace the last pass's: guests gone since are forgotten."""
         self._entries = entries
 
+    def _shared_state(self, state: VmiRolloutState) -> VmiRolloutState:
+        """The one instance equal to `state` (states are frozen: sharing one changes nothing)."""
+        return self._states.setdefault(state, state)
+
     def _evaluate(self, slot: _Slot, st: RolloutSettings, guests: Mapping[tuple[str, str], GuestGate],
                   control: SourceControl, now: dt.datetime, keep: dict[tuple[str, str], _Memo]) -> _Memo:
         key = (slot.namespace, slot.name)
         guest = guests.get(key)
         m = self._entries.get(key)
+        if m is not None:
+            key = m.key  # the tuple held since the guest was first seen, not this pass's copy
         if (m is not None and m.vmi is slot.vmi and m.vm is slot.vm and m.replica == slot.replica
                 and m.missing == slot.missing and m.stamp == slot.stamp and m.blocker == slot.blocker
                 and m.guest == guest and m.control == control and (m.until is None or now < m.until)):
             self.hits += 1
         else:
             clock = _Now(now, self._evidence_at)
-            m = _Memo(slot.vmi, slot.vm, slot.replica, slot.missing, guest, control, None,
+            m = _Memo(key, slot.vmi, slot.vm, slot.replica, slot.missing, guest, control, None,
                       _evaluate(slot, st, guests, control, clock), stamp=slot.stamp, blocker=slot.blocker)
             m.until = clock.horizon
         keep[key] = m
