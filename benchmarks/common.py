@@ -525,6 +525,7 @@ class Recovery:
     # CPU seconds from /readyz until the controller was ready, per process (the apiserver's own start,
     # before /readyz, not included): who did the work the recovery waited for.
     cpu: Mapping[str, float] = field(default_factory=dict)
+    scrapes: int = 0  # /metrics scrapes the probe made from /readyz until done (each costs the controller)
 
     def synced_after(self, resources: Callable[[str], bool]) -> float | None:
         """/readyz -> the last of the caches `resources` picks synced again (None: one was not seen synced)."""
@@ -614,6 +615,10 @@ async def restart_cpu_without_controller(cp: Any, window: float) -> dict[str, fl
     return {k: v - before.get(k, 0.0) for k, v in cpu_seconds(procs).items()}
 
 
+RECOVERY_POLL_SECONDS = 0.5
+RECOVERY_POLL_SHARE = 4.0  # sleep four times the last scrape's time: the probe holds the controller ≤ 1/5
+
+
 def informers_recovered(s: Scrape) -> bool:
     """Every watched resource synced and healthy (licensectl_informer_synced 1), and ready."""
     synced = [v for (name, _), v in s.samples.items() if name == "licensectl_informer_synced"]
@@ -647,8 +652,12 @@ async def apiserver_outage(cp: Any, ctl: BenchController, outage_seconds: float,
     to_leader: float | None = None
     synced_at: dict[str, float] = {}
     last = before
+    scrapes = 0
     while time.monotonic() - healed < within and (to_ready is None or to_leader is None):
+        asked = time.monotonic()
         s = await ctl.scrape()
+        took = time.monotonic() - asked
+        scrapes += 1
         if s is not None:
             last = s
             for (name, labels), v in s.samples.items():
@@ -659,7 +668,9 @@ async def apiserver_outage(cp: Any, ctl: BenchController, outage_seconds: float,
                 cpu_ready = {k: v - cpu0.get(k, 0.0) for k, v in cpu_seconds(procs).items()}
             if to_leader is None and s.value("licensectl_leader") == 1.0:
                 to_leader = s.at - healed
-        await asyncio.sleep(0.5)  # a scrape costs the controller CPU: do not poll it into slowness
+        # A scrape costs the controller CPU (at xl a third of a second): poll it at most a fifth of the
+        # time, or the probe itself slows the recovery it times (a Prometheus scrapes every 15-30 s).
+        await asyncio.sleep(max(RECOVERY_POLL_SECONDS, RECOVERY_POLL_SHARE * took))
     return Recovery(outage=t_start - t_down, restart=healed - t_start, unhealthy_seen=unhealthy,
                     to_ready=to_ready, to_leader=to_leader, to_served=await served if served else None,
-                    per_informer=informer_recoveries(before, last, synced_at), cpu=cpu_ready)
+                    per_informer=informer_recoveries(before, last, synced_at), cpu=cpu_ready, scrapes=scrapes)

@@ -28,6 +28,7 @@ from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 from benchmarks.common import (
     CLASS,
     CONTROLLER_WRITE_CONCURRENCY,
+    RECOVERY_POLL_SHARE,
     ROOT,
     SEED_CONCURRENCY,
     THIS_TREE,
@@ -478,7 +479,8 @@ async def run(cp: ControlPlane, scale_name: str, build: ControllerBuild = THIS_T
             ["recovery: apiserver /readyz -> controller ready", fmt_seconds(rec.to_ready),
              f"goal ≤ {scale.recovery_goal:g} s",
              f"every informer synced+healthy after a {rec.outage:.0f}s outage (apiserver restart took "
-             f"{rec.restart:.1f}s; caches went unhealthy: {'yes' if rec.unhealthy_seen else 'no'})"],
+             f"{rec.restart:.1f}s; caches went unhealthy: {'yes' if rec.unhealthy_seen else 'no'}); "
+             f"{rec.scrapes} /metrics scrapes meanwhile, spaced ≥ {RECOVERY_POLL_SHARE:g} times a scrape's time"],
             ["recovery: /readyz -> replication's caches synced", fmt_seconds(rec.synced_after(is_core_cache)), "",
              "namespaces, GPU classes and claims, replicas, revision stores, sources: replication and "
              "admission decide from these alone"],
