@@ -23,7 +23,7 @@ from licensectl.controllers.planner import CacheCopies, PlannerThread, objects_o
 from licensectl.controllers.settings import rollout_settings
 from licensectl.controllers.vm_restart import restart_vmi, vm_object, vmi_object
 from licensectl.core.guest_report import GuestState
-from licensectl.core.model import ObjectRef, Vm, Vmi, source_of
+from licensectl.core.model import ObjectRef, ReplicaSecret, Vm, Vmi, source_of
 from licensectl.core.ports import (
     EventSink,
     InvolvedObject,
@@ -127,7 +127,6 @@ class RolloutController:
         self._measured: dict[ObjectRef, str] = {}
         self._revisions: dict[tuple[str, str], tuple[str, ReplicaRevision | None]] = {}
         self._copies = CacheCopies()  # the gather's copies, once per cache generation
-        self._revisions_copy: tuple[object, int, tuple[ReplicaRevision, ...]] | None = None
         # Tenant-cluster workers are drained before their restart (controllers/drain_loop.py); None: restart
         # them like any VM (a deployment that manages no tenant clusters, or tests of the plain rollout).
         self.drainer = drainer
@@ -196,16 +195,13 @@ class RolloutController:
         self._planner.close()
 
     def _replica_revisions(self) -> tuple[ReplicaRevision, ...]:
-        """Parsed revisions of all replicas: the same tuple while the replica cache's generation holds;
-        re-parsed only for replicas whose resourceVersion changed (a rotation touches every replica; the
-        passes between touch few)."""
-        replicas = self.caches.replicas
-        memo = self._revisions_copy
-        if memo is not None and memo[0] is replicas and memo[1] == replicas.generation:
-            return memo[2]
-        generation = replicas.generation
+        """Parsed revisions of all replicas: the same tuple while the replica cache's generation holds."""
+        return self._copies.of(self.caches.replicas, self._parse_revisions)
+
+    def _parse_revisions(self, live: Mapping[tuple[str, str], ReplicaSecret]) -> tuple[ReplicaRevision, ...]:
+        """Re-parsed only for replicas whose resourceVersion changed (a rotation touches every replica;
+        the passes between touch few)."""
         out: list[ReplicaRevision] = []
-        live = replicas.cache
         for key, secret in live.items():
             hit = self._revisions.get(key)
             if hit is None or hit[0] != secret.resource_version:
@@ -216,9 +212,7 @@ class RolloutController:
         if len(self._revisions) > len(live):
             for key in [k for k in self._revisions if k not in live]:
                 del self._revisions[key]
-        revisions = tuple(out)
-        self._revisions_copy = (replicas, generation, revisions)
-        return revisions
+        return tuple(out)
 
     async def reconcile(self, *, leader: bool = True) -> RolloutPlan | None:
         if not self._expectations_met():
