@@ -225,9 +225,17 @@ class ServingTLS:
     async def _run(self) -> None:
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._recheck if self.ready else RETRY_SECONDS)
+                await asyncio.wait_for(self._wake.wait(), self._next_check_seconds())
             self._wake.clear()
             await self._step_guarded()
+
+    def _next_check_seconds(self) -> float:
+        """RETRY_SECONDS while something is wrong, the periodic recheck otherwise: a missing or
+        incomplete configuration is usually being installed at that moment (Helm applies webhook
+        configurations after the Deployment; a hoster re-applies one), so its problem clears within
+        seconds of the fix instead of staying reported until the next periodic pass."""
+        troubled = self._is_leader() and any(p is not None for p in self.configurations.values())
+        return min(self._recheck, RETRY_SECONDS) if troubled or not self.ready else self._recheck
 
     async def _step_guarded(self) -> None:
         try:

@@ -30,6 +30,7 @@ from licensectl.core.model import (
     ANN_REVISION,
 )
 from licensectl.core.render import replica_name
+from licensectl.kube import serving_tls
 from licensectl_dev.devcluster import fleet
 from licensectl_dev.devcluster import webhook as registration
 from licensectl_dev.devcluster.controlplane import free_port
@@ -353,9 +354,11 @@ async def test_delivery_ready_only_once_the_apiserver_calls_a_webhook_that_mutat
             await eventually(app.delivery_ready, timeout=30, what="delivery ready")
             assert metric(app, "licensectl_delivery_ready") == 1
             assert (metric(app, "licensectl_webhook_admissions_total", {"result": "probe"}) or 0) >= 1
-            app.tls.wake()
+            # Nothing wakes the leader: while a problem stands it re-checks every RETRY_SECONDS, not
+            # only at the periodic pass (a Helm install applies the configuration after the Deployment).
             await eventually(lambda: metric(app, "licensectl_webhook_configuration_problem",
-                                            {"name": name, "problem": "missing"}) == 0, what="problem cleared")
+                                            {"name": name, "problem": "missing"}) == 0,
+                             timeout=3 * serving_tls.RETRY_SECONDS, what="problem cleared on its own")
             # The probe is no VMI: nothing was stored in licensectl's namespace.
             left = await CustomObjectsApi(rig.api).list_namespaced_custom_object(
                 "kubevirt.io", "v1", settings.namespace, "virtualmachineinstances")
@@ -371,9 +374,16 @@ async def test_a_configuration_without_ca_bundle_is_fixed_by_the_leader_then_del
     settings = rig.settings(kubeconfig_path)
     name = settings.webhook_configuration
     async with running_app(settings, register_webhook=False) as app:
+        await eventually(lambda: metric(app, "licensectl_webhook_configuration_problem",
+                                        {"name": name, "problem": "missing"}) == 1, what="missing configuration gauge")
         try:
+            # Not woken: the leader's next check comes RETRY_SECONDS after it saw the problem.
             await registration.register(rig.api, name=name, port=app.webhook_port, wait=False)
-            app.tls.wake()
+            await eventually(lambda: metric(app, "licensectl_webhook_configuration_problem",
+                                            {"name": name, "problem": "no_ca_bundle"}) == 0
+                             and metric(app, "licensectl_webhook_configuration_problem",
+                                        {"name": name, "problem": "missing"}) == 0,
+                             timeout=3 * serving_tls.RETRY_SECONDS, what="the leader set the caBundle on its own")
             await eventually(app.delivery_ready, timeout=30, what="delivery ready after the caBundle was set")
             assert metric(app, "licensectl_webhook_configuration_problem",
                           {"name": name, "problem": "no_ca_bundle"}) == 0
