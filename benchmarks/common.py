@@ -352,6 +352,8 @@ class BenchController(ControllerProcess):
                          settings={"log_level": "warning"}, args=args, reports_port=0, tree=build.tree,
                          extra_env={"PYTHONTRACEMALLOC": "1"} if build.tracemalloc else None)
         self.peak_rss = 0  # max VmRSS seen by the sampler
+        self.phase = "start"  # set by the benchmark: the sampler keeps a peak per phase
+        self.phase_peaks: dict[str, int] = {}  # phase -> max VmRSS sampled in it, in the order entered
         self._sampler: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -360,7 +362,9 @@ class BenchController(ControllerProcess):
 
     async def _sample_rss(self) -> None:
         while self.alive() and self.pid is not None:
-            self.peak_rss = max(self.peak_rss, proc_memory(self.pid).get("VmRSS", 0))
+            rss = proc_memory(self.pid).get("VmRSS", 0)
+            self.peak_rss = max(self.peak_rss, rss)
+            self.phase_peaks[self.phase] = max(self.phase_peaks.get(self.phase, 0), rss)
             await asyncio.sleep(0.2)
 
     def memory(self) -> dict[str, int]:

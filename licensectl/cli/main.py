@@ -13,7 +13,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from licensectl import __version__, config
+from licensectl import __version__, config, malloc
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -196,6 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         from licensectl.app import run
 
+        malloc.limit_arenas()  # before any thread exists: the planner threads share one arena
         return asyncio.run(run(settings))
     if args.command in ("status", "rollout", "keys"):
         return _cluster_command(args)

@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Final
 
-from licensectl import logs
+from licensectl import logs, malloc
 
 log = logs.get(__name__)
 
@@ -185,6 +185,7 @@ def refreeze() -> None:
     gc.unfreeze()
     gc.collect()
     gc.freeze()
+    malloc.trim()  # what the collection and the LIST pages before it freed leaves the process
 
 
 async def keep_heap_frozen(ready: Callable[[], bool], *, every: float = REFREEZE_SECONDS,

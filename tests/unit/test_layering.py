@@ -21,13 +21,14 @@ PACKAGE = Path(licensectl.__file__).parent
 THIRD_PARTY = {"defusedxml": "guest reports are untrusted XML; parsing only, no I/O",
                "cryptography": "X.509 and key material for the serving certificate; computation only, no I/O"}
 
-SHELL_MODULES = frozenset({"config", "logs", "metrics"})  # the ground every shell layer stands on
+SHELL_MODULES = frozenset({"config", "logs", "metrics", "malloc"})  # the ground every shell layer stands on
 # Layer -> the licensectl layers it may import (its own included). "" is the package itself (__version__).
 ALLOWED_LAYERS: dict[str, frozenset[str]] = {
     "core": frozenset({"core"}),
     "config": frozenset({"", "core", "config"}),
     "logs": frozenset({"logs"}),
     "metrics": frozenset({"", "metrics"}),
+    "malloc": frozenset({"malloc"}),
     "kube": frozenset({"", "core", "kube", *SHELL_MODULES}),
     "serve": frozenset({"", "core", "kube", "serve", *SHELL_MODULES}),
     "controllers": frozenset({"", "core", "kube", "controllers", *SHELL_MODULES}),
