@@ -16,6 +16,7 @@ import datetime as dt
 import re
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -143,6 +144,8 @@ class SimulatedGuest:
     base: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="licensectl-guest-")))
     last_rc: int | None = None
     last_stderr: str = ""
+    # The wall-clock second the last probe run ended in (see `probe`).
+    last_probe_second: int | None = None
 
     def __post_init__(self) -> None:
         self.root = self.base / "root"
@@ -226,12 +229,22 @@ class SimulatedGuest:
         return await self._run("licensectl-install.sh")
 
     async def probe(self) -> int:
+        """One run of licensectl-probe. A report's clock is in whole seconds and the controller refuses one
+        not newer than the last it accepted from the VMI (a replay); a real guest's probe runs once a
+        minute (its timer), so a run here waits for the next second after the last, as a real one always has."""
         if self.profile.silent:
             return 0
+        if self.last_probe_second is not None:
+            wait = self.last_probe_second + 1 - time.time()
+            if wait > 0:
+                await asyncio.sleep(wait + 0.01)
         xml = self.profile.current_xml()
         if xml is not None:
             (self.base / "smi.xml").write_text(xml)
-        return await self._run("licensectl-probe.sh")
+        try:
+            return await self._run("licensectl-probe.sh")
+        finally:
+            self.last_probe_second = int(time.time())
 
     def cleanup(self) -> None:
         shutil.rmtree(self.base, ignore_errors=True)

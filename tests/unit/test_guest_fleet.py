@@ -7,6 +7,7 @@ import base64
 import datetime as dt
 import hashlib
 import subprocess
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -151,6 +152,25 @@ def test_set_profile_rewrites_driver_output_journal_and_clock() -> None:
         assert (g.bin / "systemctl").exists()
     finally:
         g.cleanup()
+
+
+async def test_back_to_back_probes_of_one_guest_carry_increasing_clocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The controller refuses a report whose whole-second clock is not newer than the last (a replay); a
+    real guest probes once a minute, so the simulated one never runs two probes in one second."""
+    g = SimulatedGuest("t1", "a", GuestProfile.licensed())
+    seconds: list[int] = []
+
+    async def run(script: str) -> int:
+        seconds.append(int(time.time()))
+        return 0
+
+    monkeypatch.setattr(g, "_run", run)
+    try:
+        for _ in range(3):
+            assert await g.probe() == 0
+    finally:
+        g.cleanup()
+    assert seconds == sorted(set(seconds)) and len(seconds) == 3, seconds
 
 
 # -- the fleet's bookkeeping, over a fake apiserver and fake guests --------------------------------
