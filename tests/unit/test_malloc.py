@@ -5,19 +5,22 @@ from __future__ import annotations
 import gc
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from licensectl import malloc
 from licensectl.controllers import runner
 
+REPO = Path(__file__).resolve().parents[2]
 # A child interpreter fragments malloc's heap (4,000-byte bytes objects come from malloc, not from
 # Python's own arenas; one in 50 is kept), then reads VmRSS before and after `malloc.trim()`.
 FRAGMENTED_HEAP = """
-import re
+import os
+from benchmarks.common import proc_memory
 from licensectl import malloc
 def rss():
-    return int(re.search(r'VmRSS:\\s+(\\d+)', open('/proc/self/status').read()).group(1)) * 1024
+    return proc_memory(os.getpid())["VmRSS"]
 blocks = [bytes(4000) for _ in range(20000)]
 keep = blocks[::50]
 del blocks
@@ -28,7 +31,8 @@ print(before, rss(), released, len(keep))
 
 
 def test_trim_hands_a_fragmented_heaps_free_pages_back() -> None:
-    out = subprocess.run([sys.executable, "-c", FRAGMENTED_HEAP], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", FRAGMENTED_HEAP], capture_output=True, text=True, check=True,
+                         cwd=REPO)
     before, after, released, kept = out.stdout.split()
     assert released == "True" and kept == "400"
     # About 78 MiB were freed but stay in the process (a kept block in every page run); the trim
