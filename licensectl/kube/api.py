@@ -116,6 +116,28 @@ def _seg(value: str) -> str:
     return quote(str(value), safe="")
 
 
+class OutcomeUnknown(aiohttp.ClientError):
+    """The connection broke after a request that must not be replayed went out: it may or may not
+    have taken effect, and only a fresh read of the cluster can tell."""
+
+
+async def never_replay(req: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType) -> aiohttp.ClientResponse:
+    """Client middleware for a request whose replay would act on something else.
+
+    aiohttp sends a PUT or DELETE again, once, when its connection breaks before the answer, even if
+    the server already acted on it (RFC 9110 calls both methods idempotent). Go's net/http does not
+    replay them, and neither may we for the VM restart subresource: it stops whatever VMI runs *now*,
+    so a replay restarts the VMI the first call created. An error aiohttp does not retry stops that.
+    A request that never reached the server (no connection) is not touched."""
+    try:
+        return await handler(req)
+    except aiohttp.ClientConnectorError:
+        raise
+    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
+        raise OutcomeUnknown(f"{req.method} {req.url.path}: connection lost before the answer "
+                             f"({type(e).__name__})") from e
+
+
 class KubeClient:
     """One apiserver endpoint: base URL, an aiohttp session (TLS context on its connector) and a
     source of auth headers (a bearer token that may rotate). Closes the session only if it owns it."""
@@ -130,8 +152,12 @@ class KubeClient:
         self._owns_session = owns_session
 
     async def request(self, method: str, path: str, *, query: Sequence[tuple[str, str]] = (), body: Any = None,
-                      content_type: str = JSON, request_timeout: Timeout = None) -> aiohttp.ClientResponse:
-        """Send one request; the caller reads and releases the response (non-2xx is not raised here)."""
+                      content_type: str = JSON, request_timeout: Timeout = None,
+                      replayable: bool = True) -> aiohttp.ClientResponse:
+        """Send one request; the caller reads and releases the response (non-2xx is not raised here).
+
+        `replayable=False` for a request aiohttp must not send twice (`never_replay`): a broken
+        connection then raises OutcomeUnknown."""
         headers = {"Accept": JSON, "Content-Type": content_type}
         if self._auth is not None:
             headers.update(await self._auth())
@@ -144,6 +170,8 @@ class KubeClient:
             kwargs["server_hostname"] = self._server_hostname
         if self._proxy:
             kwargs["proxy"] = self._proxy
+        if not replayable:
+            kwargs["middlewares"] = (never_replay,)
         try:
             return await self.session.request(method, url, data=data, headers=headers,
                                               timeout=client_timeout(request_timeout), **kwargs)

@@ -14,7 +14,7 @@ from urllib.parse import quote
 
 from licensectl import logs
 from licensectl.core.ports import RestartResult
-from licensectl.kube.api import AnyClient, ApiException, CustomObjectsApi, absent_on_404, as_kube
+from licensectl.kube.api import AnyClient, ApiException, CustomObjectsApi, OutcomeUnknown, absent_on_404, as_kube
 from licensectl.kube.raw import RawApi, checked
 
 log = logs.get(__name__)
@@ -50,13 +50,21 @@ class KubevirtClient:
 
     async def restart(self, *, namespace: str, vm: str, vmi_uid: str, run_strategy: str | None) -> RestartResult:
         """Restart through virt-api; `vmi_uid` guards only the delete fallback (the subresource has no
-        UID precondition, so the caller reads `live_vmi_uid` first where the plan asks: `check_live`)."""
+        UID precondition, so the caller reads `live_vmi_uid` first where the plan asks: `check_live`).
+
+        Never replayed: a restart whose answer was lost is ERROR, and the next pass reads the cluster
+        (the intent annotation names the VMI it was for) instead of stopping the VMI it may have created."""
         if self._dry_run:
             return RestartResult.ISSUED
         try:
             await checked(self._kube.request("PUT", RESTART_PATH.format(namespace=quote(namespace, safe=""),
-                                                                        name=quote(vm, safe="")), body={}))
+                                                                        name=quote(vm, safe="")), body={},
+                                             replayable=False))
             return RestartResult.ISSUED
+        except OutcomeUnknown as e:
+            log.warning("restart outcome unknown: the connection broke before virt-api answered",
+                        namespace=namespace, vm=vm, error=str(e))
+            return RestartResult.ERROR
         except ApiException as e:
             if e.status == 404 and await self._vm_exists(namespace, vm):
                 # The VM is there but the subresource is not: a cluster without virt-api's restart.

@@ -14,6 +14,7 @@ Upstream semantics encoded here (kubevirt/kubevirt):
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -61,7 +62,10 @@ class RestartProxy(ReverseProxy):
 
     Everything else (all verbs, streaming watches, chunked bodies) is forwarded to the apiserver
     with the caller's own credentials. Upgrade requests (exec/port-forward) are not supported.
-    Set `restart_enabled = False` to look like a cluster without the subresource (404).
+    Set `restart_enabled = False` to look like a cluster without the subresource (404), and
+    `hang_up_after_restarts = n` to break the connection after acting on the next n restarts, once
+    the VM runs its new VMI and before answering: the caller cannot know the restart happened, and a
+    client that sends it again stops the new VMI.
     """
 
     def __init__(
@@ -81,6 +85,7 @@ class RestartProxy(ReverseProxy):
         self.record = simulator.record
         self._token = token
         self.restart_enabled = restart_enabled
+        self.hang_up_after_restarts = 0
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._co = client.CustomObjectsApi(simulator.api)
 
@@ -171,7 +176,23 @@ class RestartProxy(ReverseProxy):
             with contextlib.suppress(ValueError):
                 reason = str(json.loads(body).get("message", ""))
         self._log(ns, name, vmi_uid, resp.status, reason, grace)
+        if resp.status == 202 and self.hang_up_after_restarts > 0 and request.transport is not None:
+            self.hang_up_after_restarts -= 1
+            await self._replaced(ns, name, vmi_uid)
+            log.info("restart answer dropped", namespace=ns, vm=name, vmi_uid=vmi_uid)
+            request.transport.abort()
         return resp
+
+    async def _replaced(self, ns: str, name: str, old_uid: str) -> None:
+        """Wait (at most 10 s) until the VM runs a VMI other than `old_uid`."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(10.0):
+                while True:
+                    with contextlib.suppress(ApiException):
+                        vmi = await self._co.get_namespaced_custom_object(GROUP, VERSION, ns, VMI_PLURAL, name)
+                        if uid_of(vmi) != old_uid:
+                            return
+                    await asyncio.sleep(0.05)
 
     def _log(self, ns: str, name: str, vmi_uid: str, status: int, reason: str, grace: int | None) -> None:
         self.record.restarts.append(RestartRecord(time.monotonic(), ns, name, vmi_uid, status, reason, grace))

@@ -335,6 +335,29 @@ async def sigkill_rollout(run: Run) -> None:
     await run.finish(entitled=w.tenants)
 
 
+async def restart_answers_lost(run: Run) -> None:
+    """virt-api acts on every restart, then the connection breaks before its answer, and the
+    controller is SIGKILLed now and then: the client must not send a restart again (that would stop
+    the VMI the first one created), and the rollout must learn what happened from the cluster."""
+    long = run.mode == "long"
+    w = await kubevirt_world(run, tenants=3, ready_delay=run.rng.uniform(0.4, 1.0))
+    assert run.rig is not None
+    proxy = run.rig.proxy
+    proxy.hang_up_after_restarts = 10**6
+    ctl, vms, since, rev = await rotating_fleet(run, run.kubeconfig("kv", proxy.url),
+                                                per_tenant=4 if long else 3, max_unavailable="2")
+    for _ in range(6 if long else 2):
+        await asyncio.sleep(run.rng.uniform(1.0, 3.0))
+        await ctl.kill()
+        await asyncio.sleep(run.rng.choice([0.0, run.rng.uniform(0.1, 1.0)]))
+        await ctl.start()
+    await rollout_checks(run, vms, since, rev, max_unavailable=2)
+    run.notes.update(kills=ctl.kills, answers_lost=10**6 - proxy.hang_up_after_restarts)
+    run.verdict.check("restart_answers_lost", proxy.hang_up_after_restarts < 10**6,
+                      "no restart answer was dropped: the scenario tested nothing")
+    await run.finish(entitled=w.tenants)
+
+
 async def leader_failover(run: Run) -> None:
     """Two replicas with leader election; SIGKILL the leader mid-rollout, the standby finishes."""
     long = run.mode == "long"
@@ -690,6 +713,8 @@ class Spec:
 SCENARIOS: dict[str, Spec] = {s.name: s for s in (
     Spec("sigkill_rollout", sigkill_rollout, (1, 2), tuple(range(1, 11)),
          "controller SIGKILLed at random points mid-rollout, restarted each time"),
+    Spec("restart_answers_lost", restart_answers_lost, (1,), (1, 2, 3),
+         "virt-api acts on each restart but its answer is lost; controller SIGKILLed mid-rollout"),
     Spec("leader_failover", leader_failover, (1,), tuple(range(1, 6)),
          "two replicas, leader SIGKILLed mid-rollout, standby finishes"),
     Spec("apiserver_restart", apiserver_restart, (1,), (1, 2, 3),

@@ -386,3 +386,53 @@ async def test_client_certificates_authenticate_over_tls(tmp_path: Path) -> None
             await api.close()
         assert api.session.closed
     assert rec.seen[0]["peercert"] and "Authorization" not in rec.seen[0]["headers"]
+
+
+# -- a request that must not be replayed --------------------------------------------------------
+
+
+class ActsThenHangsUp:
+    """A server that acts on every PUT, then breaks the connection before answering: what a cut
+    connection to virt-api looks like from the client's side."""
+
+    def __init__(self) -> None:
+        self.acted = 0
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        await request.read()
+        self.acted += 1
+        assert request.transport is not None
+        request.transport.abort()
+        return web.Response(status=202)
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_route("PUT", "/{tail:.*}", self.handle)
+        return app
+
+
+async def test_aiohttp_replays_a_put_whose_connection_broke() -> None:
+    """Why `replayable=False` exists: left alone, aiohttp sends the PUT a second time."""
+    server = ActsThenHangsUp()
+    async with serve(server.app()) as url, aiohttp.ClientSession() as session:
+        with pytest.raises(aiohttp.ClientError):
+            await kapi.KubeClient(host=url, session=session).request("PUT", "/restart", body={})
+    assert server.acted == 2
+
+
+async def test_a_request_that_must_not_be_replayed_goes_out_once_and_its_outcome_is_unknown() -> None:
+    server = ActsThenHangsUp()
+    async with serve(server.app()) as url, aiohttp.ClientSession() as session:
+        with pytest.raises(kapi.OutcomeUnknown) as err:
+            await kapi.KubeClient(host=url, session=session).request("PUT", "/restart", body={}, replayable=False)
+    assert server.acted == 1
+    assert "PUT /restart" in str(err.value)
+
+
+async def test_a_request_that_never_connected_keeps_its_own_error() -> None:
+    """Nothing was sent, so nothing is unknown: the connector's error is what the caller sees."""
+    async with serve(web.Application()) as url:
+        pass  # the port is free again: nothing listens there now
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(aiohttp.ClientConnectorError):
+            await kapi.KubeClient(host=url, session=session).request("PUT", "/restart", body={}, replayable=False)
