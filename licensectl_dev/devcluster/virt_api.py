@@ -14,7 +14,6 @@ Upstream semantics encoded here (kubevirt/kubevirt):
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -41,6 +40,7 @@ from licensectl_dev.devcluster.vm_semantics import (
     run_strategy,
     uid_of,
 )
+from licensectl_dev.testkit.poll import EventuallyTimeout, eventually
 from licensectl_dev.testkit.proxy import ReverseProxy
 
 log = structlog.get_logger(__name__)
@@ -185,14 +185,16 @@ class RestartProxy(ReverseProxy):
 
     async def _replaced(self, ns: str, name: str, old_uid: str) -> None:
         """Wait (at most 10 s) until the VM runs a VMI other than `old_uid`."""
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(10.0):
-                while True:
-                    with contextlib.suppress(ApiException):
-                        vmi = await self._co.get_namespaced_custom_object(GROUP, VERSION, ns, VMI_PLURAL, name)
-                        if uid_of(vmi) != old_uid:
-                            return
-                    await asyncio.sleep(0.05)
+
+        async def new_vmi() -> bool:
+            try:
+                vmi = await self._co.get_namespaced_custom_object(GROUP, VERSION, ns, VMI_PLURAL, name)
+            except ApiException:
+                return False
+            return uid_of(vmi) != old_uid
+
+        with contextlib.suppress(EventuallyTimeout):
+            await eventually(new_vmi, timeout=10.0, interval=0.05, what=f"{ns}/{name} runs a new VMI")
 
     def _log(self, ns: str, name: str, vmi_uid: str, status: int, reason: str, grace: int | None) -> None:
         self.record.restarts.append(RestartRecord(time.monotonic(), ns, name, vmi_uid, status, reason, grace))
