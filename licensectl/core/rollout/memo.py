@@ -75,7 +75,10 @@ class PlanMemo:
                   control: SourceControl, now: dt.datetime, keep: dict[tuple[str, str], _Memo]) -> _Memo:
         key = (slot.namespace, slot.name)
         guest = guests.get(key)
-        m = self._entries.get(key)
+        # Taken out of the last pass's entries, not looked up: a guest whose evaluation is replaced frees
+        # the old one here rather than at the end of the pass, so a rotation, which changes every guest's
+        # inputs, does not hold two evaluations per guest at its peak.
+        m = self._entries.pop(key, None)
         if m is not None:
             key = m.key  # the tuple held since the guest was first seen, not this pass's copy
         if (m is not None and m.vmi is slot.vmi and m.vm is slot.vm and m.replica == slot.replica
