@@ -301,6 +301,36 @@ def test_a_plan_shares_equal_states_and_keeps_the_keys_it_holds() -> None:
     assert all(second.vmi_states[k] is first.vmi_states[k] for k in first.vmi_states)
 
 
+def test_memo_parses_a_vm_intent_once_per_vm_object(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pass needs every VM's intent; the memo hands back the last pass's parse of the very same VM
+    object (no cache of parses of its own), and a VM replaced by a write is parsed again."""
+    parsed: list[str] = []
+    real = RestartIntent.from_annotations
+
+    def counting(annotations: Mapping[str, str]) -> RestartIntent | None:
+        parsed.append(annotations.get(model.ANN_RESTART_RESULT, "-"))
+        return real(annotations)
+
+    monkeypatch.setattr(RestartIntent, "from_annotations", counting)
+    memo = PlanMemo()
+    in_flight = vm(ann=intent("r1", 50, "u0"))
+    current = [vmi(uid="u1", started=100)]
+
+    def once(v: Vm, now: float) -> RolloutPlan:
+        p = plan_rollout(replicas=[rep()], vmis=current, vms=[v], guests={}, sources={}, settings=ST,
+                         now=at(now), memo=memo)
+        assert p == plan([rep()], current, [v], now)
+        return p
+
+    once(in_flight, 200)
+    once(in_flight, 210)
+    once(in_flight, 220)
+    assert parsed.count("-") == 1 + 3  # the memo's pass once; each plan without a memo once
+    recorded = vm(ann=intent("r1", 50, "u0", result="done"))
+    assert state(once(recorded, 230)) is VmiState.DONE
+    assert parsed.count("done") == 2  # the replaced VM, in the memo's pass and in the plan without one
+
+
 def test_memo_reevaluates_only_changed_guests_and_those_whose_times_came() -> None:
     memo = PlanMemo()
     vs = [vmi(name=f"vm{i}", uid=f"u{i}") for i in range(4)]

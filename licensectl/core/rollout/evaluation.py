@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import operator
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from licensectl.core import drain, model
@@ -150,6 +150,10 @@ def stamp_matches(vmi: model.Vmi, mounted: Iterable[ReplicaRevision], governing:
     return all(stamps[r.name] == r.revision for r in mounted if r.name in stamps)
 
 
+def _parse_vm_intent(vm: model.Vm) -> RestartIntent | None:
+    return RestartIntent.from_annotations(vm.annotations)
+
+
 _NAME = operator.attrgetter("name")
 _NAMESPACE = operator.attrgetter("namespace")
 
@@ -159,7 +163,11 @@ def _collect_slots(
     vmis: Iterable[model.Vmi],
     vms: Iterable[model.Vm],
     wanted: Mapping[tuple[str, str], tuple[str, ...]],
+    intent_of: Callable[[model.Vm], RestartIntent | None] | None = None,
 ) -> list[_Slot]:
+    """Every guest to judge. ``intent_of`` parses a VM's intent annotations (`PlanMemo` hands back the
+    last pass's parse of the same VM object instead)."""
+    parse = intent_of or _parse_vm_intent
     vm_by_key = {(m.namespace, m.name): m for m in vms}
     by_ns: dict[str, list[ReplicaRevision]] = defaultdict(list)
     for r in replicas.values():
@@ -192,14 +200,14 @@ def _collect_slots(
                 skip = delivery_blocker(v, want)
                 blocker = None if skip is None else str(skip.value)
         vm = vm_by_key.get((v.namespace, v.owner_vm)) if v.owner_vm else None
-        intent = RestartIntent.from_annotations(vm.annotations) if vm else None
+        intent = parse(vm) if vm else None
         slots.append(_Slot(v.namespace, v.name, v, vm, governing, intent, missing, stamp, blocker))
     # VMs whose VMI is gone: a restart in flight (or a stopped VM, which is not our business).
     for key in sorted(unowned):
         vm = vm_by_key[key]
         if vm.run_strategy == "Halted":
             continue
-        intent = RestartIntent.from_annotations(vm.annotations)
+        intent = parse(vm)
         if intent is None or intent.result == RESULT_DONE:
             continue
         replica: ReplicaRevision | None = None

@@ -7,7 +7,6 @@ logic mixed in.
 from __future__ import annotations
 
 import datetime as dt
-import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -136,10 +135,6 @@ class RestartIntent:
                              annotations.get(model.ANN_RESTART_GUEST_REPORTS))
 
 
-# Every pass parses every VM's intent, and between two of our writes the annotations do not change:
-# parsing the two timestamps was a third of a pass at 2,000 VMIs. The parse is pure, so it is memoized
-# on the raw annotation values (a new write is a new key).
-@functools.lru_cache(maxsize=1 << 16)
 def _parse_intent(revision: str, issued_raw: str | None, attempted_raw: str | None, vmi_uid: str | None,
                   replica: str | None, result: str | None, attempt_raw: str | None = None,
                   reports_raw: str | None = None) -> RestartIntent | None:

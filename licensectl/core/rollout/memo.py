@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from licensectl.core import model
 from licensectl.core.rollout.evaluation import _Eval, _evaluate, _Now, _Slot
-from licensectl.core.rollout.inputs import GuestGate, ReplicaRevision, RolloutSettings, SourceControl
+from licensectl.core.rollout.inputs import GuestGate, ReplicaRevision, RestartIntent, RolloutSettings, SourceControl
 from licensectl.core.rollout.outputs import VmiRolloutState
 
 MAX_SHARED_STATES = 4096
@@ -62,6 +62,16 @@ class PlanMemo:
         if len(self._states) > MAX_SHARED_STATES:  # distinct retry times and reasons pile up: start over
             self._states.clear()
         self._settings, self._now, self._evidence_at = settings, now, evidence_at
+
+    def _intent_of(self, vm: model.Vm) -> RestartIntent | None:
+        """The VM's restart intent: the last pass's parse where it saw this very VM object (cache objects
+        are replaced on every change, so the annotations are the same), else parsed. Every pass needs
+        every VM's intent, and parsing its two timestamps was a third of a pass at 2,000 VMIs; keeping
+        the parse here rather than in a cache of its own costs no memory beyond what the memo holds."""
+        m = self._entries.get((vm.namespace, vm.name))
+        if m is not None and m.vm is vm:
+            return m.ev.slot.intent
+        return RestartIntent.from_annotations(vm.annotations)
 
     def _keep(self, entries: dict[tuple[str, str], _Memo]) -> None:
         """This pass's evaluations replace the last pass's: guests gone since are forgotten."""
