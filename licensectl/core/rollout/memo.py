@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from licensectl.core import model
 from licensectl.core.rollout.evaluation import _Eval, _evaluate, _Now, _Slot
-from licensectl.core.rollout.inputs import GuestGate, ReplicaRevision, RestartIntent, RolloutSettings, SourceControl
+from licensectl.core.rollout.inputs import GuestGate, RestartIntent, RolloutSettings, SourceControl
 from licensectl.core.rollout.outputs import VmiRolloutState
 
 MAX_SHARED_STATES = 4096
@@ -20,18 +20,15 @@ MAX_SHARED_STATES = 4096
 
 @dataclass(slots=True)
 class _Memo:
+    """One guest's evaluation and what it was made from: its slot (VMI, VM, replica, missing volumes,
+    stamp, blocker) is the one the evaluation holds, `ev.slot`, not a copy of its fields."""
+
     key: tuple[str, str]  # (namespace, name), one tuple per guest for as long as it is remembered
-    vmi: model.Vmi | None
-    vm: model.Vm | None
-    replica: ReplicaRevision
-    missing: tuple[str, ...]
     guest: GuestGate | None
     control: SourceControl
     until: dt.datetime | None  # the evaluation holds before this time (None: until an input changes)
     ev: _Eval
     state: VmiRolloutState | None = None
-    stamp: bool | None = None
-    blocker: str | None = None
 
 
 class PlanMemo:
@@ -69,7 +66,7 @@ class PlanMemo:
         every VM's intent, and parsing its two timestamps was a third of a pass at 2,000 VMIs; keeping
         the parse here rather than in a cache of its own costs no memory beyond what the memo holds."""
         m = self._entries.get((vm.namespace, vm.name))
-        if m is not None and m.vm is vm:
+        if m is not None and m.ev.slot.vm is vm:
             return m.ev.slot.intent
         return RestartIntent.from_annotations(vm.annotations)
 
@@ -91,14 +88,15 @@ class PlanMemo:
         m = self._entries.pop(key, None)
         if m is not None:
             key = m.key  # the tuple held since the guest was first seen, not this pass's copy
-        if (m is not None and m.vmi is slot.vmi and m.vm is slot.vm and m.replica == slot.replica
-                and m.missing == slot.missing and m.stamp == slot.stamp and m.blocker == slot.blocker
-                and m.guest == guest and m.control == control and (m.until is None or now < m.until)):
+        was = m.ev.slot if m is not None else None
+        if (m is not None and was is not None and was.vmi is slot.vmi and was.vm is slot.vm
+                and was.replica == slot.replica and was.missing == slot.missing and was.stamp == slot.stamp
+                and was.blocker == slot.blocker and m.guest == guest and m.control == control
+                and (m.until is None or now < m.until)):
             self.hits += 1
         else:
             clock = _Now(now, self._evidence_at)
-            m = _Memo(key, slot.vmi, slot.vm, slot.replica, slot.missing, guest, control, None,
-                      _evaluate(slot, st, guests, control, clock), stamp=slot.stamp, blocker=slot.blocker)
+            m = _Memo(key, guest, control, None, _evaluate(slot, st, guests, control, clock))
             m.until = clock.horizon
         keep[key] = m
         return m
