@@ -302,8 +302,8 @@ def test_a_plan_shares_equal_states_and_keeps_the_keys_it_holds() -> None:
 
 
 def test_memo_parses_a_vm_intent_once_per_vm_object(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A pass needs every VM's intent; the memo hands back the last pass's parse of the very same VM
-    object (no cache of parses of its own), and a VM replaced by a write is parsed again."""
+    """A pass needs every VM's intent; the memo hands back the last pass's slot, parse included, for
+    the very same VM object (no cache of parses of its own), and a VM replaced by a write is parsed again."""
     parsed: list[str] = []
     real = RestartIntent.from_annotations
 
@@ -323,9 +323,11 @@ def test_memo_parses_a_vm_intent_once_per_vm_object(monkeypatch: pytest.MonkeyPa
         return p
 
     once(in_flight, 200)
+    slot = memo._last_slot("t-a", "vm1")
     once(in_flight, 210)
     once(in_flight, 220)
     assert parsed.count("-") == 1 + 3  # the memo's pass once; each plan without a memo once
+    assert memo._last_slot("t-a", "vm1") is slot is not None  # an unchanged guest makes no new slot
     recorded = vm(ann=intent("r1", 50, "u0", result="done"))
     assert state(once(recorded, 230)) is VmiState.DONE
     assert parsed.count("done") == 2  # the replaced VM, in the memo's pass and in the plan without one

@@ -150,8 +150,8 @@ def stamp_matches(vmi: model.Vmi, mounted: Iterable[ReplicaRevision], governing:
     return all(stamps[r.name] == r.revision for r in mounted if r.name in stamps)
 
 
-def _parse_vm_intent(vm: model.Vm) -> RestartIntent | None:
-    return RestartIntent.from_annotations(vm.annotations)
+def _vm_intent(vm: model.Vm | None) -> RestartIntent | None:
+    return RestartIntent.from_annotations(vm.annotations) if vm is not None else None
 
 
 _NAME = operator.attrgetter("name")
@@ -163,12 +163,17 @@ def _collect_slots(
     vmis: Iterable[model.Vmi],
     vms: Iterable[model.Vm],
     wanted: Mapping[tuple[str, str], tuple[str, ...]],
-    intent_of: Callable[[model.Vm], RestartIntent | None] | None = None,
+    last: Callable[[str, str], _Slot | None] | None = None,
+    key_of: Callable[[str, str], tuple[str, str]] | None = None,
 ) -> list[_Slot]:
-    """Every guest to judge. ``intent_of`` parses a VM's intent annotations (`PlanMemo` hands back the
-    last pass's parse of the same VM object instead)."""
-    parse = intent_of or _parse_vm_intent
-    vm_by_key = {(m.namespace, m.name): m for m in vms}
+    """Every guest to judge. ``last(namespace, name)``: the guest's slot of the last pass (`PlanMemo`
+    keeps it), handed out again where this pass's would be equal, so a pass over unchanged guests
+    makes no new slot; a VM seen before as the same object keeps its parsed intent. ``key_of``: the
+    `(namespace, name)` tuple already held for a guest, so the VM index makes none of its own."""
+    if key_of is None:
+        vm_by_key = {(m.namespace, m.name): m for m in vms}
+    else:
+        vm_by_key = {key_of(m.namespace, m.name): m for m in vms}
     by_ns: dict[str, list[ReplicaRevision]] = defaultdict(list)
     for r in replicas.values():
         by_ns[r.namespace].append(r)
@@ -200,14 +205,23 @@ def _collect_slots(
                 skip = delivery_blocker(v, want)
                 blocker = None if skip is None else str(skip.value)
         vm = vm_by_key.get((v.namespace, v.owner_vm)) if v.owner_vm else None
-        intent = parse(vm) if vm else None
+        prev = last(v.namespace, v.name) if last is not None else None
+        if prev is not None and prev.vm is vm:
+            if (prev.vmi is v and prev.replica == governing and prev.missing == missing and prev.stamp == stamp
+                    and prev.blocker == blocker):
+                slots.append(prev)
+                continue
+            intent = prev.intent
+        else:
+            intent = _vm_intent(vm)
         slots.append(_Slot(v.namespace, v.name, v, vm, governing, intent, missing, stamp, blocker))
     # VMs whose VMI is gone: a restart in flight (or a stopped VM, which is not our business).
     for key in sorted(unowned):
         vm = vm_by_key[key]
         if vm.run_strategy == "Halted":
             continue
-        intent = parse(vm)
+        prev = last(vm.namespace, vm.name) if last is not None else None
+        intent = prev.intent if prev is not None and prev.vm is vm else _vm_intent(vm)
         if intent is None or intent.result == RESULT_DONE:
             continue
         replica: ReplicaRevision | None = None

@@ -91,7 +91,8 @@ def plan_rollout(
     """
     st = settings
     by_key = {r.key: r for r in replicas}
-    slots = _collect_slots(by_key, vmis, vms, wanted or {}, memo._intent_of if memo is not None else None)
+    slots = (_collect_slots(by_key, vmis, vms, wanted or {}) if memo is None
+             else _collect_slots(by_key, vmis, vms, wanted or {}, memo._last_slot, memo._held_key))
     no_control = SourceControl()
     memos: dict[tuple[str, str], _Memo] = {}
     if memo is None:
