@@ -335,6 +335,9 @@ async def sigkill_rollout(run: Run) -> None:
     await run.finish(entitled=w.tenants)
 
 
+EVERY_RESTART = 10**6  # more restart answers to lose than a scenario makes restarts
+
+
 async def restart_answers_lost(run: Run) -> None:
     """virt-api acts on every restart, then the connection breaks before its answer, and the
     controller is SIGKILLed now and then: the client must not send a restart again (that would stop
@@ -343,7 +346,7 @@ async def restart_answers_lost(run: Run) -> None:
     w = await kubevirt_world(run, tenants=3, ready_delay=run.rng.uniform(0.4, 1.0))
     assert run.rig is not None
     proxy = run.rig.proxy
-    proxy.hang_up_after_restarts = 10**6
+    proxy.hang_up_after_restarts = EVERY_RESTART
     ctl, vms, since, rev = await rotating_fleet(run, run.kubeconfig("kv", proxy.url),
                                                 per_tenant=4 if long else 3, max_unavailable="2")
     for _ in range(6 if long else 2):
@@ -352,8 +355,8 @@ async def restart_answers_lost(run: Run) -> None:
         await asyncio.sleep(run.rng.choice([0.0, run.rng.uniform(0.1, 1.0)]))
         await ctl.start()
     await rollout_checks(run, vms, since, rev, max_unavailable=2)
-    run.notes.update(kills=ctl.kills, answers_lost=10**6 - proxy.hang_up_after_restarts)
-    run.verdict.check("restart_answers_lost", proxy.hang_up_after_restarts < 10**6,
+    run.notes.update(kills=ctl.kills, answers_lost=EVERY_RESTART - proxy.hang_up_after_restarts)
+    run.verdict.check("restart_answers_lost", proxy.hang_up_after_restarts < EVERY_RESTART,
                       "no restart answer was dropped: the scenario tested nothing")
     await run.finish(entitled=w.tenants)
 
