@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import datetime as dt
 import ssl
 import time
@@ -66,7 +67,7 @@ from licensectl_dev.devcluster.controlplane import ControlPlane
 from licensectl_dev.devcluster.kubeapi import install_crds
 from licensectl_dev.devcluster.vm_semantics import firmware_uuid, vmi_from_vm
 from licensectl_dev.testkit.metrics_text import Scrape, delta, delta_by_label, parse_metrics
-from licensectl_dev.testkit.poll import eventually
+from licensectl_dev.testkit.poll import EventuallyTimeout, eventually
 
 # How often convergence is read from the controller's /metrics. A scrape costs the controller CPU (at
 # 20,000 VMIs one guest series each), so polling 4 times a second measured the benchmark as much as the
@@ -529,10 +530,14 @@ async def run(cp: ControlPlane, scale_name: str, build: ControllerBuild = THIS_T
 
 async def _guests_judged(ctl: BenchController, vmis: int, *, within: float) -> int:
     """Wait until `licensectl_guests` counts every VMI (at most `within` seconds); the number it counts."""
-    deadline = time.monotonic() + within
-    while True:
+    judged = 0
+
+    async def all_judged() -> bool:
+        nonlocal judged
         judged = int((await ctl.must_scrape()).value("licensectl_guests"))
-        if judged >= vmis or time.monotonic() >= deadline:
-            progress(f"steady state: {judged:,} of {vmis:,} guests judged")
-            return judged
-        await asyncio.sleep(5.0)
+        return judged >= vmis
+
+    with contextlib.suppress(EventuallyTimeout):
+        await eventually(all_judged, timeout=within, interval=5.0, what="every guest judged")
+    progress(f"steady state: {judged:,} of {vmis:,} guests judged")
+    return judged
