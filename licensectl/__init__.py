@@ -8,6 +8,7 @@ The packages are layers; each may import only the layers below it (tests/unit/te
     serve/        HTTP: reports, admission webhook, /metrics -> kube, core, shell modules
     kube/         adapters to the apiserver                  -> core, shell modules
     config.py, logs.py, metrics.py   settings, logging, metric definitions -> core
+    exposition.py the /metrics text of the snapshot gauges (metrics.py's writer) -> nothing of licensectl
     core/         pure decisions over plain data              -> nothing of licensectl outside core
 
 docs/design.md#code-map draws the same map with each module's job.

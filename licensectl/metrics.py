@@ -18,6 +18,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from licensectl import __version__
+from licensectl.exposition import gauge_text
 
 PREFIX = "licensectl"
 
@@ -116,10 +117,12 @@ class Deferred:
 class SnapshotCollector(Collector):
     """Renders gauges from providers called at scrape time.
 
-    The providers read the controller's caches, so they run on the event loop; `Metrics.render` takes
-    their samples there (`take`) and formats the text in a worker thread from those samples only, so a
-    large scrape never holds the loop that renews the Lease and answers admission. A provider's large
-    part comes as a `Deferred`, expanded in that thread."""
+    The providers read the controller's caches, so they run on the event loop; `render` takes their
+    samples there (`take`) and writes the text in a worker thread from those samples only, so a large
+    scrape never holds the loop that renews the Lease and answers admission. A provider's large part
+    comes as a `Deferred`, expanded in that thread. `collect` serves whoever reads the registry itself
+    (prometheus-client's own exposition, `get_sample_value`); `render` writes these families with its
+    own writer and silences `collect` meanwhile."""
 
     def __init__(self) -> None:
         self._providers: list[Callable[[], Iterable[GaugeSample | Deferred]]] = []
@@ -150,7 +153,7 @@ class SnapshotCollector(Collector):
 
     @contextlib.contextmanager
     def using(self, samples: list[GaugeSample | Deferred]) -> Iterator[None]:
-        """`collect` renders exactly `samples` while this holds (one render at a time: `Metrics.render`)."""
+        """`collect` yields exactly `samples` while this holds (one render at a time: `render`)."""
         self._taken = samples
         try:
             yield
@@ -258,10 +261,18 @@ class Metrics:
                                             "foreign, error).", ["result"], registry=r)
 
 
-async def render(metrics: Metrics) -> bytes:
+async def render(metrics: Metrics) -> bytearray:
     """The exposition text: snapshot samples taken on the event loop, formatted in a worker thread (a
     scrape of a large fleet is mostly formatting), one render at a time."""
     async with metrics._render_lock:
         samples = metrics.snapshots.take()
-        with metrics.snapshots.using(samples):
-            return await asyncio.to_thread(generate_latest, metrics.registry)
+        return await asyncio.to_thread(_text, metrics, samples)
+
+
+def _text(metrics: Metrics, samples: list[GaugeSample | Deferred]) -> bytearray:
+    """The snapshot gauges by our own writer (the bulk of a large fleet's text, held about once:
+    licensectl/exposition.py), then the registry's counters and histograms by prometheus-client."""
+    out = gauge_text(_expanded(samples), SNAPSHOT_GAUGES, PREFIX)
+    with metrics.snapshots.using([]):
+        out += generate_latest(metrics.registry)
+    return out

@@ -27,7 +27,8 @@ ALLOWED_LAYERS: dict[str, frozenset[str]] = {
     "core": frozenset({"core"}),
     "config": frozenset({"", "core", "config"}),
     "logs": frozenset({"logs"}),
-    "metrics": frozenset({"", "metrics"}),
+    "metrics": frozenset({"", "metrics", "exposition"}),
+    "exposition": frozenset({"exposition"}),  # the text writer behind metrics' render: prometheus-client only
     "malloc": frozenset({"malloc"}),
     "kube": frozenset({"", "core", "kube", *SHELL_MODULES}),
     "serve": frozenset({"", "core", "kube", "serve", *SHELL_MODULES}),
