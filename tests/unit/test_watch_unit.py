@@ -108,8 +108,10 @@ class FakeContent:
 
 
 class FakeResp:
-    def __init__(self, status: int, chunks: list[bytes], hang: asyncio.Event | None = None) -> None:
+    def __init__(self, status: int, chunks: list[bytes], hang: asyncio.Event | None = None,
+                 retry_after: str | None = None) -> None:
         self.status = status
+        self.headers = {"Retry-After": retry_after} if retry_after is not None else {}
         self.content = FakeContent(chunks, hang)
         self.closed = False
 
@@ -127,6 +129,10 @@ class FakeApi:
         self.lists: list[Any] = []   # each: a list of pages (dict bodies) or an Exception at that page
         self.watches: list[FakeResp | Exception] = []
         self.calls: list[dict[str, Any]] = []
+        # The watch-cache probe (`Informer._await_watch_cache`) is answered from its own script (a
+        # status code, or an Exception), then 200; its calls are kept apart from the LISTs'.
+        self.probe_answers: list[int | Exception] = []
+        self.probes: list[dict[str, Any]] = []
         self.release = asyncio.Event()
         self._list_round = -1
 
@@ -136,6 +142,15 @@ class FakeApi:
     async def __call__(self, **kw: Any) -> Any:
         self.calls.append(kw)
         assert kw["_preload_content"] is False
+        if kw.get("label_selector") == w.CACHE_PROBE_SELECTOR:
+            self.calls.pop()
+            self.probes.append(kw)
+            answer = self.probe_answers.pop(0) if self.probe_answers else 200
+            if isinstance(answer, Exception):
+                raise answer
+            if answer == 429:
+                return FakeResp(429, [b'{"kind":"Status","code":429,"reason":"TooManyRequests"}'])
+            return FakeResp(answer, [b'{"kind":"List","metadata":{"resourceVersion":"1"},"items":[]}'])
         if kw.get("watch"):
             if not self.watches:
                 return FakeResp(200, [], hang=self.release)  # idle stream until released
@@ -358,6 +373,57 @@ async def test_too_many_requests_keeps_resuming() -> None:
     async with running(inf):
         await until(lambda: ("n", "b") in inf.cache)
     assert sum(1 for c in api.calls if not c.get("watch")) == 1
+
+
+async def test_a_selectorless_list_waits_until_the_apiservers_watch_cache_is_filled() -> None:
+    """A restarted apiserver reads an unselected paged LIST from etcd while it fills the watch cache, and
+    answers a selected one 429: the informer asks the selected probe until it is answered, then LISTs."""
+    api = FakeApi()
+    api.probe_answers = [429, 429, 429]
+    api.list_round([page([obj("a", "1"), obj("b", "2")], "10")])
+    inf = fast(api)
+    async with running(inf):
+        await until(lambda: len(api.probes) >= 2)
+        assert not inf.synced and not inf.healthy
+        assert [c for c in api.calls if not c.get("watch")] == []  # no page asked of an unfilled cache
+        await until(lambda: inf.synced)
+    assert len(api.probes) == 4 and all(p["limit"] == 1 for p in api.probes)
+    assert sum(1 for c in api.calls if not c.get("watch")) == 1
+    assert inf.counters["list_failures"] == 0 and set(inf.cache) == {("n", "a"), ("n", "b")}
+
+
+async def test_every_relist_asks_the_probe_first() -> None:
+    api = FakeApi()
+    api.list_round([page([obj("a", "1")], "10")])
+    api.list_round([page([obj("b", "20")], "20")])
+    api.watches.append(FakeResp(200, [ev("ERROR", {"kind": "Status", "code": 410, "reason": "Expired"})]))
+    inf = fast(api)
+    async with running(inf):
+        await until(lambda: ("n", "b") in inf.cache)
+    assert len(api.probes) == 2
+
+
+@pytest.mark.parametrize("answer", [500, 403, ConnectionResetError("reset")])
+async def test_a_probe_answer_other_than_429_is_left_to_the_list(answer: int | Exception) -> None:
+    """The probe only decides when to LIST: whatever else it meets, the LIST meets and reports."""
+    api = FakeApi()
+    api.probe_answers = [answer]
+    api.list_round([page([obj("a", "1")], "10")])
+    inf = fast(api)
+    async with running(inf):
+        await until(lambda: inf.synced)
+    assert len(api.probes) == 1 and set(inf.cache) == {("n", "a")}
+
+
+async def test_a_selected_informer_sends_no_probe() -> None:
+    """Its own LIST is never read from etcd for an unfilled cache: it gets the 429 itself."""
+    for selectors in ({"label_selector": "app=x"}, {"field_selector": "metadata.name=x"}):
+        api = FakeApi()
+        api.list_round([page([obj("a", "1")], "10")])
+        inf = fast(api, **selectors)
+        async with running(inf):
+            await until(lambda inf=inf: inf.synced)
+        assert api.probes == []
 
 
 # ---------------------------------------------------------------------------------------------

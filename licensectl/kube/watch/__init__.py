@@ -36,6 +36,7 @@ from licensectl.kube.watch.backoff import (
     watch_timeout_seconds,
 )
 from licensectl.kube.watch.informer import (
+    CACHE_PROBE_SELECTOR,
     REASON_ERROR,
     REASON_GONE,
     REASON_TIMEOUT,
@@ -62,6 +63,7 @@ from licensectl.kube.watch.wire import (
 )
 
 __all__ = [
+    "CACHE_PROBE_SELECTOR",
     "EVENT_TYPES",
     "MIN_RETRY_AFTER",
     "REASON_ERROR",

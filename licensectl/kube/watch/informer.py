@@ -58,6 +58,11 @@ REASON_TIMEOUT = "timeout"    # the server ended the watch (timeoutSeconds): res
 REASON_ERROR = "error"        # connection error, non-200 response, ERROR event other than 410
 REASON_TOO_LONG = "line_too_long"
 
+# The label selector of the watch-cache probe (`Informer._await_watch_cache`): "this label is absent",
+# true of every object, so a filled cache answers at its first object.
+CACHE_PROBE_SELECTOR = "!licensectl.io/watch-cache-probe"
+CACHE_PROBE_CAP = 2.0  # seconds between two probes at most
+
 
 def _noop_restart(informer: str, reason: str) -> None:
     return None
@@ -258,6 +263,7 @@ class Informer(Generic[T]):
     async def _relist(self) -> None:
         """Build a complete snapshot aside; swap it in only when every page arrived."""
         started = time.monotonic()
+        await self._await_watch_cache()
         try:
             for restart in range(3):
                 try:
@@ -298,6 +304,40 @@ class Informer(Generic[T]):
                 self._notify(k, prev, None)
         if first and self._on_synced is not None:
             self._on_synced()
+
+    async def _await_watch_cache(self) -> None:
+        """Wait until the apiserver's watch cache of this resource is filled, when our LIST would not.
+
+        A restarted apiserver fills a resource's watch cache from etcd (a custom resource's on its first
+        request after the restart). Meanwhile it answers a paged LIST without selectors from etcd, page by
+        page, decoding every object a second time beside the cache's own fill, and a selected LIST or a
+        WATCH with 429 and a Retry-After. A LIST of 20,000 VMIs read that way took four times what the same
+        LIST takes from the cache. So a selector-less informer first asks a LIST with a selector (limit
+        1, a label no object carries, so its answer is any object): 429 means wait as told, 200 means
+        the cache is filled and the paged LIST is served from it. Other answers are left to the LIST.
+        The wait between probes is capped at `CACHE_PROBE_CAP`: the Retry-After of an unfilled cache
+        grows with how long it has been filling (up to 30 s), and a refused probe costs the apiserver
+        next to nothing."""
+        if self._label_selector or self._field_selector:
+            return  # such a LIST is never sent to etcd for an unfilled cache: it gets the 429 itself
+        attempt = 0
+        while True:
+            try:
+                await self._request_json({"label_selector": CACHE_PROBE_SELECTOR, "limit": 1})
+            except asyncio.CancelledError:
+                raise
+            except wire.ApiError as e:
+                if e.code != 429:
+                    return
+                delay = min(CACHE_PROBE_CAP, self._delay(attempt, throttled=True, retry_after=e.retry_after))
+            except Exception:
+                return  # a connection error, a 410: the LIST meets it too, and reports it
+            else:
+                return
+            attempt += 1
+            self._list_failed = True  # the cache is as stale as after a failed LIST until the LIST is done
+            log.info("informer.awaiting_watch_cache", informer=self.name, retry_in=round(delay, 2))
+            await asyncio.sleep(delay)
 
     async def _list_all(self) -> tuple[dict[wire.Key, T], str, int]:
         new: dict[wire.Key, T] = {}
