@@ -24,6 +24,7 @@ import aiohttp
 from kubernetes_asyncio import config as kconfig
 from kubernetes_asyncio.client import ApiClient, Configuration
 
+from licensectl.kube.watch import CACHE_PROBE_SELECTOR
 from licensectl_dev.devcluster import fleet
 from licensectl_dev.testkit.controller import ControllerProcess
 from licensectl_dev.testkit.metrics_text import Scrape, delta
@@ -579,8 +580,10 @@ def informer_recoveries(before: Scrape, after: Scrape, synced_at: Mapping[str, f
     return tuple(out)
 
 
-# One LIST (limit 1) per kind the controller watches: a restarted apiserver answers 429 "storage is
-# initializing" until the watch cache of that kind is filled, so the last of them is when its part ends.
+# One LIST (limit 1) per kind the controller watches, with the controller's watch-cache probe selector:
+# a restarted apiserver answers a *selected* LIST 429 "storage is initializing" until its watch cache of
+# that kind is filled, so the last of them is when its part ends. (An unselected LIST with a limit is
+# read from etcd meanwhile and answers 200 at once: docs/design.md#watch-cache-probe.)
 WATCHED_LISTS: tuple[str, ...] = (
     "/api/v1/namespaces", "/api/v1/secrets", "/apis/kubevirt.io/v1/virtualmachines",
     "/apis/kubevirt.io/v1/virtualmachineinstances")
@@ -594,7 +597,8 @@ async def lists_served(api: ApiClient, *, within: float = 300.0, every: float = 
         for path in sorted(pending):
             with contextlib.suppress(Exception):
                 # Preloaded: any status outside 2xx (the 429 while the cache fills) raises ApiException.
-                await api.call_api(path, "GET", query_params=[("limit", 1)], auth_settings=["BearerToken"],
+                await api.call_api(path, "GET", query_params=[("limit", 1), ("labelSelector", CACHE_PROBE_SELECTOR)],
+                                   auth_settings=["BearerToken"],
                                    response_types_map={}, _preload_content=True, _request_timeout=5)
                 pending.discard(path)
         if pending:

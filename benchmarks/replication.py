@@ -506,7 +506,7 @@ async def run(cp: ControlPlane, scale_name: str, build: ControllerBuild = THIS_T
             ["recovery: apiserver /readyz -> leader again", fmt_seconds(rec.to_leader), "",
              "Lease re-acquired (lease duration 15 s)"],
             ["recovery, the apiserver's part: /readyz -> LISTs served", fmt_seconds(rec.to_served), "",
-             "a LIST (limit 1) of every watched kind answered 200 (429 while its watch cache fills)"],
+             "a selected LIST (limit 1) of every watched kind answered 200: its watch cache is filled"],
             ["recovery, the controller's part: ready - LISTs served",
              fmt_seconds(None if rec.to_ready is None or rec.to_served is None else rec.to_ready - rec.to_served),
              "", "the relists, the first passes and everything else the controller waits for"],
