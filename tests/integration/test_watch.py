@@ -25,7 +25,7 @@ from licensectl.kube.api import ApiException as KubeApiError
 from licensectl.kube.api import CoreV1Api as KubeCoreV1Api
 from licensectl.kube.caches import Caches
 from licensectl.kube.raw import RawApi
-from licensectl.kube.watch import REASON_GONE, REASON_TIMEOUT, Informer, InformerHooks, Key
+from licensectl.kube.watch import CACHE_PROBE_SELECTOR, REASON_GONE, REASON_TIMEOUT, Informer, InformerHooks, Key
 from licensectl_dev.devcluster import fleet
 from licensectl_dev.devcluster.controlplane import ControlPlane
 
@@ -43,7 +43,12 @@ class Wrapped:
 
     @property
     def lists(self) -> list[dict[str, Any]]:
-        return [c for c in self.calls if not c.get("watch")]
+        """LIST pages (the watch-cache probe before a selector-less LIST is in `probes`)."""
+        return [c for c in self.calls if not c.get("watch") and c.get("label_selector") != CACHE_PROBE_SELECTOR]
+
+    @property
+    def probes(self) -> list[dict[str, Any]]:
+        return [c for c in self.calls if c.get("label_selector") == CACHE_PROBE_SELECTOR]
 
     @property
     def watches(self) -> list[dict[str, Any]]:
@@ -153,6 +158,7 @@ async def test_paged_list(api_client: ApiClient, namespace: str) -> None:
         assert await inf.wait_synced(15)
         assert {k[1] for k in inf.cache} == set(names)
     assert len(fn.lists) == 6  # ceil(23 / 4) pages, all of one LIST
+    assert len(fn.probes) == 1  # the real apiserver answered the watch-cache probe: its cache is filled
     assert all(c["limit"] == 4 for c in fn.lists)
     assert sum(1 for c in fn.lists if c.get("_continue")) == 5
 
