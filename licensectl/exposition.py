@@ -45,18 +45,16 @@ def gauge_text(samples: Iterable[Series], help_of: Mapping[str, str], prefix: st
     appears, each family under its `# HELP` and `# TYPE ... gauge` lines; labels sorted by name.
 
     A name without help text is a programming error (KeyError), as it is for `GaugeMetricFamily`."""
-    families: dict[str, bytearray] = {}
-    names: dict[str, str] = {}      # sample name -> exposed metric name
+    families: dict[str, tuple[str, bytearray]] = {}  # sample name -> (exposed metric name, its lines)
     label_names: dict[str, str] = {}
     for s in samples:
         name, labels, value = s.name, s.labels, s.value
-        buf = families.get(name)
-        if buf is None:
+        family = families.get(name)
+        if family is None:
             full = escape_metric_name(f"{prefix}_{name}")
-            names[name] = full
-            buf = families[name] = bytearray(
-                f"# HELP {full} {_escape_help(help_of[name])}\n# TYPE {full} gauge\n".encode())
-        full = names[name]
+            family = families[name] = (full, bytearray(
+                f"# HELP {full} {_escape_help(help_of[name])}\n# TYPE {full} gauge\n".encode()))
+        full, buf = family
         if labels:
             pairs = []
             for k, v in sorted(labels):
@@ -67,7 +65,7 @@ def gauge_text(samples: Iterable[Series], help_of: Mapping[str, str], prefix: st
             buf += f"{full}{{{','.join(pairs)}}} {_float_text(value)}\n".encode()
         else:
             buf += f"{full} {_float_text(value)}\n".encode()
-    return _joined(list(families.values()))
+    return _joined([buf for _, buf in families.values()])
 
 
 def _joined(parts: list[bytearray]) -> bytearray:

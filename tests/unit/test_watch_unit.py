@@ -108,10 +108,8 @@ class FakeContent:
 
 
 class FakeResp:
-    def __init__(self, status: int, chunks: list[bytes], hang: asyncio.Event | None = None,
-                 retry_after: str | None = None) -> None:
+    def __init__(self, status: int, chunks: list[bytes], hang: asyncio.Event | None = None) -> None:
         self.status = status
-        self.headers = {"Retry-After": retry_after} if retry_after is not None else {}
         self.content = FakeContent(chunks, hang)
         self.closed = False
 
@@ -140,10 +138,8 @@ class FakeApi:
         self.lists.append(pages)
 
     async def __call__(self, **kw: Any) -> Any:
-        self.calls.append(kw)
         assert kw["_preload_content"] is False
         if kw.get("label_selector") == w.CACHE_PROBE_SELECTOR:
-            self.calls.pop()
             self.probes.append(kw)
             answer = self.probe_answers.pop(0) if self.probe_answers else 200
             if isinstance(answer, Exception):
@@ -151,6 +147,7 @@ class FakeApi:
             if answer == 429:
                 return FakeResp(429, [b'{"kind":"Status","code":429,"reason":"TooManyRequests"}'])
             return FakeResp(answer, [b'{"kind":"List","metadata":{"resourceVersion":"1"},"items":[]}'])
+        self.calls.append(kw)
         if kw.get("watch"):
             if not self.watches:
                 return FakeResp(200, [], hang=self.release)  # idle stream until released
