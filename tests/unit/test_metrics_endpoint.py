@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import socket
@@ -30,11 +31,12 @@ def _fleet(n: int) -> list[GaugeSample]:
             for i in range(n)]
 
 
-@pytest.fixture
-async def served() -> AsyncIterator[tuple[Metrics, TestServer]]:
+@contextlib.asynccontextmanager
+async def _serving(series: int) -> AsyncIterator[tuple[Metrics, TestServer]]:
+    """The internal listener on loopback, its /metrics `series` guest series long."""
     ok = Readiness(True, "ok")
     m = Metrics()
-    samples = _fleet(SERIES)
+    samples = _fleet(series)
     m.snapshots.add(lambda: samples)
     server = TestServer(make_internal_app(m, ready=lambda: ok, live=lambda: ok, status=dict))
     await server.start_server()
@@ -42,6 +44,12 @@ async def served() -> AsyncIterator[tuple[Metrics, TestServer]]:
         yield m, server
     finally:
         await server.close()
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[Metrics, TestServer]]:
+    async with _serving(SERIES) as pair:
+        yield pair
 
 
 async def test_a_scrape_gets_the_whole_text_with_its_length(served: tuple[Metrics, TestServer]) -> None:
@@ -90,13 +98,7 @@ async def test_the_server_holds_no_scrape_text_between_scrapes(served: tuple[Met
 async def test_a_scraper_gone_mid_text_is_not_an_error(caplog: pytest.LogCaptureFixture) -> None:
     """A Prometheus scrape timeout closes the connection while the text is being sent: nothing to log
     as an error (aiohttp logs a handler's exception as one, with its traceback)."""
-    ok = Readiness(True, "ok")
-    m = Metrics()
-    samples = _fleet(5 * SERIES)  # ~11 MiB: more than the two sockets' buffers take
-    m.snapshots.add(lambda: samples)
-    server = TestServer(make_internal_app(m, ready=lambda: ok, live=lambda: ok, status=dict))
-    await server.start_server()
-    try:
+    async with _serving(5 * SERIES) as (_, server):  # ~11 MiB: more than the two sockets' buffers take
         sock = socket.socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         sock.setblocking(False)
@@ -114,5 +116,3 @@ async def test_a_scraper_gone_mid_text_is_not_an_error(caplog: pytest.LogCapture
         # The server goes on serving.
         async with ClientSession() as s, s.get(server.make_url("/readyz")) as r:
             assert r.status == 200
-    finally:
-        await server.close()
