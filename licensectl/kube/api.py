@@ -20,6 +20,10 @@ from urllib.parse import quote, urlencode
 
 import aiohttp
 
+from licensectl.kube.errors import ApiException, NotFound
+
+__all__ = ["ApiException"]  # re-exported: call sites import it from here or from kube.errors
+
 T = TypeVar("T")
 
 AuthHeaders = Callable[[], Awaitable[Mapping[str, str]]]
@@ -51,19 +55,6 @@ QUERY_NAMES: Mapping[str, str] = {
 REQUEST_OPTIONS = frozenset({"_preload_content", "_request_timeout", "_content_type"})
 
 
-class ApiException(Exception):
-    """A non-2xx answer (or a request that could not be made): status, reason and the response headers.
-
-    The body is never carried: a failed Secret write may echo the object back."""
-
-    def __init__(self, status: int = 0, reason: str | None = None,
-                 headers: Mapping[str, str] | None = None) -> None:
-        super().__init__(f"({status}) {reason or ''}".strip())
-        self.status = status
-        self.reason = reason or ""
-        self.headers = headers
-
-
 async def absent_on_404(call: Awaitable[T]) -> T | None:
     """Await `call`; None when the apiserver answers 404, meaning the object is not there.
 
@@ -74,10 +65,8 @@ async def absent_on_404(call: Awaitable[T]) -> T | None:
     """
     try:
         return await call
-    except ApiException as e:
-        if e.status == 404:
-            return None
-        raise
+    except NotFound:
+        return None
 
 
 def query_of(kwargs: Mapping[str, Any]) -> list[tuple[str, str]]:
