@@ -5,7 +5,7 @@
 # Reproducible: every Python package comes from a hash-pinned lock (requirements.lock for the
 # runtime, requirements-build.lock for the build backend), installed with --require-hashes and
 # --no-deps, so a build resolves nothing and any changed or unexpected file fails the build.
-# Regenerate the locks with `make lock` after changing pyproject.toml; tests/unit/test_image_recipe.py
+# Regenerate the locks with `make lock` after changing pyproject.toml; tests/unit/project/test_image_recipe.py
 # checks that this file, the locks and pyproject.toml agree. For a bit-for-bit base, pin the base
 # image by digest: --build-arg BASE_IMAGE=python:3.11-slim@sha256:<digest>.
 #

@@ -1,6 +1,6 @@
 """licensectl: the NVIDIA vGPU license lifecycle for Cozystack + KubeVirt tenants.
 
-The packages are layers; each may import only the layers below it (tests/unit/test_layering.py):
+The packages are layers; each may import only the layers below it (tests/unit/project/test_layering.py):
 
     cli/          the hoster's commands                      -> app, controllers, kube, core, shell modules
     app.py        one process: wiring, listeners, leadership -> controllers, serve, kube, core, shell modules

@@ -21,11 +21,10 @@ from aiohttp import web
 
 from licensectl import __version__, config, logs
 from licensectl.controllers.delivery_probe import DeliveryProbe
-from licensectl.controllers.drain_loop import WorkerDrainer
 from licensectl.controllers.guests import GuestStore
 from licensectl.controllers.replication_loop import CONFLICT_RECHECK_SECONDS, ReplicationController
 from licensectl.controllers.rollout_loop import RolloutController
-from licensectl.controllers.rotation_loop import RotationController
+from licensectl.controllers.rotation import RotationController
 from licensectl.controllers.runner import (
     IDLE,
     Pacing,
@@ -38,13 +37,14 @@ from licensectl.controllers.runner import (
 )
 from licensectl.controllers.settings import tenant_settings
 from licensectl.controllers.vm_restart import vmi_object
+from licensectl.controllers.worker_drain import WorkerDrainer
 from licensectl.core import boot_image, credentials
 from licensectl.core import readiness as health
 from licensectl.core.delivery import Delivery, DeliveryView, Skip, plan_delivery, wanted_replicas, wanted_volumes
 from licensectl.core.entitlement import customer_tenant
 from licensectl.core.guest_report import GuestState
 from licensectl.core.model import ANN_REVISION, DOMAIN, ObjectRef, Vmi
-from licensectl.core.reasons import Reason
+from licensectl.core.reasons import EventType, Reason
 from licensectl.core.render import RenderedLicense
 from licensectl.core.replication import SourceRevisions
 from licensectl.kube import client as kclient
@@ -408,14 +408,14 @@ class App:
         assert a.delivery is not None
         for claim, reason in a.delivery.skipped:
             self.tasks.spawn("admission-event", self.events.emit(
-                vmi_object(a.namespace, a.name), "Warning", Reason.LICENSE_NOT_DELIVERED,
+                vmi_object(a.namespace, a.name), EventType.WARNING, Reason.LICENSE_NOT_DELIVERED,
                 f"GPU claim {claim}: no license volume added ({reason.value}); the VMI was admitted unchanged"))
 
     def _boot_image_event(self, a: Admission) -> None:
         assert a.boot is not None
         enforced = self.settings.vgpu_driver_check == "enforce" and a.boot.verdict is boot_image.Verdict.UNMARKED
         self.tasks.spawn("admission-event", self.events.emit(
-            vmi_object(a.namespace, a.name), "Warning", Reason.VGPU_DRIVER_UNMARKED,
+            vmi_object(a.namespace, a.name), EventType.WARNING, Reason.VGPU_DRIVER_UNMARKED,
             boot_image.event_message(a.boot, enforced=enforced)))
 
     # -- reports ------------------------------------------------------------------------------------

@@ -7,5 +7,5 @@ demo.py      `licensectl demo` / `make demo`
 
 May import licensectl (any layer); licensectl never imports this package, except the CLI's `demo`
 command, which says how to get it when it is missing. The dev venv sees it through a .pth file
-written by `make` (Makefile); a wheel or the image does not contain it (tests/unit/test_packaging.py).
+written by `make` (Makefile); a wheel or the image does not contain it (tests/unit/project/test_packaging.py).
 """

@@ -32,7 +32,7 @@ from licensectl.core.drain import ANN_CORDONED_BY, ANN_DRAIN_STEP, ROLE_WORKER
 from licensectl.core.model import ANN_SOURCE_REVISION
 from licensectl.core.render import replica_name
 from licensectl.core.revision_text import source_revision
-from licensectl.core.rollout_view import progress_line
+from licensectl.core.rollout.view import progress_line
 from licensectl.kube.tasks import cancel_and_wait
 from licensectl.kube.watch import Informer
 from licensectl_dev.devcluster import fleet

@@ -3,7 +3,7 @@
 Kept apart from `licensectl.cli.status` (which only reads) so that what can change a cluster is visible
 from the module name alone. Each action reads first (the Secret it was pointed at, the GPUClasses that
 name it, the source's rotation record), refuses what makes no sense like kubectl does
-(core/rollout_actions.py), then makes one annotation patch guarded by the resourceVersion it read and
+(core/rollout/actions.py), then makes one annotation patch guarded by the resourceVersion it read and
 writes one Event on the source Secret. The controller reacts to the annotation.
 """
 
@@ -16,9 +16,9 @@ from typing import Any
 
 from licensectl import config
 from licensectl.cli.errors import CliError, api_error
-from licensectl.core import rollout_actions as ra
 from licensectl.core.model import ObjectRef
 from licensectl.core.ports import InvolvedObject
+from licensectl.core.rollout import actions as ra
 from licensectl.core.rotation import RotationRecord
 from licensectl.core.timecodec import format_time
 from licensectl.kube import contract
@@ -33,7 +33,7 @@ COMPONENT = "licensectl-cli"
 
 
 def rollout_action_annotations(verb: str, server_now: dt.datetime) -> dict[str, str | None]:
-    """The annotation patch for `rollout pause|resume|retry|undo` (core/rollout_actions.py)."""
+    """The annotation patch for `rollout pause|resume|retry|undo` (core/rollout/actions.py)."""
     return ra.patch_annotations(ra.Verb(verb), server_now)
 
 

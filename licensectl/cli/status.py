@@ -55,7 +55,7 @@ from licensectl.core.rollout import (
     SourceControl,
     plan_rollout,
 )
-from licensectl.core.rollout_view import (
+from licensectl.core.rollout.view import (
     ATTENTION_STATES,
     RolloutExit,
     progress_line,

@@ -41,7 +41,7 @@ from licensectl.core.ports import (
     WallClock,
     WriteResult,
 )
-from licensectl.core.reasons import Reason
+from licensectl.core.reasons import EventType, Reason
 from licensectl.core.render import DesiredReplica, ReplicaState, SourceProblem
 from licensectl.core.replication import (
     LicenseChange,
@@ -346,7 +346,7 @@ class ReplicationController:
         if res is WriteResult.CONFLICT:
             self.status.conflicts[(d.namespace, d.name)] = self._monotonic()
             self.metrics.conflicts_total.inc()
-            await self.events.emit(obj, "Warning", Reason.REPLICA_CONFLICT,
+            await self.events.emit(obj, EventType.WARNING, Reason.REPLICA_CONFLICT,
                                    f"Secret {d.namespace}/{d.name} exists but is not managed by licensectl; "
                                    f"left untouched. Rename or delete it to let class {d.class_name} replicate.")
         elif res is WriteResult.CREATED:
@@ -357,7 +357,7 @@ class ReplicationController:
                    d.class_name, _revision_text(d))
             self._rotated[key] = self._rotated.get(key, 0) + 1
         elif res is WriteResult.UPDATED:
-            await self.events.emit(obj, "Normal", Reason.REPLICA_REVERTED,
+            await self.events.emit(obj, EventType.NORMAL, Reason.REPLICA_REVERTED,
                                    f"License replica for class {d.class_name} reverted to the desired content "
                                    f"({replica_revision(d.revision)})")
 
@@ -365,7 +365,7 @@ class ReplicationController:
         """One Event per rotated (source, class) per pass, on the source Secret."""
         for (ns, name, class_name, revision_text), n in sorted(self._rotated.items()):
             if ns and name:
-                await self.events.emit(secret_object(ns, name), "Normal", Reason.LICENSE_ROTATED,
+                await self.events.emit(secret_object(ns, name), EventType.NORMAL, Reason.LICENSE_ROTATED,
                                        f"{revision_text} of class {class_name} written to "
                                        f"{n} replica{'s' if n != 1 else ''}")
 
@@ -374,7 +374,7 @@ class ReplicationController:
             res = await self.writer.delete(r.namespace, r.name, r.uid)
         self.metrics.replica_writes.labels("delete", res.value).inc()
         if res is WriteResult.DELETED:
-            await self.events.emit(namespace_object(r.namespace), "Normal", Reason.REPLICA_DELETED,
+            await self.events.emit(namespace_object(r.namespace), EventType.NORMAL, Reason.REPLICA_DELETED,
                                    f"License replica {r.name} deleted: namespace is no longer entitled")
 
     async def _deletion_cap_events(self, deferred: Iterable[ReplicaSecret]) -> None:
@@ -385,7 +385,7 @@ class ReplicationController:
         for (ns, name), n in sorted(by_source.items()):
             if not ns or not name:
                 continue
-            await self.events.emit(secret_object(ns, name), "Warning", Reason.DELETION_CAP_HIT,
+            await self.events.emit(secret_object(ns, name), EventType.WARNING, Reason.DELETION_CAP_HIT,
                                    f"{n} replica deletions deferred by the cap of "
                                    f"{self.settings.deletions_per_minute}/min; they continue automatically")
 
@@ -395,7 +395,7 @@ class ReplicationController:
         await self._report_labelled_conflicts(plan)
         await self._report_token_formats()
         for p in plan.tenant_problems:
-            await self.events.emit(self._problem_object(p.kind, p.ref), "Warning", PROBLEM_REASONS[p.kind],
+            await self.events.emit(self._problem_object(p.kind, p.ref), EventType.WARNING, PROBLEM_REASONS[p.kind],
                                    p.message)
         for class_name, sp in sorted(plan.source_problems.items()):
             await self._source_problem_events(class_name, sp)
@@ -419,7 +419,7 @@ class ReplicationController:
             why = ("carries the label app.kubernetes.io/managed-by=licensectl but not licensectl's annotations"
                    if not existing.owned else "is a licensectl replica of another GPU class")
             log.warning("replica conflict", namespace=key[0], name=key[1], labelled=True)
-            await self.events.emit(secret_object(key[0], key[1], existing.uid), "Warning",
+            await self.events.emit(secret_object(key[0], key[1], existing.uid), EventType.WARNING,
                                    Reason.REPLICA_CONFLICT,
                                    f"Secret {key[0]}/{key[1]} {why}; left untouched. Rename or delete it "
                                    f"to let licensectl replicate.")
@@ -441,7 +441,7 @@ class ReplicationController:
                     else "is a JWT without a usable exp claim")
             log.warning("license token expiry unknown", source_namespace=ref.namespace, source_name=ref.name,
                         format=fmt.value)
-            await self.events.emit(secret_object(ref.namespace, ref.name), "Warning",
+            await self.events.emit(secret_object(ref.namespace, ref.name), EventType.WARNING,
                                    Reason.LICENSE_TOKEN_UNREADABLE,
                                    f"Token in Secret {ref.namespace}/{ref.name} {what}: delivered unchanged, "
                                    f"but its expiry is unknown, so no expiry alert can fire for it")
@@ -456,9 +456,9 @@ class ReplicationController:
     async def _source_problem_events(self, class_name: str, sp: SourceProblem) -> None:
         msg = f"GPUClass {class_name}: {sp.message}; existing replicas kept, no rollout"
         await self.events.emit(InvolvedObject(self._class_api_version, "GPUClass", "", class_name),
-                               "Warning", Reason.LICENSE_SOURCE_INVALID, msg)
+                               EventType.WARNING, Reason.LICENSE_SOURCE_INVALID, msg)
         if sp.ref.namespace:
-            await self.events.emit(secret_object(sp.ref.namespace, sp.ref.name), "Warning",
+            await self.events.emit(secret_object(sp.ref.namespace, sp.ref.name), EventType.WARNING,
                                    Reason.LICENSE_SOURCE_INVALID, msg)
 
     async def _class_events(self, plan: ReplicationPlan) -> None:
@@ -466,7 +466,7 @@ class ReplicationController:
         docs/design.md#decision-class-change). Repeats within the sink's window cost nothing."""
         for class_name, check in sorted(plan.feature_type_checks.items()):
             if check.mismatch:
-                await self.events.emit(self._class_object(class_name), "Warning", Reason.FEATURE_TYPE_MISMATCH,
+                await self.events.emit(self._class_object(class_name), EventType.WARNING, Reason.FEATURE_TYPE_MISMATCH,
                                        f"GPUClass {class_name}: {check.message}. Replicas are written as the "
                                        "class says")
         logged = {name: (c.recorded, c.current) for name, c in plan.license_changes.items()}
@@ -474,7 +474,7 @@ class ReplicationController:
             if self._logged_changes.get(class_name) != logged[class_name]:  # one line per change, not per pass
                 log.warning("GPU class license changed in place: replicas held", gpu_class=class_name,
                             recorded=list(change.recorded), current=change.current, held=change.held)
-            await self.events.emit(self._class_object(class_name), "Warning", Reason.GPU_CLASS_LICENSE_CHANGED,
+            await self.events.emit(self._class_object(class_name), EventType.WARNING, Reason.GPU_CLASS_LICENSE_CHANGED,
                                    license_change_message(change))
         self._logged_changes = logged
 

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from licensectl import config, logs
-from licensectl.controllers.drain_loop import WorkerDrainer
 from licensectl.controllers.guests import GuestStore, gates_of
 from licensectl.controllers.planner import CacheCopies, PlannerThread, objects_of
 from licensectl.controllers.settings import rollout_settings
 from licensectl.controllers.vm_restart import restart_vmi, vm_object, vmi_object
+from licensectl.controllers.worker_drain import WorkerDrainer
 from licensectl.core.guest_report import GuestState
 from licensectl.core.model import ObjectRef, ReplicaSecret, Vm, Vmi, source_of
 from licensectl.core.ports import (
@@ -33,7 +33,7 @@ from licensectl.core.ports import (
     RolloutCaches,
     WallClock,
 )
-from licensectl.core.reasons import Reason
+from licensectl.core.reasons import EventType, Reason
 from licensectl.core.revision_text import replica_revision, source_revision, source_revision_of
 from licensectl.core.rollout import (
     RESULT_RETRY,
@@ -50,7 +50,7 @@ from licensectl.core.rollout import (
     VmiState,
     plan_rollout,
 )
-from licensectl.core.rollout_view import rollout_json, vmis_json
+from licensectl.core.rollout.view import rollout_json, vmis_json
 from licensectl.core.timecodec import format_micro_time
 from licensectl.metrics import GaugeSample, Metrics
 
@@ -127,7 +127,7 @@ class RolloutController:
         self._measured: dict[ObjectRef, str] = {}
         self._revisions: dict[tuple[str, str], tuple[str, ReplicaRevision | None]] = {}
         self._copies = CacheCopies()  # the gather's copies, once per cache generation
-        # Tenant-cluster workers are drained before their restart (controllers/drain_loop.py); None: restart
+        # Tenant-cluster workers are drained before their restart (controllers/worker_drain.py); None: restart
         # them like any VM (a deployment that manages no tenant clusters, or tests of the plain rollout).
         self.drainer = drainer
         if drainer is not None:
@@ -264,17 +264,17 @@ class RolloutController:
             self.drain_wakeup = await self.drainer.reconcile(plan, self.caches.vms.cache, self.caches.vmis.cache)
         for (ns, vmi), st in self._needs_event(plan):
             if st.state is VmiState.BLOCKED:
-                await self.events.emit(vmi_object(ns, vmi), "Warning", Reason.RESTART_BLOCKED,
+                await self.events.emit(vmi_object(ns, vmi), EventType.WARNING, Reason.RESTART_BLOCKED,
                                        f"VMI runs an older license than {replica_revision(st.revision)} but cannot be "
                                        f"restarted by licensectl: {st.reason or 'no owning VirtualMachine'}")
             if st.state is VmiState.UNDELIVERABLE:
-                await self.events.emit(vmi_object(ns, vmi), "Warning", Reason.LICENSE_DELIVERY_BLOCKED,
+                await self.events.emit(vmi_object(ns, vmi), EventType.WARNING, Reason.LICENSE_DELIVERY_BLOCKED,
                                        f"VMI of an entitled vGPU claim runs without its license volume "
                                        f"({st.replica}) and the admission webhook cannot add one to this spec "
                                        f"({st.blocker}): not restarted; rename the VM's conflicting volume or disk "
                                        f"serial, then restart it")
             elif st.missing_volume:
-                await self.events.emit(vmi_object(ns, vmi), "Warning", Reason.LICENSE_VOLUME_MISSING,
+                await self.events.emit(vmi_object(ns, vmi), EventType.WARNING, Reason.LICENSE_VOLUME_MISSING,
                                        f"VMI of an entitled vGPU claim runs without its license volume "
                                        f"({st.replica}): {st.state.value}, {st.reason}")
 
@@ -292,11 +292,11 @@ class RolloutController:
         if rec.result == RESULT_RETRY:
             st = self.plan.vmi_states.get((rec.namespace, rec.vm)) if self.plan else None
             when = format_micro_time(st.retry_at) if st is not None and st.retry_at else "after a backoff"
-            await self.events.emit(vm_object(rec.namespace, rec.vm), "Warning", Reason.LICENSE_VOLUME_MISSING,
+            await self.events.emit(vm_object(rec.namespace, rec.vm), EventType.WARNING, Reason.LICENSE_VOLUME_MISSING,
                                    f"The restarted VMI came back without its license volume (restart "
                                    f"{st.attempt if st else '?'}); retrying at {when}")
         elif rec.result != "done":
-            await self.events.emit(vm_object(rec.namespace, rec.vm), "Warning", Reason.RESTART_FAILED,
+            await self.events.emit(vm_object(rec.namespace, rec.vm), EventType.WARNING, Reason.RESTART_FAILED,
                                    f"VMI did not come back done within {self.settings.restart_timeout_seconds:g}s "
                                    f"after the restart for {replica_revision(rec.revision)}")
 
@@ -346,13 +346,13 @@ class RolloutController:
             rev = self._revision_text(ref, st)
             if st.phase is Phase.PROGRESSING and before in (None, Phase.IDLE, Phase.SETTLING, Phase.COMPLETE):
                 stale = st.counts.get(VmiState.STALE, 0)
-                await self.events.emit(obj, "Normal", Reason.ROLLOUT_STARTED,
+                await self.events.emit(obj, EventType.NORMAL, Reason.ROLLOUT_STARTED,
                                        f"Rolling out {rev}: {stale} of {st.affected} VMIs to "
                                        f"restart (maxUnavailable {st.max_unavailable})")
             elif st.phase is Phase.PAUSED:
-                await self.events.emit(obj, "Warning", Reason.ROLLOUT_PAUSED, st.message or "rollout paused")
+                await self.events.emit(obj, EventType.WARNING, Reason.ROLLOUT_PAUSED, st.message or "rollout paused")
             elif st.phase is Phase.COMPLETE and before in (Phase.PROGRESSING, Phase.PAUSED, Phase.SETTLING):
-                await self.events.emit(obj, "Normal", Reason.ROLLOUT_COMPLETED,
+                await self.events.emit(obj, EventType.NORMAL, Reason.ROLLOUT_COMPLETED,
                                        f"{rev[:1].upper()}{rev[1:]} rolled out")
                 self._observe_duration(ref, now)
 

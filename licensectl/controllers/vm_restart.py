@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from licensectl import logs
 from licensectl.core.ports import EventSink, InvolvedObject, KubevirtApi, RestartResult
-from licensectl.core.reasons import Reason
+from licensectl.core.reasons import EventType, Reason
 from licensectl.kube.api import ApiException
 
 log = logs.get("licensectl.restart")
@@ -40,5 +40,5 @@ async def restart_vmi(kubevirt: KubevirtApi, events: EventSink, *, namespace: st
             return RestartResult.STALE_TARGET
     res = await kubevirt.restart(namespace=namespace, vm=vm, vmi_uid=vmi_uid, run_strategy=run_strategy)
     if res is RestartResult.UNSUPPORTED:
-        await events.emit(vm_object(namespace, vm), "Warning", Reason.RESTART_FAILED, UNSUPPORTED_TEXT)
+        await events.emit(vm_object(namespace, vm), EventType.WARNING, Reason.RESTART_FAILED, UNSUPPORTED_TEXT)
     return res

@@ -15,6 +15,7 @@ from enum import StrEnum
 from typing import Any, Protocol, TypeVar
 
 from licensectl.core.model import GpuClaim, GpuClass, Namespace, ObjectRef, ReplicaSecret, SourceSecret, Vm, Vmi
+from licensectl.core.reasons import EventType, Reason
 
 Key = tuple[str, str]  # (namespace, name); namespace "" for cluster-scoped objects
 T_co = TypeVar("T_co", covariant=True)
@@ -205,7 +206,7 @@ class ReplicaWriter(Protocol):
 class EventSink(Protocol):
     """Kubernetes Events for humans (kube/events.py); never raises."""
 
-    async def emit(self, obj: InvolvedObject, type_: str, reason: str, message: str) -> None: ...
+    async def emit(self, obj: InvolvedObject, type_: EventType, reason: Reason, message: str) -> None: ...
 
 
 class KubevirtApi(Protocol):

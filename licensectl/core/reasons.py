@@ -11,6 +11,13 @@ from __future__ import annotations
 from enum import StrEnum
 
 
+class EventType(StrEnum):
+    """A Kubernetes Event's type: the only two values core/v1 knows."""
+
+    NORMAL = "Normal"
+    WARNING = "Warning"
+
+
 class Reason(StrEnum):
     # -- replication (controllers/replication_loop.py) ------------------------------------------
     LICENSE_ROTATED = "LicenseRotated"  # once per rotation pass and class, on the source Secret
@@ -31,7 +38,7 @@ class Reason(StrEnum):
     UNKNOWN_CLASS = "UnknownClass"  # a GPUClaim names a GPUClass that does not exist
     INVALID_CLASS = "InvalidClass"  # a GPUClass's mode or license reference is invalid
 
-    # -- safe rotation (core/rotation.py decides, controllers/rotation_loop.py emits) -------------
+    # -- safe rotation (core/rotation.py decides, controllers/rotation.py emits) -------------
     ROTATION_STARTED = "RotationStarted"  # a candidate revision starts its canary
     NO_GUEST_EVIDENCE = "NoGuestEvidence"  # with RotationStarted: no guest ever reported, readiness only
     CANARY_EMPTY = "CanaryEmpty"  # with RotationStarted: no VM fits the canary, on to step 1 unanalysed
@@ -53,7 +60,7 @@ class Reason(StrEnum):
     # A VMI lacks its volume and its spec makes delivery impossible (a volume name or serial taken): not restarted.
     LICENSE_DELIVERY_BLOCKED = "LicenseDeliveryBlocked"
 
-    # -- tenant cluster workers (controllers/drain_loop.py, docs/design.md#tenant-worker-drain) -----
+    # -- tenant cluster workers (controllers/worker_drain.py, docs/design.md#tenant-worker-drain) -----
     # A worker's drain cannot go on: closed for its revision (PDBBlocked, DrainTimeout, BootTimeout,
     # IntentUnreadable) or held (ClusterUnreachable, NodeMissing); on the VM and on the source Secret.
     WORKER_DRAIN_BLOCKED = "WorkerDrainBlocked"

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from licensectl.core.model import DOMAIN, u64
-from licensectl.core.reasons import Reason
+from licensectl.core.reasons import EventType, Reason
 from licensectl.core.revision_text import source_revision
 from licensectl.core.timecodec import annotation_time, format_micro_time
 
@@ -292,7 +292,7 @@ class SourceView:
 
 @dataclass(frozen=True, slots=True)
 class RotationEvent:
-    type: str  # Normal | Warning
+    type: EventType
     reason: Reason
     message: str
 
@@ -380,22 +380,22 @@ def _fresh(record: RotationRecord, candidate: str, view: SourceView, st: Rotatio
     if st.canary.none:  # no canary configured: straight to the first step
         rec = replace(record, candidate=candidate, phase=RotationPhase.PROMOTING, wave=1, wave_started_at=now,
                       canary=tuple(sorted(carried)), evidence=evidence, reason="", acted_at=now)
-        return Decision(rec, (RotationEvent("Normal", Reason.ROTATION_STARTED,
+        return Decision(rec, (RotationEvent(EventType.NORMAL, Reason.ROTATION_STARTED,
                                             f"Candidate {source_revision(candidate)} ({how}): no canary, step 1 of "
                                             f"{len(st.steps)} ({st.steps[0]:g}% of namespaces); stable "
                                             f"{source_revision(record.stable)}"),))
     rec = replace(record, candidate=candidate, phase=RotationPhase.CANARY, wave=0, wave_started_at=now,
                   canary=canary, evidence=evidence, reason="", acted_at=now)
-    events = [RotationEvent("Normal", Reason.ROTATION_STARTED,
+    events = [RotationEvent(EventType.NORMAL, Reason.ROTATION_STARTED,
                             f"Candidate {source_revision(candidate)} ({how}): canary in {len(canary)} namespace(s) "
                             f"{', '.join(canary[:5])}{' ...' if len(canary) > 5 else ''}; stable "
                             f"{source_revision(record.stable)}")]
     if not canary:
-        events.append(RotationEvent("Warning", Reason.CANARY_EMPTY,
+        events.append(RotationEvent(EventType.WARNING, Reason.CANARY_EMPTY,
                                     "No VM fits the canary (--canary names no entitled namespace with VMs, "
                                     "or there are no VMs): the candidate goes on to step 1 unanalysed"))
     elif not evidence:
-        events.append(RotationEvent("Warning", Reason.NO_GUEST_EVIDENCE,
+        events.append(RotationEvent(EventType.WARNING, Reason.NO_GUEST_EVIDENCE,
                                     "No guest of this source has ever reported: the canary is judged on "
                                     "VMI readiness alone"))
     return Decision(rec, tuple(events))
@@ -440,7 +440,7 @@ def decide(record: RotationRecord | None, view: SourceView, *, st: RotationSetti
     if live is not None and live == record.stable and record.phase is not RotationPhase.STABLE:
         return Decision(replace(record, phase=RotationPhase.STABLE, candidate="", wave=0, canary=(),
                                 wave_started_at=None, reason="", acted_at=now),
-                        (RotationEvent("Normal", Reason.CANDIDATE_WITHDRAWN,
+                        (RotationEvent(EventType.NORMAL, Reason.CANDIDATE_WITHDRAWN,
                                        f"The source is back on stable {source_revision(record.stable)}: "
                                        f"candidate {source_revision(record.candidate)} withdrawn"),))
 
@@ -451,7 +451,7 @@ def decide(record: RotationRecord | None, view: SourceView, *, st: RotationSetti
             RotationPhase.CANARY, RotationPhase.PROMOTING, RotationPhase.PROMOTED):
         return Decision(replace(record, phase=RotationPhase.UNDONE, reason="undone by the hoster",
                                 acted_at=ctl.undo_at),
-                        (RotationEvent("Warning", Reason.ROLLOUT_UNDONE,
+                        (RotationEvent(EventType.WARNING, Reason.ROLLOUT_UNDONE,
                                        f"Candidate {source_revision(record.candidate)} undone: every namespace "
                                        f"returns to stable {source_revision(record.stable)}"),))
     if ctl.retry_at is not None and (acted is None or ctl.retry_at > acted) and record.phase in REJECTED:
@@ -470,12 +470,12 @@ def decide(record: RotationRecord | None, view: SourceView, *, st: RotationSetti
     if ws.pending == 0 and ws.proven == ws.capable and view.evidence_ready:
         if record.wave >= len(st.steps):
             return Decision(replace(record, phase=RotationPhase.PROMOTED, reason=""),
-                            (RotationEvent("Normal", Reason.ROTATION_PROMOTED,
+                            (RotationEvent(EventType.NORMAL, Reason.ROTATION_PROMOTED,
                                            f"Candidate {source_revision(record.candidate)} runs everywhere "
                                            f"({ws.proven} guest(s) proved licensed in the last step)"),))
         nxt = record.wave + 1
         return Decision(replace(record, phase=RotationPhase.PROMOTING, wave=nxt, wave_started_at=now),
-                        (RotationEvent("Normal", Reason.ROTATION_STEP_STARTED,
+                        (RotationEvent(EventType.NORMAL, Reason.ROTATION_STEP_STARTED,
                                        f"{wave_name} passed ({ws.proven} of {ws.capable} reporting guest(s) "
                                        f"licensed); step {nxt} of {len(st.steps)}: {st.steps[nxt - 1]:g}% of "
                                        f"namespaces get candidate {source_revision(record.candidate)}"),))
@@ -489,7 +489,7 @@ def _superseded(record: RotationRecord, new: str, carried: tuple[str, ...]) -> R
     """Names both revisions: the hoster wrote a new token before the last one finished."""
     where = (f"its {len(carried)} namespace(s) on it ({', '.join(carried[:5])}{' ...' if len(carried) > 5 else ''}) "
              "move straight to the new candidate" if carried else "no namespace was on it")
-    return RotationEvent("Normal", Reason.ROTATION_SUPERSEDED,
+    return RotationEvent(EventType.NORMAL, Reason.ROTATION_SUPERSEDED,
                          f"Candidate {source_revision(record.candidate)} ({record.phase.value}) superseded by "
                          f"candidate {source_revision(new)}: {where}; stable {source_revision(record.stable)}")
 
@@ -498,6 +498,6 @@ def _abort(record: RotationRecord, why: str, now: dt.datetime) -> Decision:
     """Aborted; hoster actions issued before now are spent (a retry typed during the canary must not
     restart the candidate the moment it is aborted)."""
     return Decision(replace(record, phase=RotationPhase.ABORTED, reason=why, acted_at=now),
-                    (RotationEvent("Warning", Reason.ROLLOUT_ABORTED,
+                    (RotationEvent(EventType.WARNING, Reason.ROLLOUT_ABORTED,
                                    f"Candidate {source_revision(record.candidate)} aborted, every namespace returns "
                                    f"to stable {source_revision(record.stable)}: {why}"),))

@@ -96,4 +96,4 @@ def is_status(e: BaseException, *types: type[ApiException]) -> bool:
     if isinstance(e, types):
         return True
     status = getattr(e, "status", None)
-    return isinstance(status, int) and any(t.STATUS == status for t in types)
+    return isinstance(status, int) and any(status == t.STATUS for t in types)

@@ -18,6 +18,7 @@ from typing import Any
 
 from licensectl import logs
 from licensectl.core.ports import InvolvedObject
+from licensectl.core.reasons import EventType, Reason
 from licensectl.core.timecodec import format_time
 from licensectl.kube.api import ApiException, CoreV1Api, absent_on_404
 from licensectl.kube.raw import RawApi
@@ -53,7 +54,7 @@ class EventRecorder:
         self._sem = asyncio.Semaphore(concurrency)
         self.emitted: list[tuple[InvolvedObject, str, str, str]] = []  # recent, for tests and status
 
-    async def emit(self, obj: InvolvedObject, type_: str, reason: str, message: str) -> None:
+    async def emit(self, obj: InvolvedObject, type_: EventType, reason: Reason, message: str) -> None:
         message = message[:MAX_MESSAGE]
         name = event_name(obj, reason, message)
         now = self._clock()

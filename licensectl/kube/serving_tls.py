@@ -37,7 +37,7 @@ from licensectl.core import certs
 from licensectl.core.delivery import CONFIGURATION_MISSING, CONFIGURATION_PROBLEMS, configuration_problem
 from licensectl.core.model import ANN_TLS, MODE_SELF_MANAGED, TLSSecret
 from licensectl.core.ports import EventSink, InvolvedObject
-from licensectl.core.reasons import Reason
+from licensectl.core.reasons import EventType, Reason
 from licensectl.kube.api import (
     AdmissionregistrationV1Api,
     AnyClient,
@@ -331,7 +331,7 @@ class ServingTLS:
         self._set_error(msg, once_key=f"foreign:{secret.uid}", result=FOREIGN)
         if first and self._events is not None:
             await self._events.emit(InvolvedObject("v1", "Secret", self.namespace, self.secret_name, secret.uid),
-                                    "Warning", Reason.FOREIGN_TLS_SECRET, msg)
+                                    EventType.WARNING, Reason.FOREIGN_TLS_SECRET, msg)
 
     def _set_error(self, message: str, *, once_key: str | None = None, result: str | None = None) -> None:
         self.error = message
@@ -458,7 +458,7 @@ class ServingTLS:
             raw_uid = meta.get("uid") if isinstance(meta, dict) else None
             uid = raw_uid if isinstance(raw_uid, str) else ""
             await self._events.emit(InvolvedObject("admissionregistration.k8s.io/v1", kind, "", name, uid),
-                                    "Warning", Reason.WEBHOOK_CONFIGURATION_PROBLEM, msg)
+                                    EventType.WARNING, Reason.WEBHOOK_CONFIGURATION_PROBLEM, msg)
 
     def samples(self) -> list[GaugeSample]:
         """The leader's view of the configurations it checks (a standby checks none)."""

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from licensectl.core.model import GpuClaim, GpuClass, Namespace, ObjectRef, ReplicaSecret, SourceSecret, Vm, Vmi
 from licensectl.core.ports import InvolvedObject, ObservedMeta, RestartResult, SecretBody, WriteResult
+from licensectl.core.reasons import EventType, Reason
 from licensectl.core.timecodec import to_epoch_us
 from licensectl.kube import projections
 from licensectl.kube.api import ApiException
@@ -131,7 +132,7 @@ class MemoryEvents:
     def __init__(self) -> None:
         self.emitted: list[tuple[InvolvedObject, str, str, str]] = []
 
-    async def emit(self, obj: InvolvedObject, type_: str, reason: str, message: str) -> None:
+    async def emit(self, obj: InvolvedObject, type_: EventType, reason: Reason, message: str) -> None:
         self.emitted.append((obj, type_, reason, message))
 
     def reasons(self) -> list[str]:

@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.cluster]
 
 # Only "ahead": with the clock behind, the fresh test certificates are not yet valid for the
 # controller (TLS fails before licensectl runs); the offset logic is symmetric and unit-tested
-# (tests/unit/test_server_clock.py).
+# (tests/unit/kube/test_server_clock.py).
 @pytest.mark.parametrize("skew", ["+300s"])
 async def test_rollout_is_exact_with_a_skewed_controller_clock(
         skew: str, api_client: ApiClient, control_plane: ControlPlane, kubevirt_factory: KubevirtFactory,

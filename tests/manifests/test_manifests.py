@@ -430,7 +430,7 @@ def test_dockerfile_matches_the_deployment(rendered: dict[str, list[dict[str, An
     """The image runs as the uid the pod enforces, and its build context holds what it copies."""
     lines = [ln.strip() for ln in (ROOT / "Dockerfile").read_text().splitlines()]
     assert lines[-2:] == ['ENTRYPOINT ["licensectl"]', 'CMD ["run"]']
-    # The base image and the dependency lock are tests/unit/test_image_recipe.py's business.
+    # The base image and the dependency lock are tests/unit/project/test_image_recipe.py's business.
     pod = one(rendered["default"], "Deployment", "licensectl")["spec"]["template"]["spec"]
     assert f"USER {pod['securityContext']['runAsUser']}:{pod['securityContext']['runAsGroup']}" in lines
     included = {ln[1:].rstrip("/") for ln in (ROOT / ".dockerignore").read_text().splitlines()

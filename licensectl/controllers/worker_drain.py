@@ -1,0 +1,443 @@
+"""Tenant-cluster workers: cordon, drain, restart, wait for the new boot, uncordon (core/drain.py decides).
+
+The rollout plans which VMs restart; a CAPK worker it picks is handed here instead of being restarted,
+and so is every worker whose VM carries an open drain cycle. Each pass, per worker: observe (the VM and
+its VMI from the caches; the tenant's Node and Pods, the Machine's drain settings and the Cluster's
+policy read live), ask `drain.next_step`, write the intent it returns onto the VM (guarded by the VM's
+resourceVersion) and only then act. Nothing that matters is kept in memory: a new leader reads the
+intent, the Node's marker and the Pods, and carries on or undoes (docs/design.md#tenant-worker-drain).
+
+The tenant kubeconfig is read per pass and per cluster and dropped after it (kube/tenant.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from licensectl import config, logs
+from licensectl.controllers.settings import drain_settings
+from licensectl.controllers.vm_restart import restart_vmi, vm_object
+from licensectl.core import drain
+from licensectl.core.model import ANN_RESTART_ATTEMPTED_AT, ObjectRef, Vm, Vmi
+from licensectl.core.ports import EventSink, InvolvedObject, KubevirtApi
+from licensectl.core.reasons import EventType, Reason
+from licensectl.core.rollout import RestartVm, RolloutPlan, VmiRolloutState, VmiState
+from licensectl.core.timecodec import format_micro_time, parse_time
+from licensectl.kube.api import AnyClient, ApiException, CustomObjectsApi, absent_on_404
+from licensectl.kube.raw import RawApi
+from licensectl.kube.tenant import TenantApi, TenantUnreachable, open_tenant
+from licensectl.metrics import GaugeSample, Metrics
+
+log = logs.get(__name__)
+
+# Cluster API's objects in the management cluster, read only and only when installed (a 404 means defaults).
+CAPI_GROUP, CAPI_VERSION = "cluster.x-k8s.io", "v1beta1"
+CAPK_GROUP, CAPK_VERSION = "infrastructure.cluster.x-k8s.io", "v1alpha1"
+BOOT_POLL_SECONDS = 5.0
+CONCURRENCY = 8
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|us|µs|ns|h|m|s)")
+_UNIT = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+
+
+def go_duration_seconds(text: object) -> float | None:
+    """A metav1.Duration ("10m0s", "1h", "90s"); None when absent or unreadable (then licensectl's default)."""
+    if not isinstance(text, str) or not text.strip():
+        return None
+    raw = text.strip()
+    parts = _DURATION.findall(raw)
+    if not parts or "".join(n + u for n, u in parts) != raw:
+        return None
+    return sum(float(n) * _UNIT[u] for n, u in parts)
+
+
+@dataclass(frozen=True, slots=True)
+class MachineSays:
+    """What the worker's Machine says about draining it (cluster-api Machine spec and annotations)."""
+
+    drain_timeout: float | None = None
+    exclude: bool = False
+
+
+_Item = tuple[Vm, RestartVm | None, drain.WorkerIdentity]
+
+
+def tenant_node(obj: Mapping[str, Any]) -> drain.TenantNode:
+    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
+    ready: bool | None = None
+    for c in status.get("conditions") or ():
+        if isinstance(c, dict) and c.get("type") == "Ready":
+            ready = {"True": True, "False": False}.get(str(c.get("status")))
+    return drain.TenantNode(name=str(meta.get("name") or ""), provider_id=str(spec.get("providerID") or ""),
+                            unschedulable=bool(spec.get("unschedulable")), ready=ready,
+                            boot_id=str((status.get("nodeInfo") or {}).get("bootID") or ""),
+                            cordoned_by=(meta.get("annotations") or {}).get(drain.ANN_CORDONED_BY))
+
+
+def tenant_pod(obj: Mapping[str, Any], missing_daemonsets: frozenset[tuple[str, str]] = frozenset()) -> drain.TenantPod:
+    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
+    ns = str(meta.get("namespace") or "")
+    owner = next((o for o in meta.get("ownerReferences") or () if isinstance(o, dict) and o.get("controller")), None)
+    kind = str(owner.get("kind")) if owner else None
+    deleted = parse_time(meta["deletionTimestamp"]) if isinstance(meta.get("deletionTimestamp"), str) else None
+    return drain.TenantPod(
+        namespace=ns, name=str(meta.get("name") or ""), node_name=str(spec.get("nodeName") or ""),
+        phase=str(status.get("phase") or "Pending"), controller_kind=kind,
+        controller_missing=(kind == "DaemonSet" and owner is not None
+                            and (ns, str(owner.get("name"))) in missing_daemonsets),
+        is_mirror=drain.ANN_MIRROR_POD in (meta.get("annotations") or {}), deletion_timestamp=deleted,
+        has_empty_dir=any(isinstance(v, dict) and "emptyDir" in v for v in spec.get("volumes") or ()),
+        drain_label=(meta.get("labels") or {}).get(drain.LABEL_POD_DRAIN))
+
+
+# A read that failed says nothing about the object; 404 (absent) is handled where it is read.
+READ_ERRORS = (ApiException, TimeoutError, aiohttp.ClientError)
+
+
+class WorkerDrainer:
+    """The drain shell, driven by the rollout loop after each plan (leader only)."""
+
+    def __init__(self, *, mgmt: AnyClient, kubevirt: KubevirtApi, events: EventSink, metrics: Metrics,
+                 settings: config.Settings, clock: Callable[[], dt.datetime],
+                 expect: Callable[[str, str, str], None] = lambda _ns, _vm, _rv: None) -> None:
+        self._mgmt = mgmt
+        self._custom: Any = RawApi(CustomObjectsApi(mgmt))
+        self.kubevirt = kubevirt
+        self.events = events
+        self.metrics = metrics
+        self.settings = settings
+        self.clock = clock
+        self._expect = expect  # the rollout loop waits for the watch cache to show our VM writes
+        # Each cluster's policy as last read (once per pass with work in it): the planner's per-cluster limits.
+        self._policies: dict[str, drain.ClusterPolicy] = {}
+        # Pods whose last eviction got a 429, per worker: only says PDBBlocked vs DrainTimeout at the timeout.
+        self._refused: dict[str, frozenset[str]] = {}
+        self.conditions: dict[tuple[str, str], tuple[str, drain.BlockReason]] = {}  # (ns, vm) -> (cluster, why)
+
+    def set_expect(self, expect: Callable[[str, str, str], None]) -> None:
+        self._expect = expect
+
+    # -- the per-cluster limits the planner reads -------------------------------------------------
+    def worker_limits(self) -> dict[str, int]:
+        """Per tenant cluster (`namespace/cluster`): its Cluster's limit, as last read (others: the default)."""
+        return {k: p.max_disrupted for k, p in self._policies.items()}
+
+    async def _policy(self, namespace: str, cluster: str) -> drain.ClusterPolicy | None:
+        """The Cluster's policy; a failed read is no answer (never "no annotations"): the policy as last
+        read, or None -- the cluster waits a pass rather than run on defaults the hoster may have lowered."""
+        key = f"{namespace}/{cluster}"
+        try:
+            obj = await absent_on_404(self._custom.get_namespaced_custom_object(
+                CAPI_GROUP, CAPI_VERSION, namespace, "clusters", cluster))
+        except READ_ERRORS as e:
+            log.warning("cluster policy read failed", namespace=namespace, cluster=cluster, error=type(e).__name__,
+                        status=getattr(e, "status", None))
+            return self._policies.get(key)
+        ann = ((obj or {}).get("metadata") or {}).get("annotations") or {}
+        said = drain.ClusterPolicy.from_annotations(ann)
+        limit = said.max_disrupted if drain.ANN_MAX_DISRUPTED_WORKERS in ann else self.settings.max_disrupted_workers
+        policy = drain.ClusterPolicy(limit, said.restart_without_drain)
+        self._policies[key] = policy
+        return policy
+
+    async def _machine(self, worker: drain.WorkerIdentity) -> MachineSays | None:
+        """KubevirtMachine -> its controller Machine: nodeDrainTimeout and the exclude annotation. None: a
+        read failed -- never taken as "no exclude annotation", which would cordon an excluded Node."""
+        try:
+            kvm = await absent_on_404(self._custom.get_namespaced_custom_object(
+                CAPK_GROUP, CAPK_VERSION, worker.namespace, "kubevirtmachines", worker.machine))
+            owner = next((o for o in ((kvm or {}).get("metadata") or {}).get("ownerReferences") or ()
+                          if isinstance(o, dict) and o.get("kind") == "Machine"), None)
+            if owner is None:
+                return MachineSays()
+            machine = await absent_on_404(self._custom.get_namespaced_custom_object(
+                CAPI_GROUP, CAPI_VERSION, worker.namespace, "machines", str(owner.get("name"))))
+        except READ_ERRORS as e:
+            log.warning("machine read failed", namespace=worker.namespace, vm=worker.vm, error=type(e).__name__,
+                        status=getattr(e, "status", None))
+            return None
+        if machine is None:
+            return MachineSays()
+        ann = (machine.get("metadata") or {}).get("annotations") or {}
+        return MachineSays(go_duration_seconds((machine.get("spec") or {}).get("nodeDrainTimeout")),
+                           drain.ANN_EXCLUDE_NODE_DRAINING in ann)
+
+    # -- a pass ------------------------------------------------------------------------------------
+    def workers_to_drive(self, plan: RolloutPlan,
+                         vms: Mapping[tuple[str, str], Vm]) -> list[tuple[Vm, RestartVm | None]]:
+        """Workers the rollout picked this pass, and every VM with a drain record: (VM, its restart if planned)."""
+        picked = {(r.namespace, r.vm): r for r in plan.restarts if r.drained}
+        out: dict[tuple[str, str], tuple[Vm, RestartVm | None]] = {}
+        for key, r in picked.items():
+            if (vm := vms.get(key)) is not None:
+                out[key] = (vm, r)
+        for key, vm in vms.items():
+            if key in out:
+                continue
+            if drain.ANN_DRAIN_STEP in vm.annotations or (
+                    drain.ANN_DRAIN_HELD in vm.annotations and _hold_over(plan.vmi_states.get(key))):
+                out[key] = (vm, plan.drains.get(key))
+        return [out[k] for k in sorted(out)]
+
+    async def reconcile(self, plan: RolloutPlan, vms: Mapping[tuple[str, str], Vm],
+                        vmis: Mapping[tuple[str, str], Vmi]) -> dt.datetime | None:
+        """Drive every worker one step; returns when the next pass is due (None: on the next event)."""
+        work = self.workers_to_drive(plan, vms)
+        seen_keys = {(vm.namespace, vm.name) for vm, _ in work}
+        for key in [k for k in self.conditions if k not in seen_keys]:
+            del self.conditions[key]
+        by_cluster: dict[tuple[str, str], list[_Item]] = {}
+        for vm, restart in work:
+            worker = drain.WorkerIdentity.from_vm(vm.namespace, vm.name, vm.labels)
+            if worker is not None:
+                by_cluster.setdefault((worker.namespace, worker.cluster), []).append((vm, restart, worker))
+        sem = asyncio.Semaphore(CONCURRENCY)
+        wakeups: list[dt.datetime] = []
+
+        async def one_cluster(ns: str, cluster: str, items: list[_Item]) -> None:
+            async with sem:
+                try:
+                    wakeups.extend(await self._cluster_pass(ns, cluster, items, plan, vmis))
+                except Exception as e:  # one tenant's trouble never stops another's drain
+                    log.warning("worker drain pass failed", namespace=ns, cluster=cluster, error=type(e).__name__,
+                                status=getattr(e, "status", None))
+
+        await asyncio.gather(*(one_cluster(ns, c, items) for (ns, c), items in sorted(by_cluster.items())))
+        return min(wakeups, default=None)
+
+    async def _cluster_pass(self, namespace: str, cluster: str,
+                            items: list[_Item], plan: RolloutPlan,
+                            vmis: Mapping[tuple[str, str], Vmi]) -> list[dt.datetime]:
+        policy = await self._policy(namespace, cluster)
+        if policy is None:
+            return [self.clock() + dt.timedelta(seconds=self.settings.drain_retry_seconds)]
+        wakeups: list[dt.datetime] = []
+        try:
+            async with open_tenant(self._mgmt, namespace, cluster) as tenant:
+                nodes = [tenant_node(n) for n in await tenant.nodes()]
+                for vm, restart, worker in items:
+                    wakeups.extend(await self._worker(vm, restart, worker, plan, vmis, policy, tenant, nodes, None))
+        except TenantUnreachable as e:
+            for vm, restart, worker in items:
+                wakeups.extend(await self._worker(vm, restart, worker, plan, vmis, policy, None, [], str(e)))
+        return wakeups
+
+    async def _observe_pods(self, tenant: TenantApi, node: drain.TenantNode) -> tuple[drain.TenantPod, ...]:
+        raw = await tenant.pods_on(node.name)
+        missing: set[tuple[str, str]] = set()
+        for p in raw:
+            meta = p.get("metadata") or {}
+            for o in meta.get("ownerReferences") or ():
+                if isinstance(o, dict) and o.get("controller") and o.get("kind") == "DaemonSet":
+                    ns, name = str(meta.get("namespace") or ""), str(o.get("name") or "")
+                    if (ns, name) not in missing and not await tenant.daemonset_exists(ns, name):
+                        missing.add((ns, name))
+        return tuple(tenant_pod(p, frozenset(missing)) for p in raw)
+
+    async def _worker(self, vm: Vm, restart: RestartVm | None, worker: drain.WorkerIdentity, plan: RolloutPlan,
+                      vmis: Mapping[tuple[str, str], Vmi], policy: drain.ClusterPolicy, tenant: TenantApi | None,
+                      nodes: list[drain.TenantNode], unreachable: str | None) -> list[dt.datetime]:
+        key = (vm.namespace, vm.name)
+        now = self.clock()
+        vmi = vmis.get(key)
+        state = plan.vmi_states.get(key)
+        needed = restart is not None and (state is None or state.state in (VmiState.STALE, VmiState.DRAINING))
+        revision = restart.revision if restart is not None else (
+            state.revision if state is not None else "")
+        intent = drain.parse_annotations(vm.annotations)
+        if not revision and isinstance(intent, drain.DrainIntent):
+            revision = intent.revision
+        node = drain.node_for(worker.provider_id, nodes) if tenant is not None else None
+        pods: tuple[drain.TenantPod, ...] = ()
+        if tenant is not None and node is not None:
+            pods = await self._observe_pods(tenant, node)
+        if isinstance(intent, drain.DrainIntent) and _block_over(intent, state, node):
+            intent = None  # its record and metric go (an own cordon is still undone first)
+        machine = await self._machine(worker) if worker.role is drain.Role.WORKER else MachineSays()
+        if machine is None:  # unknown whether the Machine excludes draining: try again, do nothing now
+            return [now + dt.timedelta(seconds=self.settings.drain_retry_seconds)]
+        seen = drain.Observed(revision=revision, needed=needed, vmi_uid=vmi.uid if vmi is not None else None,
+                              vmi_deleting=bool(vmi is not None and vmi.deleting), reachable=tenant is not None,
+                              node=node, pods=pods, pdb_refused=self._refused.get(worker.key, frozenset()))
+        ds = drain_settings(self.settings, machine_drain_timeout=machine.drain_timeout,
+                            exclude_draining=machine.exclude, restart_without_drain=policy.restart_without_drain)
+        action = drain.next_step(intent, worker, seen, now=now, settings=ds)
+        return await self._apply(vm, worker, action, restart, tenant, now, unreachable,
+                                 state.source if state is not None else None)
+
+    async def _apply(self, vm: Vm, worker: drain.WorkerIdentity, action: drain.Action, restart: RestartVm | None,
+                     tenant: TenantApi | None, now: dt.datetime, unreachable: str | None,
+                     source: ObjectRef | None) -> list[dt.datetime]:
+        key = (vm.namespace, vm.name)
+        patch: dict[str, str | None] = {k: None for k in drain.INTENT_ANNOTATIONS}
+        if action.intent is not None:
+            patch.update(action.intent.render_annotations())
+        held = isinstance(action, drain.Blocked) and not action.closed
+        old_held = drain.held_of(vm.annotations)
+        if isinstance(action, drain.Blocked) and held:
+            # A worker without a cycle is held afresh each time the rollout picks it again (the hold is what
+            # spaces those picks); an open cycle, driven every pass, keeps the time the condition began.
+            same = old_held is not None and old_held.reason is action.reason
+            at = old_held.at if same and old_held is not None and action.intent is not None else now
+            patch.update(drain.Held(action.reason, at).render_annotations())
+        else:
+            patch.update({k: None for k in drain.HELD_ANNOTATIONS})
+        if isinstance(action, drain.Restart):
+            if restart is not None:
+                patch.update(restart.intent_annotations())  # the rollout tracks it from here, as any restart
+            else:
+                patch[ANN_RESTART_ATTEMPTED_AT] = format_micro_time(now)  # a re-issue of the restart already recorded
+        changed = {k: v for k, v in patch.items() if vm.annotations.get(k) != v}
+        if changed:
+            if not await self.kubevirt.annotate_vm(namespace=vm.namespace, name=vm.name,
+                                                   resource_version=vm.resource_version, annotations=changed):
+                log.info("drain step dropped: VM changed since it was read", namespace=vm.namespace, vm=vm.name)
+                return []
+            self._expect(vm.namespace, vm.name, vm.resource_version)
+        if isinstance(action, drain.Blocked):
+            self.conditions[key] = (worker.cluster, action.reason)
+            if changed and (action.closed or old_held is None or old_held.reason is not action.reason):
+                await self._blocked(vm, worker, action.reason, unreachable, source)
+        else:
+            self.conditions.pop(key, None)
+        return await self._act(vm, worker, action, restart, tenant)
+
+    async def _act(self, vm: Vm, worker: drain.WorkerIdentity, action: drain.Action, restart: RestartVm | None,
+                   tenant: TenantApi | None) -> list[dt.datetime]:
+        # A step taken in the tenant cluster shows in no watch of licensectl's: the next pass comes at once.
+        if isinstance(action, drain.Cordon) and tenant is not None:
+            await self._patch_node(tenant, action.node, unschedulable=True, marker=worker.key, owner=worker.key)
+            log.info("worker cordoned", namespace=vm.namespace, vm=vm.name, node=action.node)
+            return [self.clock()]
+        elif isinstance(action, drain.Uncordon) and tenant is not None:
+            await self._patch_node(tenant, action.node, unschedulable=False, marker=None, owner=worker.key)
+            self._refused.pop(worker.key, None)
+            log.info("worker uncordoned", namespace=vm.namespace, vm=vm.name, node=action.node)
+            return [self.clock()]
+        elif isinstance(action, drain.Evict) and tenant is not None:
+            refused: set[str] = set()
+            for pod in action.pods:
+                result = await self._evict(tenant, pod)
+                if result == "refused":
+                    refused.add(pod.key)
+            self._refused[worker.key] = frozenset(refused)
+            return [action.recheck_at]
+        elif isinstance(action, drain.WaitEvictions):
+            return [action.recheck_at]
+        elif isinstance(action, drain.WaitBoot):
+            # The Node's return shows in the tenant cluster only, which licensectl does not watch: poll it.
+            return [min(action.until, self.clock() + dt.timedelta(seconds=BOOT_POLL_SECONDS))]
+        elif isinstance(action, drain.Restart):
+            await self._restart(vm, action, restart)
+        elif isinstance(action, drain.Done):
+            self._refused.pop(worker.key, None)
+        return []
+
+    async def _patch_node(self, tenant: TenantApi, name: str, *, unschedulable: bool, marker: str | None,
+                          owner: str) -> None:
+        """Cordon with the marker in the same patch, or uncordon and drop it. Read afresh and guarded by its
+        resourceVersion: an uncordon happens only while the Node still carries this VM's marker."""
+        obj = await tenant.node(name)
+        if obj is None:
+            return
+        current = tenant_node(obj)
+        if not unschedulable and current.cordoned_by != owner:
+            return  # someone else's cordon now (or already undone): never touched
+        rv = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+        body = {"metadata": {"resourceVersion": rv, "annotations": {drain.ANN_CORDONED_BY: marker}},
+                "spec": {"unschedulable": unschedulable}}
+        if not await tenant.patch_node(name, body):
+            log.info("node patch dropped: the Node changed since it was read", node=name)
+
+    async def _evict(self, tenant: TenantApi, pod: drain.TenantPod) -> str:
+        status = await tenant.evict(pod.namespace, pod.name)
+        result = {201: "evicted", 200: "evicted", 429: "refused", 404: "gone"}.get(status, "error")
+        self.metrics.worker_evictions.labels(result).inc()
+        if result == "error":
+            log.warning("eviction failed", namespace=pod.namespace, pod=pod.name, status=status)
+        return result
+
+    async def _restart(self, vm: Vm, action: drain.Restart, restart: RestartVm | None) -> None:
+        # A VMI already replaced or going is not restarted: the next pass sees its successor and waits for
+        # the boot.
+        res = await restart_vmi(self.kubevirt, self.events, namespace=vm.namespace, vm=vm.name,
+                                vmi_uid=action.vmi_uid, run_strategy=vm.run_strategy)
+        self.metrics.restarts_total.labels(res.value).inc()
+        log.info("worker restart", namespace=vm.namespace, vm=vm.name, result=res.value,
+                 revision=(restart.revision[:12] if restart else action.intent.revision[:12]))
+
+    async def _blocked(self, vm: Vm, worker: drain.WorkerIdentity, reason: drain.BlockReason,
+                       unreachable: str | None, source: ObjectRef | None) -> None:
+        text = _BLOCK_TEXT.get(reason, reason.value)
+        if reason is drain.BlockReason.CLUSTER_UNREACHABLE and unreachable:
+            text += f" ({unreachable})"
+        message = f"of tenant cluster {worker.cluster}: {reason.value}: {text}"
+        await self.events.emit(vm_object(vm.namespace, vm.name), EventType.WARNING, Reason.WORKER_DRAIN_BLOCKED,
+                               f"Worker {message}")
+        if source is not None:
+            await self.events.emit(InvolvedObject("v1", "Secret", source.namespace, source.name), EventType.WARNING,
+                                   Reason.WORKER_DRAIN_BLOCKED, f"Worker {vm.namespace}/{vm.name} {message}")
+
+    # -- metrics -----------------------------------------------------------------------------------
+    def samples(self, vms: Iterable[Vm]) -> Iterable[GaugeSample]:
+        """From the VMs' drain records (any replica derives the same) plus this leader's held conditions."""
+        steps: dict[tuple[str, str, str], int] = {}
+        blocked: dict[tuple[str, str, str, str], float] = {}
+        for vm in vms:
+            if drain.ANN_DRAIN_STEP not in vm.annotations and drain.ANN_DRAIN_HELD not in vm.annotations:
+                continue
+            worker = drain.WorkerIdentity.from_vm(vm.namespace, vm.name, vm.labels)
+            if worker is None:
+                continue
+            intent = drain.parse_annotations(vm.annotations)
+            if isinstance(intent, drain.DrainIntent) and intent.active:
+                k = (vm.namespace, worker.cluster, intent.step.value)
+                steps[k] = steps.get(k, 0) + 1
+            elif isinstance(intent, drain.DrainIntent) and intent.reason is not None:
+                blocked[(vm.namespace, vm.name, worker.cluster, intent.reason.value)] = 1.0
+            held = drain.held_of(vm.annotations)
+            if held is not None:
+                blocked[(vm.namespace, vm.name, worker.cluster, held.reason.value)] = 1.0
+        for (ns, cluster, step), n in sorted(steps.items()):
+            yield GaugeSample("worker_drains", (("namespace", ns), ("cluster", cluster), ("step", step)), float(n))
+        for (ns, name, cluster, why), v in sorted(blocked.items()):
+            yield GaugeSample("worker_drain_blocked", (("namespace", ns), ("vm", name), ("cluster", cluster),
+                                                       ("reason", why)), v)
+
+
+def _hold_over(state: VmiRolloutState | None) -> bool:
+    """A hold without a cycle whose worker no longer waits for a restart (restarted by hand, gone): its
+    record and metric go. A worker still stale keeps it until the rollout picks it again."""
+    return state is None or state.state is not VmiState.STALE
+
+
+def _block_over(intent: drain.DrainIntent, state: VmiRolloutState | None, node: drain.TenantNode | None) -> bool:
+    """A closed cycle whose condition is gone: the VMI was restarted since (by hand) and runs the current
+    revision, or, after a boot timeout, the Node came back Ready with a new boot."""
+    if intent.step is not drain.Step.BLOCKED:
+        return False
+    if intent.reason is drain.BlockReason.BOOT_TIMEOUT:
+        return node is not None and node.ready is True and bool(node.boot_id) and node.boot_id != intent.boot_id
+    return state is not None and state.state in (VmiState.CURRENT, VmiState.DONE)
+
+
+_BLOCK_TEXT = {
+    drain.BlockReason.PDB_BLOCKED: "the drain timed out on Pods whose PodDisruptionBudget refused their eviction; "
+                                   "the Node was uncordoned and the VM is not restarted for this revision",
+    drain.BlockReason.DRAIN_TIMEOUT: "the drain timed out; the Node was uncordoned and the VM is not restarted "
+                                     "for this revision",
+    drain.BlockReason.BOOT_TIMEOUT: "the restarted worker's Node did not come back Ready with a new boot ID",
+    drain.BlockReason.INTENT_UNREADABLE: "the VM's licensectl.io/drain-* annotations cannot be read; nothing is "
+                                         "guessed (a Node licensectl cordoned for it is uncordoned)",
+    drain.BlockReason.CLUSTER_UNREACHABLE: "the tenant cluster's API cannot be used, so the worker is neither "
+                                           "drained nor restarted (annotate the Cluster "
+                                           f"{drain.ANN_RESTART_WITHOUT_DRAIN}=true to restart without a drain)",
+    drain.BlockReason.NODE_MISSING: "no Node of the tenant cluster has this worker's providerID",
+    drain.BlockReason.CONTROL_PLANE_MANUAL: "control-plane machines are restarted by hand",
+}
