@@ -36,7 +36,6 @@ from licensectl.core.replication import ReplicationInputs, ReplicationPlan, plan
 from licensectl.core.rollout import RolloutPlan
 from licensectl.kube.client import make_api_client
 from licensectl_dev.testkit.local_http import serve
-
 from tests.unit.kube.test_server_clock import kubeconfig_for
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -21,7 +21,6 @@ from licensectl.core.model import ANN_ROLLOUT_PAUSED, ANN_ROLLOUT_RESUMED_AT, Ob
 from licensectl.core.rollout import Phase, ReplicaRevision
 from licensectl.core.timecodec import parse_time
 from licensectl_dev.testkit.local_http import serve
-
 from tests.unit.controllers.test_rollout_loop import REV, SRC, World, replica
 from tests.unit.kube.test_server_clock import SKEW, header, kubeconfig_for
 

@@ -40,7 +40,6 @@ from licensectl.core.model import (
 )
 from licensectl.core.render import replica_name
 from licensectl.kube.projections import vmi_from
-
 from tests.unit.core.test_delivery import apply_patch, view, vmi
 
 VWS, VCS = replica_name("vws"), replica_name("vcs")

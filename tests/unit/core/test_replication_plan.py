@@ -30,7 +30,6 @@ from licensectl.core.replication import (
     plan_replication,
 )
 from licensectl.core.rotation import RotationRecord
-
 from tests.unit.controllers.test_replication_loop import ROOT, tenant
 
 SRC = ObjectRef("licensing", "nls-token")

@@ -15,7 +15,6 @@ from licensectl.core.revision_text import (
     unlabeled_hashes,
 )
 from licensectl_dev.testkit.revision_grep import json_unlabeled, metrics_unlabeled, text_unlabeled
-
 from tests.unit.cli.test_status_client import CONTROLLER_DOC
 
 SRC, REP = "4f2a9c1b7e3d" + "0" * 52, "9e8d7c6b5a41" + "1" * 52

@@ -35,7 +35,6 @@ from licensectl_dev.devcluster.vm_semantics import (
     trim_first_request_needed,
     vmi_from_vm,
 )
-
 from tests.unit.kube.test_watch_unit import FakeApi, FakeResp, ev, obj, page
 
 

@@ -16,7 +16,6 @@ from licensectl.kube.serving_tls import (
     serving_hosts,
     tls_secret_from,
 )
-
 from tests.unit.core.test_render import NOW, VWS, observed, rendered, source
 
 CA_PEM = b"-----BEGIN CERTIFICATE-----\nca\n-----END CERTIFICATE-----\n"

@@ -21,7 +21,6 @@ from licensectl.kube import api as kapi
 from licensectl.kube import projections as p
 from licensectl.kube.caches import Caches
 from licensectl.serve.webhook import PATH, VALIDATE_PATH, Admission, Validation, make_webhook_app
-
 from tests.unit.kube.test_projections import GARBAGE
 
 
