@@ -20,7 +20,8 @@ from licensectl import logs
 from licensectl.core.ports import InvolvedObject
 from licensectl.core.reasons import EventType, Reason
 from licensectl.core.timecodec import format_time
-from licensectl.kube.api import ApiException, CoreV1Api, absent_on_404
+from licensectl.kube.api import CoreV1Api, absent_on_404
+from licensectl.kube.errors import ApiException, Conflict, Forbidden, NotFound
 from licensectl.kube.raw import RawApi
 
 log = logs.get(__name__)
@@ -76,11 +77,10 @@ class EventRecorder:
         try:
             async with self._sem:  # bounded: a 5,000-replica rotation must not fan out 5,000 Event writes
                 await self._bump_or_create(ns, name, obj, type_, reason, message, ts)
+        except (Forbidden, NotFound) as e:
+            # The namespace is terminating or gone; nobody will read that Event anyway.
+            log.debug("event write failed", reason=reason, name=obj.name, status=e.status)
         except ApiException as e:
-            # 403/404: the namespace is terminating or gone; nobody will read that Event anyway.
-            if e.status in (403, 404):
-                log.debug("event write failed", reason=reason, name=obj.name, status=e.status)
-                return
             log.warning("event write failed", reason=reason, name=obj.name, status=e.status)
             self._retry_soon(name, now)
         except Exception as e:  # network trouble: a pass RETRY_SECONDS later emits it again
@@ -117,8 +117,7 @@ class EventRecorder:
         try:
             await self._api.create_namespaced_event(ns, body)
             return
-        except ApiException as e:
-            if e.status != 409:
-                raise
+        except Conflict:
+            pass
         self._counts[name] = count = 2
         await self._api.patch_namespaced_event(name, ns, {"count": count, "lastTimestamp": ts})

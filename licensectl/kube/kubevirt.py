@@ -14,7 +14,8 @@ from urllib.parse import quote
 
 from licensectl import logs
 from licensectl.core.ports import RestartResult
-from licensectl.kube.api import AnyClient, ApiException, CustomObjectsApi, OutcomeUnknown, absent_on_404, as_kube
+from licensectl.kube.api import AnyClient, CustomObjectsApi, OutcomeUnknown, absent_on_404, as_kube
+from licensectl.kube.errors import ApiException, Conflict, NotFound
 from licensectl.kube.raw import RawApi, checked
 
 log = logs.get(__name__)
@@ -43,10 +44,8 @@ class KubevirtClient:
                 KUBEVIRT_GROUP, KUBEVIRT_VERSION, namespace, "virtualmachines", name, body,
                 _content_type="application/merge-patch+json")
             return True
-        except ApiException as e:
-            if e.status in (404, 409):
-                return False
-            raise
+        except (NotFound, Conflict):
+            return False
 
     async def restart(self, *, namespace: str, vm: str, vmi_uid: str, run_strategy: str | None) -> RestartResult:
         """Restart through virt-api; `vmi_uid` guards only the delete fallback (the subresource has no
@@ -65,16 +64,16 @@ class KubevirtClient:
             log.warning("restart outcome unknown: the connection broke before virt-api answered",
                         namespace=namespace, vm=vm, error=str(e))
             return RestartResult.ERROR
-        except ApiException as e:
-            if e.status == 404 and await self._vm_exists(namespace, vm):
+        except NotFound:
+            if await self._vm_exists(namespace, vm):
                 # The VM is there but the subresource is not: a cluster without virt-api's restart.
                 if self._fallback_delete and run_strategy == "Always":
                     return await self._delete_vmi(namespace, vm, vmi_uid)
                 return RestartResult.UNSUPPORTED
-            if e.status == 404:
-                return RestartResult.NOT_FOUND
-            if e.status == 409:
-                return RestartResult.CONFLICT
+            return RestartResult.NOT_FOUND
+        except Conflict:
+            return RestartResult.CONFLICT
+        except ApiException as e:
             log.warning("restart failed", namespace=namespace, vm=vm, status=e.status)
             return RestartResult.ERROR
 
@@ -106,7 +105,5 @@ class KubevirtClient:
             await self._custom.delete_namespaced_custom_object(
                 KUBEVIRT_GROUP, KUBEVIRT_VERSION, namespace, "virtualmachineinstances", name, body=body)
             return RestartResult.FALLBACK_DELETE
-        except ApiException as e:
-            if e.status in (404, 409):
-                return RestartResult.NOT_FOUND
-            raise
+        except (NotFound, Conflict):
+            return RestartResult.NOT_FOUND

@@ -22,6 +22,7 @@ from licensectl import logs
 from licensectl.core.ports import LeaseBackend, MonotonicClock, WallClock
 from licensectl.core.timecodec import format_micro_time
 from licensectl.kube.api import AnyClient, ApiException, CoordinationV1Api, absent_on_404
+from licensectl.kube.errors import Conflict
 from licensectl.kube.raw import RawApi
 
 log = logs.get(__name__)
@@ -51,19 +52,15 @@ class ApiLeaseBackend:
         try:
             await self._api.create_namespaced_lease(namespace, body)
             return True
-        except ApiException as e:
-            if e.status == 409:
-                return False
-            raise
+        except Conflict:
+            return False
 
     async def replace(self, namespace: str, name: str, body: dict[str, Any]) -> bool:
         try:
             await self._api.replace_namespaced_lease(name, namespace, body)
             return True
-        except ApiException as e:
-            if e.status == 409:
-                return False
-            raise
+        except Conflict:
+            return False
 
 
 def _utc_now() -> dt.datetime:

@@ -28,7 +28,8 @@ from licensectl.core.model import (
 )
 from licensectl.core.replication import SourceRevisions
 from licensectl.core.rotation import Decision, RotationRecord, content_revision
-from licensectl.kube.api import ApiException, CoreV1Api
+from licensectl.kube.api import CoreV1Api
+from licensectl.kube.errors import Conflict
 from licensectl.kube.raw import RawApi
 
 log = logs.get(__name__)
@@ -173,9 +174,7 @@ async def write_store(api: CoreV1Api, body: StoreBody, source: ObjectRef) -> boo
             await raw.replace_namespaced_secret(body.name, body.namespace, body.as_object(source))
         else:
             await raw.create_namespaced_secret(body.namespace, body.as_object(source))
-    except ApiException as e:
-        if e.status == 409:
-            log.info("revision store changed since the decision; deciding again", store=body.name)
-            return False
-        raise
+    except Conflict:
+        log.info("revision store changed since the decision; deciding again", store=body.name)
+        return False
     return True

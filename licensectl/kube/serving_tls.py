@@ -45,6 +45,7 @@ from licensectl.kube.api import (
     CoreV1Api,
     absent_on_404,
 )
+from licensectl.kube.errors import Conflict
 from licensectl.kube.projections import tls_secret_from
 from licensectl.kube.raw import RawApi
 from licensectl.kube.tasks import cancel_and_wait
@@ -360,9 +361,7 @@ class ServingTLS:
         try:
             obj = await self._core.create_namespaced_secret(self.namespace, body)
             log.info("self-managed TLS secret created", secret=f"{self.namespace}/{self.secret_name}")
-        except ApiException as e:
-            if e.status != 409:
-                raise
+        except Conflict:
             obj = await self._core.read_namespaced_secret(self.secret_name, self.namespace)
             log.info("self-managed TLS secret created by another replica", secret=f"{self.namespace}/"
                      f"{self.secret_name}")
@@ -394,12 +393,10 @@ class ServingTLS:
         obj["data"] = {**(obj.get("data") or {}), **{k: base64.b64encode(v).decode() for k, v in data.items()}}
         try:
             await self._core.replace_namespaced_secret(self.secret_name, self.namespace, obj)
-        except ApiException as e:
-            if e.status == 409:
-                log.info("TLS secret changed while renewing; re-checking", secret=f"{self.namespace}/"
-                         f"{self.secret_name}")
-                return True
-            raise
+        except Conflict:
+            log.info("TLS secret changed while renewing; re-checking", secret=f"{self.namespace}/"
+                     f"{self.secret_name}")
+            return True
         log.info("serving certificate renewed", secret=f"{self.namespace}/{self.secret_name}",
                  serial=f"{certs.serial_of(leaf.cert_pem):x}", not_after=str(certs.not_after(leaf.cert_pem)))
         return True

@@ -22,7 +22,8 @@ from licensectl.core.credentials import (
     new_signing_key,
 )
 from licensectl.core.model import MANAGED_BY_LABEL, MANAGED_BY_VALUE
-from licensectl.kube.api import AnyClient, ApiException, CoreV1Api, absent_on_404
+from licensectl.kube.api import AnyClient, CoreV1Api, absent_on_404
+from licensectl.kube.errors import Conflict
 from licensectl.kube.raw import RawApi
 
 log = logs.get(__name__)
@@ -60,9 +61,8 @@ class SigningKeyStore:
             try:
                 await self._api.create_namespaced_secret(self.namespace, body)
                 log.info("report signing key created", secret=f"{self.namespace}/{SECRET_NAME}")
-            except ApiException as e:
-                if e.status != 409:
-                    raise
+            except Conflict:
+                pass  # another replica created it first: read theirs
             obj = await self._read()
             if obj is None:
                 return self.keyring

@@ -15,7 +15,8 @@ from typing import Any
 from licensectl import logs
 from licensectl.core.model import ANN_CLASS, MANAGED_BY_LABEL, MANAGED_BY_VALUE
 from licensectl.core.ports import ObservedMeta, SecretBody, WriteResult
-from licensectl.kube.api import ApiException, CoreV1Api, absent_on_404
+from licensectl.kube.api import CoreV1Api, absent_on_404
+from licensectl.kube.errors import Conflict, NotFound
 from licensectl.kube.raw import RawApi
 
 log = logs.get(__name__)
@@ -62,9 +63,8 @@ class SecretWriter:
         try:
             await self._api.create_namespaced_secret(want.namespace, merged_body(None, want))
             return WriteResult.CREATED
-        except ApiException as e:
-            if e.status != 409:
-                raise
+        except Conflict:
+            pass
         # AlreadyExists: someone (maybe us, before a crash) holds the name. Decide from the object.
         return await self.update(want, observed=None)
 
@@ -84,10 +84,8 @@ class SecretWriter:
                 try:
                     await self._api.create_namespaced_secret(want.namespace, merged_body(None, want))
                     return WriteResult.CREATED
-                except ApiException as e:
-                    if e.status == 409:
-                        continue
-                    raise
+                except Conflict:
+                    continue
             meta = current.get("metadata") or {}
             if not is_owned(meta):
                 return WriteResult.CONFLICT
@@ -99,9 +97,7 @@ class SecretWriter:
             try:
                 await self._api.replace_namespaced_secret(want.name, want.namespace, body)
                 return WriteResult.UPDATED
-            except ApiException as e:
-                if e.status not in (409, 404):
-                    raise
+            except (Conflict, NotFound) as e:
                 log.debug("replica changed under us, re-reading", namespace=want.namespace, name=want.name,
                           status=e.status)
         return WriteResult.ERROR
@@ -125,7 +121,6 @@ class SecretWriter:
                 if await absent_on_404(self._api.delete_namespaced_secret(name, namespace, body=body)) is None:
                     return WriteResult.GONE
                 return WriteResult.DELETED
-            except ApiException as e:
-                if e.status != 409:
-                    raise
+            except Conflict:
+                pass  # changed since the read: read it again
         return WriteResult.ERROR
