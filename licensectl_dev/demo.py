@@ -34,7 +34,7 @@ from licensectl.core.render import replica_name
 from licensectl.core.revision_text import source_revision
 from licensectl.core.rollout.view import progress_line
 from licensectl.kube.tasks import cancel_and_wait
-from licensectl.kube.watch import Informer
+from licensectl.kube.watch import Informer, InformerOptions
 from licensectl_dev.devcluster import fleet
 from licensectl_dev.devcluster import webhook as webhook_registration
 from licensectl_dev.devcluster.controlplane import ControlPlane, ensure_binaries, ensure_scheduler
@@ -209,7 +209,8 @@ class ClusterWatch:
 
         def informer(name: str, lister: Any, on_change: Any, label_selector: str | None) -> Informer[Obj]:
             return Informer(f"demo-{CLUSTER}-{name}", lister, _obj, label_selector=label_selector,
-                            on_change=on_change, watch_timeout=240.0, backoff_base=0.2, backoff_cap=1.0)
+                            on_change=on_change,
+                            options=InformerOptions(watch_timeout=240.0, backoff_base=0.2, backoff_cap=1.0))
 
         self.informers = [
             informer("vms", functools.partial(co.list_namespaced_custom_object, GROUP, VERSION, CLUSTER_NS,

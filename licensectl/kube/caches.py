@@ -34,7 +34,7 @@ from licensectl.core.ports import CacheView
 from licensectl.kube import contract, projections
 from licensectl.kube.api import AnyClient, CoreV1Api, CustomObjectsApi
 from licensectl.kube.tasks import cancel_and_wait
-from licensectl.kube.watch import Informer, InformerHooks, shared_name_key
+from licensectl.kube.watch import Informer, InformerHooks, InformerOptions, shared_name_key
 
 log = logs.get(__name__)
 
@@ -50,6 +50,7 @@ DATA_SOURCE_PLURAL = "datasources"
 # most every 15 s instead of every 2 s. The cap also applies to a failing watch of an installed CDI;
 # its marks are then stale for that long at most, and read as unknown once the informer is unhealthy.
 CDI_RETRY_CAP = 15.0
+CDI_OPTIONS = InformerOptions(backoff_cap=CDI_RETRY_CAP)
 
 
 class CacheHealth:
@@ -201,12 +202,12 @@ class BootMarkCaches:
         self.datavolumes: Informer[boot_image.DataVolumeRef] = Informer(
             DATA_VOLUME_PLURAL, functools.partial(custom.list_cluster_custom_object, CDI_GROUP, CDI_VERSION,
                                                   DATA_VOLUME_PLURAL),
-            projections.data_volume_from, hooks=hooks, backoff_cap=CDI_RETRY_CAP)
+            projections.data_volume_from, hooks=hooks, options=CDI_OPTIONS)
         self.datasources: Informer[boot_image.Marked] = Informer(
             "marked-datasources", functools.partial(custom.list_cluster_custom_object, CDI_GROUP, CDI_VERSION,
                                                          DATA_SOURCE_PLURAL),
             projections.boot_mark_from, label_selector=boot_image.MARK_SELECTOR, hooks=hooks,
-            backoff_cap=CDI_RETRY_CAP)
+            options=CDI_OPTIONS)
 
     @property
     def all(self) -> list[Informer[Any]]:

@@ -45,7 +45,7 @@ from kubernetes_asyncio.client.rest import ApiException
 
 from licensectl.core.timecodec import format_time
 from licensectl.kube.tasks import cancel_and_wait
-from licensectl.kube.watch import Informer
+from licensectl.kube.watch import Informer, InformerOptions
 from licensectl_dev.devcluster.controlplane import K8S_VERSION
 from licensectl_dev.devcluster.tenant_cluster import CLUSTER_NAME_LABEL, MACHINE_NAME_LABEL, ROLE_LABEL
 from licensectl_dev.devcluster.vm_semantics import GROUP, JSON_PATCH, VERSION, VMI_PLURAL, Obj, is_deleting, is_ready
@@ -120,7 +120,8 @@ class TenantNodeAgent:
         def informer(name: str, lister: Any, selector: str | None = None) -> Informer[Obj]:
             # Short backoff, as the KubeVirt simulator's: follow an apiserver restart within a second.
             return Informer(f"tenant-agent-{cluster}-{name}", lister, _raw, label_selector=selector,
-                            on_change=self._changed, watch_timeout=240.0, backoff_base=0.2, backoff_cap=1.0)
+                            on_change=self._changed,
+                            options=InformerOptions(watch_timeout=240.0, backoff_base=0.2, backoff_cap=1.0))
 
         self.vmis = informer("vmis", functools.partial(co.list_namespaced_custom_object, GROUP, VERSION,
                                                        namespace, VMI_PLURAL), f"{CLUSTER_NAME_LABEL}={cluster}")

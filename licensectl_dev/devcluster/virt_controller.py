@@ -37,7 +37,7 @@ from kubernetes_asyncio.client.api_client import ApiClient
 from kubernetes_asyncio.client.rest import ApiException
 
 from licensectl.core.timecodec import format_time
-from licensectl.kube.watch import Informer, ListFunc
+from licensectl.kube.watch import Informer, InformerOptions, ListFunc
 from licensectl_dev.devcluster.ledger import SimulatorRecord, VmiEvent
 from licensectl_dev.devcluster.vm_semantics import (
     ANN_BOOT,
@@ -105,7 +105,7 @@ class WatchedKind:
         # fixed 0.5 s retry did; the controller's own informers use the production defaults.
         self.informer: Informer[Obj] = Informer(
             f"kubevirt-sim-{plural}", lister, _raw, on_change=self._changed,
-            watch_timeout=240.0, backoff_base=0.2, backoff_cap=1.0)
+            options=InformerOptions(watch_timeout=240.0, backoff_base=0.2, backoff_cap=1.0))
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:

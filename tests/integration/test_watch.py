@@ -25,7 +25,15 @@ from licensectl.kube.api import ApiException as KubeApiError
 from licensectl.kube.api import CoreV1Api as KubeCoreV1Api
 from licensectl.kube.caches import Caches
 from licensectl.kube.raw import RawApi
-from licensectl.kube.watch import CACHE_PROBE_SELECTOR, REASON_GONE, REASON_TIMEOUT, Informer, InformerHooks, Key
+from licensectl.kube.watch import (
+    CACHE_PROBE_SELECTOR,
+    REASON_GONE,
+    REASON_TIMEOUT,
+    Informer,
+    InformerHooks,
+    InformerOptions,
+    Key,
+)
 from licensectl_dev.devcluster import fleet
 from licensectl_dev.devcluster.controlplane import ControlPlane
 
@@ -124,7 +132,7 @@ async def test_list_then_watch_add_modify_delete(api_client: ApiClient, namespac
     changes, on_change = recorder()
     restarts: list[str] = []
     inf = Informer("secrets", functools.partial(core.list_namespaced_secret, namespace),
-                   projections.source_secret_from, on_change=on_change, watch_timeout=1.0,
+                   projections.source_secret_from, on_change=on_change, options=InformerOptions(watch_timeout=1.0),
                    hooks=InformerHooks(on_watch_restart=lambda n, r: restarts.append(r)))
     async with running(inf):
         assert await inf.wait_synced(15)
@@ -153,7 +161,7 @@ async def test_paged_list(api_client: ApiClient, namespace: str) -> None:
     names = [f"s{i:02d}" for i in range(23)]
     await asyncio.gather(*(core.create_namespaced_secret(namespace, secret_body(n)) for n in names))
     fn = Wrapped(functools.partial(core.list_namespaced_secret, namespace))
-    inf = Informer("paged", fn, projections.source_secret_from, page_size=4)
+    inf = Informer("paged", fn, projections.source_secret_from, options=InformerOptions(page_size=4))
     async with running(inf):
         assert await inf.wait_synced(15)
         assert {k[1] for k in inf.cache} == set(names)
@@ -252,8 +260,8 @@ async def test_list_failing_halfway_never_syncs(api_client: ApiClient, namespace
     await asyncio.gather(*(core.create_namespaced_secret(namespace, secret_body(f"s{i}")) for i in range(5)))
     fn = Wrapped(functools.partial(core.list_namespaced_secret, namespace))
     fn.fail_continued_pages = True
-    inf = Informer("halfway", fn, projections.source_secret_from, page_size=2, backoff_base=0.05,
-                   backoff_cap=0.1)
+    inf = Informer("halfway", fn, projections.source_secret_from,
+                   options=InformerOptions(page_size=2, backoff_base=0.05, backoff_cap=0.1))
     async with running(inf):
         await until(lambda: inf.counters["list_failures"] >= 3, what="repeated list failures")
         assert not inf.synced and not inf.healthy
@@ -270,7 +278,8 @@ async def test_relist_failing_halfway_keeps_cache(api_client: ApiClient, namespa
     await asyncio.gather(*(core.create_namespaced_event(namespace, event_body(f"e{i}", namespace))
                            for i in range(5)))
     fn = Wrapped(functools.partial(core.list_namespaced_event, namespace))
-    inf = Informer("relist-halfway", fn, event_message, page_size=2, backoff_base=0.05, backoff_cap=0.1)
+    inf = Informer("relist-halfway", fn, event_message,
+                   options=InformerOptions(page_size=2, backoff_base=0.05, backoff_cap=0.1))
     async with running(inf):
         assert await inf.wait_synced(15)
         before = inf.snapshot()
@@ -302,7 +311,8 @@ async def test_reconnect_after_cut_resumes_without_losing_events(api_client: Api
     await core.create_namespaced_secret(namespace, secret_body("b"))
     fn = Wrapped(functools.partial(core.list_namespaced_secret, namespace))
     restarts: list[str] = []
-    inf = Informer("cut", fn, projections.source_secret_from, backoff_base=0.05, backoff_cap=0.1,
+    inf = Informer("cut", fn, projections.source_secret_from,
+                   options=InformerOptions(backoff_base=0.05, backoff_cap=0.1),
                    hooks=InformerHooks(on_watch_restart=lambda n, r: restarts.append(r)))
     async with running(inf):
         assert await inf.wait_synced(15)

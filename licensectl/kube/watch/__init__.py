@@ -2,12 +2,15 @@
 
 The controller decides from these caches instead of reading the apiserver on every pass; the
 informer says when a cache may be trusted (`synced`, `healthy`) so nothing is deleted from a partial
-view. Three modules, one concern each:
+view. One concern per module:
 
-    wire.py      the watch protocol's format: event lines, LineSplitter, Status codes, object keys,
-                 resourceVersions (pure)
+    wire.py      the watch protocol's format: event lines, LineSplitter, LIST pages, Status codes and
+                 what a failed answer means (Gone or ApiError), object keys, resourceVersions (pure)
     backoff.py   when to try again: jittered backoff, throttling, Retry-After, watch timeouts (pure)
-    informer.py  the Informer: the LIST/WATCH loop, the cache, the on_change notifications
+    options.py   how an informer is tuned (InformerOptions) and what it reports (InformerHooks)
+    answers.py   reading one LIST or WATCH answer: status, JSON body, stream lines, release
+    cache.py     the read side (WatchCache): the cache and when it may be trusted
+    informer.py  the Informer: the LIST/WATCH loop, the on_change notifications
 
 Concurrency model (asyncio, after kopf's: say who may touch what):
 - One task per informer. `Informer.run()` is the only writer and refuses to run twice at once;
@@ -42,9 +45,9 @@ from licensectl.kube.watch.informer import (
     REASON_TIMEOUT,
     REASON_TOO_LONG,
     Informer,
-    InformerHooks,
     ListFunc,
 )
+from licensectl.kube.watch.options import InformerHooks, InformerOptions
 from licensectl.kube.watch.wire import (
     EVENT_TYPES,
     ApiError,
@@ -52,8 +55,11 @@ from licensectl.kube.watch.wire import (
     Key,
     LineSplitter,
     LineTooLong,
+    ListPage,
     WatchEvent,
+    failure,
     is_gone,
+    list_page,
     object_key,
     parse_event_line,
     resource_version_of,
@@ -76,14 +82,18 @@ __all__ = [
     "Gone",
     "Informer",
     "InformerHooks",
+    "InformerOptions",
     "Key",
     "LineSplitter",
     "LineTooLong",
     "ListFunc",
+    "ListPage",
     "WatchEvent",
     "backoff_delay",
+    "failure",
     "is_gone",
     "is_throttled",
+    "list_page",
     "object_key",
     "parse_event_line",
     "parse_retry_after",

@@ -8,6 +8,7 @@ so the schedule is deterministic under test; the informer passes `random.random(
 
 from __future__ import annotations
 
+from licensectl.kube.errors import TooManyRequests, is_status
 from licensectl.kube.watch.wire import ApiError
 
 
@@ -58,9 +59,7 @@ def retry_after_of(e: BaseException | None) -> float | None:
 
 def is_throttled(e: BaseException | None) -> bool:
     """429 from a LIST or WATCH (our ApiError, or an ApiException raised by the client)."""
-    if isinstance(e, ApiError):
-        return e.code == 429
-    return getattr(e, "status", None) == 429
+    return e is not None and is_status(e, TooManyRequests)
 
 
 def watch_timeout_seconds(minimum: float, rnd: float) -> int:

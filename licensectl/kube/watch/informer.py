@@ -5,7 +5,8 @@ staging/src/k8s.io/client-go/tools/cache/reflector.go): a paged LIST builds a sn
 resourceVersion; a WATCH resumes from the last seen resourceVersion (bookmarks advance it without
 objects); "410 Gone" / "too old resource version" means the history is compacted and only a
 full relist can restore a correct cache; other failures reconnect with jittered backoff
-(`licensectl.kube.watch.backoff`).
+(`licensectl.kube.watch.backoff`). How it is tuned and what it reports: `licensectl.kube.watch.options`;
+how one answer is read: `licensectl.kube.watch.answers`.
 
 Safety contract the controller relies on before deleting anything:
 - `synced` is True only after a complete LIST (every page) of this run.
@@ -22,26 +23,19 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import json
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
-from types import MappingProxyType
-from typing import Any, Generic, TypeVar
+from collections.abc import Awaitable, Callable, Mapping
+from http import HTTPStatus
+from typing import Any, TypeVar
 
 import structlog
 
-from licensectl.kube.watch import wire
-from licensectl.kube.watch.backoff import (
-    RECOVERY_CAP,
-    THROTTLED_CAP,
-    is_throttled,
-    parse_retry_after,
-    retry_after_of,
-    retry_delay,
-    watch_timeout_seconds,
-)
+from licensectl.kube import errors
+from licensectl.kube.watch import answers, wire
+from licensectl.kube.watch.backoff import is_throttled, retry_after_of, retry_delay, watch_timeout_seconds
+from licensectl.kube.watch.cache import WatchCache
+from licensectl.kube.watch.options import InformerHooks, InformerOptions
 
 log = structlog.get_logger(__name__)
 
@@ -64,33 +58,15 @@ CACHE_PROBE_SELECTOR = "!licensectl.io/watch-cache-probe"
 CACHE_PROBE_CAP = 2.0  # seconds between two probes at most
 
 
-def _noop_restart(informer: str, reason: str) -> None:
-    return None
-
-
-def _noop_list(informer: str, result: str, objects: int, seconds: float) -> None:
-    return None
-
-
-@dataclass(frozen=True, slots=True)
-class InformerHooks:
-    """Metric hooks; called inline, keep them cheap.
-
-    on_watch_restart(informer, reason): reason in gone, timeout, error, line_too_long.
-    on_list(informer, result, objects, seconds): result "ok" or "error".
-    """
-
-    on_watch_restart: Callable[[str, str], None] = _noop_restart
-    on_list: Callable[[str, str, int, float], None] = _noop_list
-
-
-class Informer(Generic[T]):
-    """List+watch cache of projections `T`, keyed by (namespace, name).
+class Informer(WatchCache[T]):
+    """List+watch cache of projections `T`, keyed by (namespace, name); what readers see is `WatchCache`'s.
 
     `on_change(key, old, new)` runs for every effective change (old/new None for add/delete),
     including those found by a relist; it must be cheap and synchronous (enqueue work).
     `on_synced()` runs once, after the first complete LIST: an empty result changes nothing, yet
     "confirmed absent" is news to whoever waited for the cache (a missing source Secret).
+    `keep(obj)` false: the object is neither projected nor held (`_kept_projection`). `hooks` report to
+    the metrics; `options` tune paging, timeouts and backoff (`licensectl.kube.watch.options`).
     """
 
     def __init__(
@@ -102,20 +78,14 @@ class Informer(Generic[T]):
         key: Callable[[Mapping[str, Any]], wire.Key] = wire.object_key,
         label_selector: str | None = None,
         field_selector: str | None = None,
+        keep: Callable[[Mapping[str, Any]], bool] | None = None,
         on_change: Callable[[wire.Key, T | None, T | None], None] | None = None,
         on_synced: Callable[[], None] | None = None,
-        page_size: int = 500,
         hooks: InformerHooks | None = None,
-        watch_timeout: float = 300.0,
-        request_timeout: float = 60.0,
-        unhealthy_after: float = 30.0,
-        backoff_base: float = 0.5,
-        backoff_cap: float = RECOVERY_CAP,
-        throttled_cap: float = THROTTLED_CAP,
-        max_line_bytes: int = 16 * 1024 * 1024,
-        keep: Callable[[Mapping[str, Any]], bool] | None = None,
+        options: InformerOptions | None = None,
     ) -> None:
-        self.name = name
+        o = options or InformerOptions()
+        super().__init__(name, unhealthy_after=o.unhealthy_after)
         self._list_func = list_func
         self._project = projection
         self._keep = keep
@@ -124,89 +94,14 @@ class Informer(Generic[T]):
         self._field_selector = field_selector
         self._on_synced = on_synced
         self._on_change = on_change
-        self._page_size = page_size
+        self._page_size = o.page_size
         self._hooks = hooks or InformerHooks()
-        self._watch_timeout = watch_timeout
-        self._request_timeout = request_timeout
-        self._unhealthy_after = unhealthy_after
-        self._backoff_base = backoff_base
-        self._backoff_cap = backoff_cap
-        self._throttled_cap = max(throttled_cap, backoff_cap)
-        self._max_line = max_line_bytes
-
-        self._cache: dict[wire.Key, T] = {}
-        self._generation = 0
-        self._rv = ""
-        self._synced = False
-        self._synced_event = asyncio.Event()
-        self._list_failed = False
-        self._watch_down_since: float | None = time.monotonic()
-        self._running = False
-        self._last_sync_at: dt.datetime | None = None
-        self._heard_at: float | None = None  # monotonic: last complete LIST, watch opened or watch line read
-        self._counters: dict[str, int] = dict.fromkeys(
-            ("lists", "list_failures", "relists", "events", "watch_restarts", "invalid_objects", "ignored_objects"),
-            0)
-
-    # -- read side ------------------------------------------------------------------------------
-    @property
-    def cache(self) -> Mapping[wire.Key, T]:
-        """Read-only live view. Take `snapshot()` if you await while iterating it."""
-        return MappingProxyType(self._cache)
-
-    def snapshot(self) -> dict[wire.Key, T]:
-        return dict(self._cache)
-
-    @property
-    def generation(self) -> int:
-        """Grows with every effective change (the changes `on_change` is told of, relists included)."""
-        return self._generation
-
-    @property
-    def synced(self) -> bool:
-        return self._synced
-
-    @property
-    def healthy(self) -> bool:
-        """Running, synced, last LIST succeeded, and the watch is up (or down for less than the grace)."""
-        if not self._running or not self._synced or self._list_failed:
-            return False
-        down = self._watch_down_since
-        return down is None or time.monotonic() - down <= self._unhealthy_after
-
-    @property
-    def stale_seconds(self) -> float | None:
-        """Seconds since this cache last heard from the apiserver (a LIST, a watch opening, any watch line,
-        bookmarks included); None before the first LIST. A quiet healthy watch reaches at most its server
-        timeout (up to 2 x watch_timeout); more means the apiserver has gone silent (docs/operations.md#readiness)."""
-        return None if self._heard_at is None else time.monotonic() - self._heard_at
-
-    @property
-    def resource_version(self) -> str:
-        return self._rv
-
-    @property
-    def last_sync_at(self) -> dt.datetime | None:
-        """Wall-clock time of the last complete LIST."""
-        return self._last_sync_at
-
-    @property
-    def running(self) -> bool:
-        return self._running
-
-    @property
-    def counters(self) -> Mapping[str, int]:
-        return MappingProxyType(dict(self._counters))
-
-    async def wait_synced(self, timeout: float | None = None) -> bool:  # noqa: ASYNC109 (a bool, not a raise)
-        """True once synced; False if `timeout` seconds pass first."""
-        if self._synced:
-            return True
-        try:
-            await asyncio.wait_for(self._synced_event.wait(), timeout)
-        except TimeoutError:
-            return False
-        return self._synced
+        self._watch_timeout = o.watch_timeout
+        self._request_timeout = o.request_timeout
+        self._backoff_base = o.backoff_base
+        self._backoff_cap = o.backoff_cap
+        self._throttled_cap = max(o.throttled_cap, o.backoff_cap)
+        self._max_line = o.max_line_bytes
 
     # -- run loop -------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -233,7 +128,7 @@ class Informer(Generic[T]):
                     self._list_failed = True
                     delay = self._delay(attempt, throttled=is_throttled(e), retry_after=retry_after_of(e))
                     attempt += 1
-                    log.warning("informer.list_failed", informer=self.name, error=_describe(e),
+                    log.warning("informer.list_failed", informer=self.name, error=answers.describe(e),
                                 retry_in=round(delay, 2))
                     await asyncio.sleep(delay)
                     continue
@@ -327,7 +222,7 @@ class Informer(Generic[T]):
             except asyncio.CancelledError:
                 raise
             except wire.ApiError as e:
-                if e.code != 429:
+                if not is_throttled(e):
                     return
                 delay = min(CACHE_PROBE_CAP, self._delay(attempt, throttled=True, retry_after=e.retry_after))
             except Exception:
@@ -350,10 +245,9 @@ class Informer(Generic[T]):
                 kw["limit"] = self._page_size
             if token:
                 kw["_continue"] = token
-            body = await self._request_json(kw)
+            page = wire.list_page(await self._request_json(kw))
             pages += 1
-            items = body.get("items")
-            for item in items if isinstance(items, list) else []:
+            for item in page.items:
                 if not isinstance(item, dict):
                     self._counters["invalid_objects"] += 1
                     continue
@@ -361,13 +255,8 @@ class Informer(Generic[T]):
                 proj = self._kept_projection(item, key)
                 if proj is not None:
                     new[key] = proj
-            meta = body.get("metadata")
-            meta = meta if isinstance(meta, dict) else {}
-            page_rv = meta.get("resourceVersion")
-            if isinstance(page_rv, str) and page_rv:
-                rv = page_rv
-            cont = meta.get("continue")
-            token = cont if isinstance(cont, str) and cont else None
+            rv = page.resource_version or rv
+            token = page.continue_token
             if token is None:
                 break
         if not rv:
@@ -381,24 +270,13 @@ class Informer(Generic[T]):
         except asyncio.CancelledError:
             raise
         except Exception as e:
-            if getattr(e, "status", None) == 410:
+            if errors.is_status(e, errors.Gone):
                 raise wire.Gone() from None
             raise
 
     async def _request_json(self, kw: dict[str, Any]) -> dict[str, Any]:
         resp = await self._call(**kw, _preload_content=False, _request_timeout=self._request_timeout)
-        try:
-            status = int(getattr(resp, "status", 0) or 0)
-            doc = _loads(await resp.read())
-            if status == 410 or (status >= 400 and doc is not None and wire.is_gone(doc)):
-                raise wire.Gone()
-            if not 200 <= status <= 299:
-                raise wire.ApiError(status, wire.status_reason(doc or {}), _retry_after_header(resp))
-            if doc is None:
-                raise wire.ApiError(status, "UndecodableListBody")
-            return doc
-        finally:
-            _close(resp)
+        return await answers.list_body(resp)
 
     # -- WATCH ----------------------------------------------------------------------------------
     async def _watch_until_gone(self) -> None:
@@ -434,11 +312,11 @@ class Informer(Generic[T]):
             except wire.ApiError as e:
                 reason = REASON_ERROR
                 self._watch_ended(reason, e)
-                throttled = e.code == 429
+                throttled = is_throttled(e)
                 retry_after = e.retry_after
-                if e.code != 429:
+                if not throttled:
                     api_errors += 1
-                    relist = e.code != 500 or api_errors >= 3
+                    relist = e.code != HTTPStatus.INTERNAL_SERVER_ERROR or api_errors >= 3
             except Exception as e:
                 reason = REASON_ERROR
                 self._watch_ended(reason, e)
@@ -467,7 +345,7 @@ class Informer(Generic[T]):
             log.debug("informer.watch_closed", informer=self.name, reason=reason, resource_version=self._rv)
         else:
             log.info("informer.watch_restart", informer=self.name, reason=reason, resource_version=self._rv,
-                     error=_describe(err) if err is not None else None)
+                     error=answers.describe(err) if err is not None else None)
 
     async def _watch_once(self) -> int:
         """One watch request; returns the number of events handled when the server ends it."""
@@ -479,16 +357,11 @@ class Informer(Generic[T]):
             _request_timeout=(self._request_timeout, timeout + 30),
         )
         try:
-            status = int(getattr(resp, "status", 0) or 0)
-            if status != 200:
-                doc = _loads(await resp.content.read(64 * 1024)) or {}
-                if status == 410 or wire.is_gone(doc):
-                    raise wire.Gone()
-                raise wire.ApiError(status, wire.status_reason(doc), _retry_after_header(resp))
+            await answers.check_watch_opened(resp)
             self._watch_down_since = None
             self._heard_at = time.monotonic()
             seen = 0
-            async for line in self._lines(resp):
+            async for line in answers.lines(resp, self._max_line):
                 self._heard_at = time.monotonic()
                 ev = wire.parse_event_line(line)
                 if ev is None:
@@ -498,28 +371,14 @@ class Informer(Generic[T]):
                 self._apply(ev)
             return seen
         finally:
-            _close(resp)
-
-    async def _lines(self, resp: Any) -> AsyncIterator[bytes]:
-        splitter = wire.LineSplitter(self._max_line)
-        while True:
-            chunk = await resp.content.readany()
-            if not chunk:
-                tail = splitter.finish()
-                if tail is not None:
-                    yield tail
-                return
-            for line in splitter.feed(chunk):
-                yield line
+            answers.close(resp)
 
     def _apply(self, ev: wire.WatchEvent) -> None:
         """Apply one event to the cache (raises wire.Gone/wire.ApiError for ERROR events)."""
         self._counters["events"] += 1
         obj = ev.object
         if ev.type == "ERROR":
-            if wire.is_gone(obj):
-                raise wire.Gone()
-            raise wire.ApiError(wire.status_code(obj), wire.status_reason(obj))
+            raise wire.failure(wire.status_code(obj), obj)
         rv = wire.resource_version_of(obj)
         if ev.type == "BOOKMARK":
             if rv:
@@ -580,39 +439,3 @@ class Informer(Generic[T]):
             log.warning("informer.on_change_failed", informer=self.name, namespace=key[0], name=key[1],
                         error=type(e).__name__)
 
-
-def _loads(raw: bytes | None) -> dict[str, Any] | None:
-    if not raw:
-        return None
-    try:
-        doc = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
-def _retry_after_header(resp: Any) -> float | None:
-    headers = getattr(resp, "headers", None)
-    value = headers.get("Retry-After") if headers is not None else None
-    return parse_retry_after(value if isinstance(value, str) else None)
-
-
-def _close(resp: Any) -> None:
-    close = getattr(resp, "close", None)
-    if callable(close):
-        try:
-            close()
-        except Exception as e:
-            log.debug("informer.close_failed", error=type(e).__name__)
-
-
-def _describe(e: BaseException | None) -> str:
-    """Exception type and, for our own API errors, code + Status reason; never a response body."""
-    if e is None:
-        return ""
-    if isinstance(e, wire.ApiError):
-        return f"ApiError({e.code} {e.reason})"
-    status = getattr(e, "status", None)
-    if isinstance(status, int):
-        return f"{type(e).__name__}({status})"
-    return type(e).__name__

@@ -2,7 +2,9 @@
 
 Pure functions and a line splitter over bytes and decoded JSON; no I/O, no clock, no randomness, so
 every rule here is tested with literal input. `object_key`, `parse_event_line`, `resource_version_of`
-and `LineSplitter.feed` run once per watch event or per listed object: keep them lean.
+and `LineSplitter.feed` run once per watch event or per listed object: keep them lean. What a failed
+answer means (`failure`: 410 and an Expired/Gone Status are `Gone`, the rest `ApiError`) is decided
+here and nowhere else in the watch; the status numbers themselves are named in `licensectl.kube.errors`.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from licensectl.kube import errors
+
 Key = tuple[str, str]
 
 EVENT_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"})
@@ -20,6 +24,14 @@ EVENT_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"})
 class WatchEvent(NamedTuple):
     type: str
     object: Mapping[str, Any]
+
+
+class ListPage(NamedTuple):
+    """One page of a LIST: its items (unchecked), its resourceVersion and continue token (None if absent)."""
+
+    items: list[Any]
+    resource_version: str | None
+    continue_token: str | None
 
 
 class LineTooLong(Exception):
@@ -38,6 +50,11 @@ class ApiError(Exception):
         self.code = code
         self.reason = reason
         self.retry_after = retry_after  # the server's Retry-After (seconds), with a 429 or 503
+
+    @property
+    def status(self) -> int:
+        """The code under the name `errors.is_status` reads, so one test covers this and ApiException."""
+        return self.code
 
 
 def object_key(obj: Mapping[str, Any]) -> Key:
@@ -75,6 +92,16 @@ def resource_version_of(obj: Mapping[str, Any]) -> str | None:
     return None
 
 
+def list_page(body: Mapping[str, Any]) -> ListPage:
+    """The parts of a decoded LIST body the informer reads; malformed parts read as absent."""
+    items = body.get("items")
+    meta = body.get("metadata")
+    meta = meta if isinstance(meta, dict) else {}
+    rv, cont = meta.get("resourceVersion"), meta.get("continue")
+    return ListPage(items if isinstance(items, list) else [], rv if isinstance(rv, str) and rv else None,
+                    cont if isinstance(cont, str) and cont else None)
+
+
 def parse_event_line(line: bytes | str) -> WatchEvent | None:
     """One line of a watch stream -> WatchEvent; None for anything that is not a well-formed event."""
     try:
@@ -103,7 +130,15 @@ def status_reason(status: Mapping[str, Any]) -> str:
 
 def is_gone(status: Mapping[str, Any]) -> bool:
     """410 Gone / reason Expired or Gone (apimachinery pkg/api/errors IsResourceExpired, IsGone)."""
-    return status_code(status) == 410 or status.get("reason") in ("Expired", "Gone")
+    return status_code(status) == errors.Gone.STATUS or status.get("reason") in ("Expired", "Gone")
+
+
+def failure(code: int, status: Mapping[str, Any], retry_after: float | None = None) -> Gone | ApiError:
+    """What a failed LIST or WATCH answer (HTTP `code`, its metav1.Status body) or an ERROR event means:
+    Gone (410, or a Status saying Expired/Gone) when only a relist can go on, else an ApiError."""
+    if code == errors.Gone.STATUS or is_gone(status):
+        return Gone()
+    return ApiError(code, status_reason(status), retry_after)
 
 
 class LineSplitter:

@@ -16,7 +16,7 @@ from tests.unit.kube.test_watch_unit import FakeApi, name_projection, obj, page,
 async def test_staleness_grows_on_a_silent_watch_and_resets_when_it_reopens() -> None:
     api = FakeApi()
     api.list_round([page([obj("a", "1")], "10")])
-    inf = w.Informer("test", api, name_projection, backoff_base=0.01, backoff_cap=0.01)
+    inf = w.Informer("test", api, name_projection, options=w.InformerOptions(backoff_base=0.01, backoff_cap=0.01))
     assert inf.stale_seconds is None  # never listed: no age
     async with running(inf):
         assert await inf.wait_synced(2)

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from licensectl.kube import errors
 from licensectl.kube import watch as w
 
 # ---------------------------------------------------------------------------------------------
@@ -78,6 +79,25 @@ def test_line_splitter_chunks_and_bound() -> None:
     s2 = w.LineSplitter(max_line=10)
     with pytest.raises(w.LineTooLong):
         s2.feed(b"y" * 30 + b"\n")
+
+
+def test_a_failed_answer_means_gone_or_an_api_error() -> None:
+    """One rule for a LIST page, a WATCH answer and an ERROR event: 410 or an Expired/Gone Status is Gone."""
+    assert isinstance(w.failure(410, {}), w.Gone)
+    assert isinstance(w.failure(500, {"kind": "Status", "code": 410, "reason": "Expired"}), w.Gone)
+    assert isinstance(w.failure(0, {"kind": "Status", "reason": "Gone"}), w.Gone)
+    err = w.failure(429, {"kind": "Status", "code": 429, "reason": "TooManyRequests"}, 1.5)
+    assert isinstance(err, w.ApiError) and (err.code, err.reason, err.retry_after) == (429, "TooManyRequests", 1.5)
+    assert errors.is_status(err, errors.TooManyRequests) and not errors.is_status(err, errors.Gone)
+    free_text = w.failure(403, {"reason": "secret abc is forbidden", "message": "token=xyz"})
+    assert isinstance(free_text, w.ApiError) and str(free_text) == "403 Unknown"  # never a body
+
+
+def test_list_page_parts() -> None:
+    page = w.list_page({"items": [{"a": 1}], "metadata": {"resourceVersion": "7", "continue": "tok"}})
+    assert page == w.ListPage([{"a": 1}], "7", "tok")
+    assert w.list_page({"items": {}, "metadata": {"resourceVersion": "", "continue": 3}}) == w.ListPage([], None, None)
+    assert w.list_page({"metadata": []}) == w.ListPage([], None, None)
 
 
 def test_object_key() -> None:
@@ -204,7 +224,8 @@ async def until(cond: Any, within: float = 3.0) -> None:
 
 def fast(api: FakeApi, **kw: Any) -> w.Informer[str]:
     changes: list[tuple[Any, Any, Any]] = kw.pop("changes", [])
-    return w.Informer("test", api, name_projection, page_size=2, backoff_base=0.01, backoff_cap=0.02,
+    return w.Informer("test", api, name_projection,
+                      options=w.InformerOptions(page_size=2, backoff_base=0.01, backoff_cap=0.02),
                       on_change=lambda k, o, n: changes.append((k, o, n)), **kw)
 
 
@@ -337,7 +358,8 @@ async def test_watch_down_beyond_grace_is_unhealthy() -> None:
     api = FakeApi()
     api.list_round([page([obj("a", "1")], "10")])
     api.watches.extend([OSError("down")] * 1000)
-    inf = w.Informer("test", api, name_projection, backoff_base=0.01, backoff_cap=0.01, unhealthy_after=0.1)
+    inf = w.Informer("test", api, name_projection,
+                     options=w.InformerOptions(backoff_base=0.01, backoff_cap=0.01, unhealthy_after=0.1))
     async with running(inf):
         assert await inf.wait_synced(2)
         await asyncio.sleep(0.3)
@@ -455,6 +477,15 @@ def test_what_counts_as_throttled() -> None:
     assert w.is_throttled(w.ApiError(429, "TooManyRequests")) and w.is_throttled(Raised())
     assert not w.is_throttled(w.ApiError(503, "ServiceUnavailable"))
     assert not w.is_throttled(ConnectionRefusedError()) and not w.is_throttled(None)
+    assert w.is_throttled(errors.ApiException(429)) and not w.is_throttled(errors.ApiException(503))
+
+
+def test_options_default_to_the_production_values() -> None:
+    o = w.InformerOptions()
+    assert (o.page_size, o.watch_timeout, o.unhealthy_after, o.backoff_cap, o.throttled_cap) == (
+        500, 300.0, 30.0, w.RECOVERY_CAP, w.THROTTLED_CAP)
+    capped = w.Informer("t", FakeApi(), name_projection, options=w.InformerOptions(backoff_cap=60.0))
+    assert capped._throttled_cap == 60.0  # the throttled ceiling is never below the failing one
 
 
 async def _sleeps_during(api: FakeApi, inf: w.Informer[Any], monkeypatch: pytest.MonkeyPatch,
