@@ -99,10 +99,13 @@ async def reconcile_loop(name: str, step: Callable[[], Awaitable[Result]], *, tr
     stay idle as `pacing` says (`busy()`: CPU seconds of the last pass's plan).
 
     A failed pass is logged and retried with exponential backoff (reset by the next success); a
-    pass in progress when `stopping()` turns true finishes, then the loop returns.
+    pass in progress when `stopping()` turns true finishes, then the loop returns. The log line names
+    the error and its message every time, and carries its traceback the first time and then at most
+    every `logs.TRACEBACK_EVERY_SECONDS` for the same failure (`logs.TracebackLimit`).
     """
     failures = 0
     loop = asyncio.get_running_loop()
+    tracebacks = logs.TracebackLimit(logs.TRACEBACK_EVERY_SECONDS, clock=loop.time)
     while not stopping():
         wait: float | None
         started = loop.time()
@@ -112,8 +115,8 @@ async def reconcile_loop(name: str, step: Callable[[], Awaitable[Result]], *, tr
         except Exception as e:
             failures += 1
             wait = min(BACKOFF_MAX_SECONDS, BACKOFF_BASE_SECONDS * 2 ** min(failures, 6))
-            log.warning("reconcile failed", loop=name, error=type(e).__name__, status=getattr(e, "status", None),
-                        retry_in=wait)
+            log.warning("reconcile failed", loop=name, **logs.failure_fields(e, traceback=tracebacks.due(name, e)),
+                        status=getattr(e, "status", None), retry_in=wait)
         if stopping():
             return
         ended = loop.time()
@@ -271,6 +274,7 @@ class TaskRunner:
 
     @staticmethod
     def _log_failure(task: asyncio.Task[None]) -> None:
-        """Say why a task died when it dies (retrieving the exception), not at shutdown or never."""
+        """Say why a task died when it dies (retrieving the exception), not at shutdown or never: with
+        its message and traceback, since a task dies once."""
         if not task.cancelled() and (error := task.exception()) is not None:
-            log.error("task failed", task=task.get_name(), error=type(error).__name__)
+            log.error("task failed", task=task.get_name(), **logs.failure_fields(error))

@@ -134,6 +134,7 @@ class LeaderElector:
 
     async def run(self) -> None:
         """Acquire, then renew until cancelled or the renew deadline passes (then start over)."""
+        tracebacks = logs.TracebackLimit()
         try:
             while True:
                 ok = False
@@ -141,8 +142,8 @@ class LeaderElector:
                     ok = await asyncio.wait_for(self.try_acquire_or_renew(), timeout=self.cfg.renew_deadline)
                 except (ApiException, OSError, TimeoutError) as e:
                     log.warning("lease round failed", error=type(e).__name__)
-                except Exception as e:
-                    log.warning("lease round failed", error=type(e).__name__)
+                except Exception as e:  # a bug, not the apiserver: say where, now and then
+                    log.warning("lease round failed", **logs.failure_fields(e, traceback=tracebacks.due("lease", e)))
                 now = self._monotonic()
                 if ok:
                     self._last_renew = now

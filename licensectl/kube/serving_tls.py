@@ -178,6 +178,7 @@ class ServingTLS:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._logged: set[str] = set()  # one-time log lines (absent TLS Secret, ...)
+        self._tracebacks = logs.TracebackLimit()
         # (kind, name) -> its problem (core.delivery.configuration_problem), as the leader last saw it.
         self.configurations: dict[tuple[str, str], str | None] = {}
         self.informer: Informer[TLSSecret] = Informer(
@@ -245,7 +246,8 @@ class ServingTLS:
             raise
         except Exception as e:
             self._count(ERROR)
-            log.warning("serving TLS check failed", mode=self.mode, error=type(e).__name__,
+            log.warning("serving TLS check failed", mode=self.mode,
+                        **logs.failure_fields(e, traceback=self._tracebacks.due("serving-tls", e)),
                         status=getattr(e, "status", None))
 
     async def _step(self) -> None:

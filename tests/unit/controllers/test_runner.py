@@ -7,15 +7,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import io
 import itertools
+import json
+import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
+import structlog
 from structlog.testing import capture_logs
 
+from licensectl import logs
 from licensectl.controllers import runner
 from licensectl.controllers.runner import IDLE, Pacing, Result, TaskRunner, idle_before_next_pass, reconcile_loop
+from licensectl.kube.errors import ApiException as KubeApiException
 
 
 class Flag:
@@ -75,6 +82,155 @@ async def test_backoff_is_capped() -> None:
         await task
     assert calls == 1 and logs[0]["retry_in"] == 1.0
     assert min(runner.BACKOFF_MAX_SECONDS, runner.BACKOFF_BASE_SECONDS * 2 ** 6) == runner.BACKOFF_MAX_SECONDS
+
+
+def lookup(table: dict[str, str], key: str) -> str:
+    return table[key]  # the line a failed pass's traceback must point at
+
+
+async def failing_loop(passes: int, *, fail: Callable[[int], None]) -> list[dict[str, Any]]:
+    """Run a loop whose every pass calls `fail(pass number)` until `passes` passes ran; its log entries."""
+    stopping = Flag()
+    calls = 0
+
+    async def step() -> Result:
+        nonlocal calls
+        calls += 1
+        stopping.set = calls >= passes
+        fail(calls)
+        return IDLE
+
+    with capture_logs() as logs:
+        await asyncio.wait_for(reconcile_loop("replication", step, trigger=asyncio.Event(), resync=60.0,
+                                              pacing=Pacing(coalesce=0.0), stopping=stopping), 5.0)
+    return [e for e in logs if e["event"] == "reconcile failed"]
+
+
+async def test_a_failed_pass_logs_its_message_and_once_its_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runner, "BACKOFF_BASE_SECONDS", 0.001)
+    monkeypatch.setattr(runner, "BACKOFF_MAX_SECONDS", 0.001)
+
+    def fail(n: int) -> None:
+        lookup({}, f"replica-{n}")  # the message changes from pass to pass; the failure does not
+
+    failed = await failing_loop(4, fail=fail)
+    assert [e["message"] for e in failed] == [f"'replica-{n}'" for n in range(1, 5)]  # every time
+    assert all(e["error"] == "KeyError" and e["loop"] == "replication" for e in failed)
+    assert ["exc_info" in e for e in failed] == [True, False, False, False]  # the traceback once
+    tb = failed[0]["exc_info"].__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    assert tb.tb_frame.f_code.co_name == "lookup"
+
+
+async def test_the_same_failure_gets_its_traceback_again_after_the_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runner, "BACKOFF_BASE_SECONDS", 0.001)
+    monkeypatch.setattr(runner, "BACKOFF_MAX_SECONDS", 0.001)
+    now = [0.0]  # the loop's clock as the limiter reads it: pass n fails at n * 100 s
+
+    real = logs.TracebackLimit
+
+    def limit(every: float, *, clock: Callable[[], float]) -> logs.TracebackLimit:
+        return real(every, clock=lambda: now[0])
+
+    monkeypatch.setattr(runner.logs, "TracebackLimit", limit)
+
+    def fail(n: int) -> None:
+        now[0] = n * 100.0
+        lookup({}, "replica")
+
+    failed = await failing_loop(7, fail=fail)
+    assert logs.TRACEBACK_EVERY_SECONDS == 300.0
+    assert ["exc_info" in e for e in failed] == [True, False, False, True, False, False, True]
+    assert all(e["message"] == "'replica'" for e in failed)
+
+
+async def test_another_failure_gets_its_own_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runner, "BACKOFF_BASE_SECONDS", 0.001)
+    monkeypatch.setattr(runner, "BACKOFF_MAX_SECONDS", 0.001)
+
+    def fail(n: int) -> None:
+        if n % 2:
+            lookup({}, "replica")
+        raise ConnectionError("apiserver away")
+
+    failed = await failing_loop(5, fail=fail)
+    assert [(e["error"], "exc_info" in e) for e in failed] == [
+        ("KeyError", True), ("ConnectionError", True), ("KeyError", False), ("ConnectionError", False),
+        ("KeyError", False)]
+
+
+def test_the_traceback_limit_is_per_scope_and_bounded() -> None:
+    now = [0.0]
+    limit = logs.TracebackLimit(10.0, clock=lambda: now[0], max_kept=2)
+    try:
+        lookup({}, "x")
+    except KeyError as e:
+        err = e
+    assert limit.due("a", err) and not limit.due("a", err) and limit.due("b", err)
+    now[0] = 9.9
+    assert not limit.due("a", err)
+    now[0] = 10.0
+    assert limit.due("a", err)
+    now[0] = 25.0
+    assert limit.due("c", err) and len(limit._last) <= 2  # what is past its window is forgotten
+
+
+def rendered(fmt: str, emit: Callable[[], None]) -> str:
+    """What `emit` writes through licensectl's own log setup in `fmt`; structlog's setup is restored."""
+    saved = structlog.get_config()
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    buf = io.StringIO()
+    try:
+        logs.configure(fmt, "info", stream=buf)
+        emit()
+    finally:
+        structlog.configure(**saved)
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    return buf.getvalue()
+
+
+TOKEN = "eyJhbGciOiJSUzI1NiJ9" + "Q2xpZW50Q29uZmlnVG9rZW4xMjM0NTY3ODkw" * 3  # what a client token looks like
+
+
+@pytest.mark.parametrize("fmt", ["json", "console"])
+def test_a_failure_renders_message_and_traceback_never_token_bytes(fmt: str) -> None:
+    def emit() -> None:
+        try:
+            lookup({}, "replica-a")
+        except KeyError as e:
+            logs.get("t").warning("reconcile failed", loop="replication", **logs.failure_fields(e))
+        try:
+            raise ValueError(f"cannot parse {TOKEN}")
+        except ValueError as e:
+            logs.get("t").warning("reconcile failed", loop="replication", **logs.failure_fields(e))
+
+    out = rendered(fmt, emit)
+    assert "Traceback (most recent call last)" in out and "in lookup" in out and "return table[key]" in out
+    assert "replica-a" in out and "cannot parse [redacted]" in out
+    assert TOKEN[:40] not in out and "Q2xpZW50Q29uZmln" not in out
+    if fmt == "json":
+        first, second = (json.loads(line) for line in out.splitlines())
+        assert (first["error"], first["message"]) == ("KeyError", "'replica-a'")
+        assert first["exception"].startswith("Traceback") and "KeyError: 'replica-a'" in first["exception"]
+        assert second["message"] == "cannot parse [redacted]"
+
+
+def test_an_exception_carrying_a_response_body_is_told_by_status_and_reason() -> None:
+    class LibraryApiException(Exception):  # kubernetes-asyncio's: its text includes the response body
+        def __init__(self) -> None:
+            super().__init__(f'HTTP response body: {{"data": {{"token": "{TOKEN}"}}}}')
+            self.status, self.reason, self.body = 409, "Conflict", '{"data": ...}'
+
+    assert logs.error_message(LibraryApiException()) == "(409) Conflict"
+    assert logs.error_message(KubeApiException(404, "NotFound")) == "(404) NotFound"  # licensectl's: no body
+    assert logs.error_message(RuntimeError("x" * 1000)).endswith("…")
+    assert len(logs.error_message(RuntimeError("x" * 1000))) == logs.MESSAGE_LIMIT
+    assert logs.scrub("ns/licensectl-replica-nvidia-a100-80gb-tenant-some-long-name") == (
+        "ns/licensectl-replica-nvidia-a100-80gb-tenant-some-long-name")  # names are not opaque
+    assert logs.scrub("sha " + "0123456789abcdef" * 4) == "sha " + "0123456789abcdef" * 4  # nor hex digests
 
 
 async def test_a_trigger_wakes_an_idle_loop_and_a_burst_is_one_pass() -> None:
@@ -192,7 +348,10 @@ async def test_health_is_false_once_a_loop_or_the_elector_dies_not_a_background_
         tasks.start_loop("rollout", crash())
         await asyncio.sleep(0.01)
     assert not tasks.healthy()
-    assert {"event": "task failed", "task": "rollout", "error": "RuntimeError", "log_level": "error"} in logs
+    died = next(e for e in logs if e["event"] == "task failed")
+    assert died == {"event": "task failed", "task": "rollout", "error": "RuntimeError", "message": "bug",
+                    "exc_info": died["exc_info"], "log_level": "error"}  # a task dies once: its traceback
+    assert isinstance(died["exc_info"], RuntimeError) and died["exc_info"].__traceback__ is not None
     await tasks.stop()
 
 
