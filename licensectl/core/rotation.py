@@ -31,6 +31,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from licensectl.core import defaults
 from licensectl.core.reasons import EventType, Reason
 from licensectl.core.revision_text import source_revision
 from licensectl.core.rotation_record import (
@@ -161,10 +162,10 @@ def parse_steps(raw: str) -> tuple[float, ...]:
 
 @dataclass(frozen=True, slots=True)
 class RotationSettings:
-    canary: CanarySpec = field(default_factory=CanarySpec)
-    steps: tuple[float, ...] = (10.0, 50.0, 100.0)
-    analysis_deadline_seconds: float = 900.0
-    max_unlicensed: int = 1  # canary/step guests failing with the candidate that abort the rotation
+    canary: CanarySpec = field(default_factory=lambda: CanarySpec.parse(defaults.CANARY))
+    steps: tuple[float, ...] = parse_steps(defaults.ROLLOUT_STEPS)
+    analysis_deadline_seconds: float = defaults.ANALYSIS_DEADLINE_SECONDS
+    max_unlicensed: int = defaults.ANALYSIS_MAX_UNLICENSED  # guests failing with the candidate that abort it
 
 
 # ---------------------------------------------------------------------------------------------
