@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
+from licensectl.core import defaults
+
 
 def _bool(v: str) -> bool:
     s = v.strip().lower()
@@ -71,6 +73,8 @@ def _image_patterns(v: str) -> str:
 
 @dataclass(frozen=True)
 class Settings:
+    """Every setting, at its shipped default; those the core also takes come from core/defaults.py."""
+
     kubeconfig: str = ""
     context: str = ""
     namespace: str = "licensectl-system"
@@ -88,30 +92,30 @@ class Settings:
     resync_seconds: float = 300.0
     deletions_per_minute: int = 100
     # Rollout.
-    settle_seconds: float = 60.0
-    max_unavailable: str = "10%"
-    max_per_namespace: int = 1
-    max_failures: int = 3
-    restart_timeout_seconds: float = 600.0
-    manual_deadline_seconds: float = 7 * 24 * 3600.0
-    done_gate: str = "ready-licensed"
+    settle_seconds: float = defaults.SETTLE_SECONDS
+    max_unavailable: str = defaults.MAX_UNAVAILABLE
+    max_per_namespace: int = defaults.MAX_PER_NAMESPACE
+    max_failures: int = defaults.MAX_FAILURES
+    restart_timeout_seconds: float = defaults.RESTART_TIMEOUT_SECONDS
+    manual_deadline_seconds: float = defaults.MANUAL_DEADLINE_SECONDS
+    done_gate: str = defaults.DONE_GATE
     restart_fallback_delete: bool = False
-    restart_reissue_seconds: float = 60.0
-    max_restarts_per_minute: int = 0
+    restart_reissue_seconds: float = defaults.RESTART_REISSUE_SECONDS
+    max_restarts_per_minute: int = defaults.MAX_RESTARTS_PER_MINUTE
     # Tenant cluster workers (docs/design.md#tenant-worker-drain).
-    max_disrupted_workers: int = 1
-    drain_timeout_seconds: float = 900.0
-    drain_retry_seconds: float = 20.0
-    worker_boot_timeout_seconds: float = 600.0
+    max_disrupted_workers: int = defaults.MAX_DISRUPTED_WORKERS
+    drain_timeout_seconds: float = defaults.DRAIN_TIMEOUT_SECONDS
+    drain_retry_seconds: float = defaults.DRAIN_RETRY_SECONDS
+    worker_boot_timeout_seconds: float = defaults.WORKER_BOOT_TIMEOUT_SECONDS
     # Safe rotation (docs/design.md#safe-rotation).
-    canary: str = "3"
-    rollout_steps: str = "10%,50%,100%"
-    analysis_deadline_seconds: float = 900.0
-    analysis_max_unlicensed: int = 1
+    canary: str = defaults.CANARY
+    rollout_steps: str = defaults.ROLLOUT_STEPS
+    analysis_deadline_seconds: float = defaults.ANALYSIS_DEADLINE_SECONDS
+    analysis_max_unlicensed: int = defaults.ANALYSIS_MAX_UNLICENSED
     # Guest reports.
     report_url: str = ""
     report_interval_seconds: float = 60.0
-    guest_boot_allowance_seconds: float = 300.0
+    guest_boot_allowance_seconds: float = defaults.GUEST_BOOT_ALLOWANCE_SECONDS
     key_grace_seconds: float = 7 * 24 * 3600.0
     guest_metrics: str = "per-vmi"
     # HTTP listeners.

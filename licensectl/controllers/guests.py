@@ -27,9 +27,6 @@ from licensectl.metrics import GaugeSample
 
 STATES: tuple[str, ...] = tuple(s.value for s in LicenseState)
 Started = Mapping[tuple[str, str], dt.datetime | None]  # (namespace, VMI) -> when the VMI started
-# States in which a guest holds no usable license and gets an unlicensed reason.
-NO_LICENSE_STATES: frozenset[str] = frozenset({LicenseState.UNLICENSED.value, LicenseState.RESTRICTED.value,
-                                               LicenseState.GRACE.value, LicenseState.EXPIRED.value})
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +40,7 @@ class GuestView:
     @property
     def reason(self) -> str | None:
         """gridd's reason (one of guest_report.UNLICENSED_REASONS) while the guest holds no license."""
-        if self.state not in NO_LICENSE_STATES:
+        if not LicenseState(self.state).no_license:
             return None
         if self.state == LicenseState.EXPIRED.value:
             return REASON_LEASE_EXPIRED

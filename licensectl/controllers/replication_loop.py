@@ -11,18 +11,20 @@ import asyncio
 import datetime as dt
 import functools
 import time
-from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from licensectl import config, logs
+from licensectl.controllers import replication_status
+from licensectl.controllers.deletion_budget import DeletionBudget as DeletionBudget
 from licensectl.controllers.planner import CacheCopies, PlannerThread, objects_of
+from licensectl.controllers.replication_events import PROBLEM_REASONS as PROBLEM_REASONS
+from licensectl.controllers.replication_events import license_change_message, namespace_object, secret_object
+from licensectl.controllers.replication_status import ReplicationStatus
+from licensectl.controllers.replication_status import class_status as class_status
 from licensectl.controllers.settings import rotation_settings, tenant_settings
 from licensectl.core import tokeninfo
-from licensectl.core.entitlement import ProblemKind
 from licensectl.core.model import (
-    ANN_ACCEPT_LICENSE_CHANGE,
     ANN_REVISION,
     ANN_SOURCE_NAME,
     ANN_SOURCE_NAMESPACE,
@@ -42,15 +44,14 @@ from licensectl.core.ports import (
     WriteResult,
 )
 from licensectl.core.reasons import EventType, Reason
-from licensectl.core.render import DesiredReplica, ReplicaState, SourceProblem
+from licensectl.core.render import DesiredReplica, SourceProblem
 from licensectl.core.replication import (
-    LicenseChange,
     ReplicationInputs,
     ReplicationPlan,
     SourceRevisions,
     plan_replication,
 )
-from licensectl.core.revision_text import replica_revision, short, source_revision
+from licensectl.core.revision_text import replica_revision, source_revision
 from licensectl.metrics import GaugeSample, Metrics
 
 log = logs.get(__name__)
@@ -62,99 +63,6 @@ def _by_name(cache: Mapping[tuple[str, str], T]) -> dict[str, T]:
 
 
 CONFLICT_RECHECK_SECONDS = 60.0
-
-# The Event reason of each tenant problem is its kind in UpperCamelCase (`missing_parent` ->
-# `MissingParent`); a kind without a Reason member fails here, at import, not mid-reconcile.
-PROBLEM_REASONS: Mapping[ProblemKind, Reason] = {
-    kind: Reason("".join(part.capitalize() for part in kind.value.split("_"))) for kind in ProblemKind}
-# Label values of the metrics that export one series per enum value, zeros included, so a new
-# value is exported as soon as the enum has it: `replicas{state}` and `tenant_problems{kind}`.
-REPLICA_STATES: tuple[str, ...] = tuple(s.value for s in ReplicaState)
-TENANT_PROBLEM_KINDS: tuple[str, ...] = tuple(k.value for k in ProblemKind)
-
-
-class DeletionBudget:
-    """At most `per_minute` deletions in any sliding 60 s window (in memory: a rate, not state)."""
-
-    def __init__(self, per_minute: int) -> None:
-        self.per_minute = per_minute
-        self._times: deque[float] = deque()
-
-    def take(self, wanted: int, now: float) -> int:
-        while self._times and now - self._times[0] >= 60.0:
-            self._times.popleft()
-        allowed = max(0, min(wanted, self.per_minute - len(self._times)))
-        self._times.extend([now] * allowed)
-        return allowed
-
-    def settle(self, count: int, now: float) -> None:
-        """Re-stamp the newest `count` deletions with `now`, once they have been carried out.
-
-        A large batch admitted at t can take tens of seconds to execute; counting it from its
-        completion keeps the deletions actually made within the cap in any 60 s window."""
-        for i in range(max(0, len(self._times) - count), len(self._times)):
-            self._times[i] = max(self._times[i], now)
-
-    def next_free(self, now: float) -> float:
-        """Seconds until the window admits another deletion."""
-        if len(self._times) < self.per_minute or not self._times:
-            return 0.0
-        return max(0.0, 60.0 - (now - self._times[0]))
-
-
-def _short(values: Iterable[str]) -> str:
-    items = list(values)
-    return ", ".join(items[:3]) + (f" and {len(items) - 3} more" if len(items) > 3 else "")
-
-
-def class_status(plan: ReplicationPlan) -> dict[str, dict[str, Any]]:
-    """Per class: its FeatureType check and any held license change, as `licensectl status` shows them."""
-    out: dict[str, dict[str, Any]] = {}
-    for name, check in sorted(plan.feature_type_checks.items()):
-        change = plan.license_changes.get(name)
-        out[name] = {
-            "feature_type_check": check.result.value,
-            "feature_type_message": check.message or None,
-            "license_change": None if change is None else {
-                "from": list(change.recorded), "to": change.current, "held": change.held,
-                "accept": f"{ANN_ACCEPT_LICENSE_CHANGE}={change.current}"},
-        }
-    return out
-
-
-def license_change_message(change: LicenseChange) -> str:
-    """The GPUClassLicenseChanged Event: what changed, what licensectl did, and the two ways on."""
-    return (f"GPUClass {change.class_name}: its license (secretRef namespace/name:featureType) was edited in place "
-            f"from {_short(change.recorded)} to {change.current}. Its replicas are held as they are, so no VM "
-            f"restarts. Better: restore the class and create a new class for the change. To roll it out to every "
-            f"tenant of the class (restarting their VMs), annotate the class "
-            f"{ANN_ACCEPT_LICENSE_CHANGE}={change.current}")
-
-
-def namespace_object(name: str, uid: str = "") -> InvolvedObject:
-    """Events about a Namespace live in that namespace, so tenants' `kubectl get events` shows them."""
-    return InvolvedObject("v1", "Namespace", name, name, uid)
-
-
-def secret_object(namespace: str, name: str, uid: str = "") -> InvolvedObject:
-    return InvolvedObject("v1", "Secret", namespace, name, uid)
-
-
-@dataclass
-class ReplicationStatus:
-    """What the last pass saw and did; feeds metrics and `licensectl status`."""
-
-    plan: ReplicationPlan | None = None
-    deferred_deletions: int = 0
-    # Names held by foreign Secrets -> when that was last seen (monotonic). Foreign Secrets are not
-    # watched (only licensectl's own are), so a conflict is re-checked by a write attempt after
-    # CONFLICT_RECHECK_SECONDS: once the tenant removes the Secret, the replica appears.
-    conflicts: dict[tuple[str, str], float] = field(default_factory=dict)
-    token_expiry: dict[ObjectRef, dt.datetime | None] = field(default_factory=dict)
-    token_format: dict[ObjectRef, tokeninfo.TokenFormat] = field(default_factory=dict)
-    # Per source: is its token readable, unreadable (a source problem) or knowingly opaque.
-    token_readability: dict[ObjectRef, tokeninfo.Readability] = field(default_factory=dict)
-    last_pass: dt.datetime | None = None
 
 
 class ReplicationController:
@@ -478,12 +386,6 @@ class ReplicationController:
                                    license_change_message(change))
         self._logged_changes = logged
 
-    def _token_readability(self, class_name: str) -> tokeninfo.Readability:
-        gc = self.caches.classes.snapshot().get(("", class_name))
-        ref = gc.secret_ref if gc is not None else None
-        return self.status.token_readability.get(ref, tokeninfo.Readability.READABLE) if ref else \
-            tokeninfo.Readability.READABLE
-
     def _class_object(self, class_name: str) -> InvolvedObject:
         return InvolvedObject(self._class_api_version, "GPUClass", "", class_name)
 
@@ -512,84 +414,13 @@ class ReplicationController:
 
     # -- metrics ----------------------------------------------------------------------------------
     def samples(self) -> Iterable[GaugeSample]:
-        plan = self.status.plan
-        for inf in self.caches.all:
-            yield GaugeSample("informer_synced", (("resource", inf.name),), 1.0 if inf.synced and inf.healthy else 0.0)
-            stale = getattr(inf, "stale_seconds", None)
-            if stale is not None:
-                yield GaugeSample("watch_stale_seconds", (("resource", inf.name),), round(stale, 1))
-        if plan is None:
-            return
-        for ref, n in sorted(plan.entitled_per_source().items(), key=lambda kv: str(kv[0])):
-            yield GaugeSample("entitled_namespaces", (("source_namespace", ref.namespace), ("source_name", ref.name)),
-                              float(n))
-        states = Counter(plan.states.values())
-        for state in REPLICA_STATES:
-            yield GaugeSample("replicas", (("state", state),), float(states.get(state, 0)))
-        classes = {k[1]: v for k, v in self.caches.classes.snapshot().items()}
-        for class_name in sorted(set(plan.licenses) | set(plan.source_problems)):
-            gc = classes.get(class_name)
-            ref = gc.secret_ref if gc and gc.secret_ref else ObjectRef("", "")
-            valid = class_name in plan.licenses
-            yield GaugeSample("source_valid", (("class", class_name), ("source_namespace", ref.namespace),
-                                               ("source_name", ref.name)), 1.0 if valid else 0.0)
-            if valid:
-                yield GaugeSample("source_revision_info",
-                                  (("class", class_name), ("source_namespace", ref.namespace),
-                                   ("source_name", ref.name),
-                                   ("revision", short(plan.licenses[class_name].source_revision))),
-                                  1.0)
-            else:
-                yield GaugeSample("source_problem", (("class", class_name),
-                                                     ("reason", plan.source_problems[class_name].reason.value)), 1.0)
-        for ref, exp in sorted(self.status.token_expiry.items(), key=lambda kv: str(kv[0])):
-            labels = (("source_namespace", ref.namespace), ("source_name", ref.name))
-            yield GaugeSample("token_expiry_known", labels, 0.0 if exp is None else 1.0)
-            fmt = self.status.token_format.get(ref)
-            if fmt is not None:
-                yield GaugeSample("token_format", (*labels, ("format", fmt.value)), 1.0)
-            readable = self.status.token_readability.get(ref)
-            if readable is not None:
-                yield GaugeSample("source_token_unreadable", labels,
-                                  1.0 if readable is tokeninfo.Readability.UNREADABLE else 0.0)
-            if exp is not None:
-                yield GaugeSample("token_expiry_timestamp_seconds", labels, exp.timestamp())
-        for class_name, check in sorted(plan.feature_type_checks.items()):
-            by_class = (("class", class_name),)
-            yield GaugeSample("class_feature_type_mismatch", by_class, 1.0 if check.mismatch else 0.0)
-            yield GaugeSample("class_license_changed", by_class, 1.0 if class_name in plan.license_changes else 0.0)
-        kinds: dict[str, int] = {}
-        for p in plan.tenant_problems:
-            kinds[p.kind.value] = kinds.get(p.kind.value, 0) + 1
-        for kind in TENANT_PROBLEM_KINDS:
-            yield GaugeSample("tenant_problems", (("kind", kind),), float(kinds.get(kind, 0)))
-        yield GaugeSample("deletions_deferred", (), float(self.status.deferred_deletions))
+        return replication_status.samples(self.status, self.caches)
 
     def close(self) -> None:
         self._planner.close()
 
     def status_dict(self) -> dict[str, Any]:
-        plan = self.status.plan
-        if plan is None:
-            return {"synced": False}
-        return {
-            "synced": True,
-            "entitled": [{"namespace": ns, "class": cls, "source": str(ref)}
-                         for (ns, cls), ref in sorted((plan.entitlement.entitled if plan.entitlement else {}).items())],
-            "replicas": [{"namespace": ns, "name": name, "state": st}
-                         for (ns, name), st in sorted(plan.states.items())],
-            "replica_counts": dict(plan.state_counts()),
-            "sources": {cls: {"source_revision": short(lic.source_revision), "valid": True,
-                              "token": self._token_readability(cls).value}
-                        for cls, lic in plan.licenses.items()}
-            | {cls: {"valid": False, "reason": sp.reason.value, "message": sp.message}
-               for cls, sp in plan.source_problems.items()},
-            "tenant_problems": [{"kind": p.kind.value, "object": str(p.ref), "message": p.message}
-                                for p in plan.tenant_problems],
-            "classes": class_status(plan),
-            "deferred_deletions": self.status.deferred_deletions,
-            "token_expiry": {str(k): (v.isoformat() if v else None) for k, v in self.status.token_expiry.items()},
-        }
+        return replication_status.status_dict(self.status, self.caches)
 
 
 def _revision_text(d: DesiredReplica) -> str:

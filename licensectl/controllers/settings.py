@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 
 from licensectl.config import Settings
+from licensectl.core import defaults
 from licensectl.core.drain import DrainSettings, drain_timeout_for
 from licensectl.core.entitlement import TenantSettings
 from licensectl.core.rollout import RolloutSettings
@@ -35,8 +36,8 @@ def rollout_settings(s: Settings) -> RolloutSettings:
         reissue_after_seconds=s.restart_reissue_seconds,
         max_restarts_per_minute=s.max_restarts_per_minute,
         max_disrupted_workers=s.max_disrupted_workers,
-        # A worker held by a condition is tried again after three eviction retry intervals (60 s as shipped).
-        drain_hold_seconds=3 * s.drain_retry_seconds,
+        # A worker held by a condition is tried again after a few eviction retry intervals (60 s as shipped).
+        drain_hold_seconds=defaults.DRAIN_HOLD_RETRIES * s.drain_retry_seconds,
     )
 
 

@@ -22,6 +22,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+from licensectl.core.defaults import (
+    DRAIN_RETRY_SECONDS,
+    DRAIN_TIMEOUT_SECONDS,
+    RESTART_REISSUE_SECONDS,
+    WORKER_BOOT_TIMEOUT_SECONDS,
+)
 from licensectl.core.model import DOMAIN, LABEL_CAPI_CLUSTER_NAME, LABEL_CAPI_ROLE, LABEL_KUBEVIRT_MACHINE
 from licensectl.core.timecodec import annotation_value_time, format_micro_time, to_utc
 
@@ -345,12 +351,12 @@ class Observed:
 
 @dataclass(frozen=True, slots=True)
 class DrainSettings:
-    drain_timeout: dt.timedelta = dt.timedelta(minutes=15)  # see drain_timeout_for
+    drain_timeout: dt.timedelta = dt.timedelta(seconds=DRAIN_TIMEOUT_SECONDS)  # see drain_timeout_for
     exclude_draining: bool = False  # the Machine carries ANN_EXCLUDE_NODE_DRAINING
     restart_without_drain: bool = False  # the hoster's opt-in for an unreachable tenant cluster
-    boot_timeout: dt.timedelta = dt.timedelta(minutes=10)
-    reissue_after: dt.timedelta = dt.timedelta(seconds=60)  # a restart not seen by then is issued again
-    retry_interval: dt.timedelta = dt.timedelta(seconds=20)  # cluster-api's drainRetryInterval
+    boot_timeout: dt.timedelta = dt.timedelta(seconds=WORKER_BOOT_TIMEOUT_SECONDS)
+    reissue_after: dt.timedelta = dt.timedelta(seconds=RESTART_REISSUE_SECONDS)  # a restart unseen: reissued
+    retry_interval: dt.timedelta = dt.timedelta(seconds=DRAIN_RETRY_SECONDS)  # cluster-api's drainRetryInterval
 
 
 def drain_timeout_for(machine_seconds: float | None, default: dt.timedelta) -> dt.timedelta:

@@ -19,74 +19,85 @@ The words:
 
 Every decision is one write of the record (``RotationRecord.annotations``); replicas follow the
 record, never the live source, so a controller killed between any two writes finds the cluster
-consistent with some decision and re-derives the next one (level-based).
+consistent with some decision and re-derives the next one (level-based). The record and its annotations live in
+core/rotation_record.py; this module holds the settings, the observations and the decisions over
+them, and re-exports the record's names so callers import one module.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 
-from licensectl.core.model import DOMAIN, u64
+from licensectl.core import defaults
 from licensectl.core.reasons import EventType, Reason
 from licensectl.core.revision_text import source_revision
-from licensectl.core.timecodec import annotation_time, format_micro_time
+from licensectl.core.rotation_record import (
+    ACTIVE,
+    ANN_ACTED_AT,
+    ANN_CANARY,
+    ANN_CANDIDATE,
+    ANN_EVIDENCE,
+    ANN_PHASE,
+    ANN_REASON,
+    ANN_RETRY_AT,
+    ANN_STABLE,
+    ANN_UNDO_AT,
+    ANN_WAVE,
+    ANN_WAVE_STARTED_AT,
+    MAX_REASON_CHARS,
+    REJECTED,
+    HosterControl,
+    RotationPhase,
+    RotationRecord,
+    bucket,
+    content_revision,
+)
 
-# Record annotations on the revision store Secret.
-ANN_STABLE = f"{DOMAIN}/stable-revision"
-ANN_CANDIDATE = f"{DOMAIN}/candidate-revision"
-ANN_PHASE = f"{DOMAIN}/rotation-phase"
-ANN_WAVE = f"{DOMAIN}/rotation-wave"
-ANN_WAVE_STARTED_AT = f"{DOMAIN}/rotation-wave-started-at"
-ANN_CANARY = f"{DOMAIN}/rotation-canary"
-ANN_EVIDENCE = f"{DOMAIN}/rotation-evidence"
-ANN_REASON = f"{DOMAIN}/rotation-reason"
-ANN_ACTED_AT = f"{DOMAIN}/rotation-acted-at"
-# Hoster actions, annotations on the source Secret (written by `licensectl rollout retry|undo`).
-ANN_RETRY_AT = f"{DOMAIN}/rollout-retry-at"
-ANN_UNDO_AT = f"{DOMAIN}/rollout-undo-at"
+# The record's names (core/rotation_record.py) are re-exported: callers import this one module.
+__all__ = [
+    "ACTIVE",
+    "ANN_ACTED_AT",
+    "ANN_CANARY",
+    "ANN_CANDIDATE",
+    "ANN_EVIDENCE",
+    "ANN_PHASE",
+    "ANN_REASON",
+    "ANN_RETRY_AT",
+    "ANN_STABLE",
+    "ANN_UNDO_AT",
+    "ANN_WAVE",
+    "ANN_WAVE_STARTED_AT",
+    "FAILED_GRIDD_EVENTS",
+    "FAILURE_REASONS",
+    "MAX_REASON_CHARS",
+    "REJECTED",
+    "CanarySpec",
+    "Decision",
+    "HosterControl",
+    "RotationEvent",
+    "RotationPhase",
+    "RotationRecord",
+    "RotationSettings",
+    "SourceView",
+    "WaveStatus",
+    "WaveVmi",
+    "bucket",
+    "can_change",
+    "content_revision",
+    "decide",
+    "guest_evidence",
+    "parse_steps",
+    "select_canary",
+    "wave_members",
+    "wave_status",
+]
 
 # Guest reasons (licensectl.core.guest_report.UNLICENSED_REASONS) that blame the token or its server, not
 # a missing disk or an old lease: the evidence that fails an analysis.
 FAILURE_REASONS = frozenset({"acquire_failed", "token_corrupt", "not_found"})
-MAX_REASON_CHARS = 256
-
-
-class RotationPhase(StrEnum):
-    STABLE = "stable"  # no candidate: every namespace on stable
-    CANARY = "canary"  # wave 0: the canary namespaces on the candidate, analysis running
-    PROMOTING = "promoting"  # wave i >= 1: step i's namespaces on the candidate
-    PROMOTED = "promoted"  # every namespace on the candidate (stable kept for undo)
-    ABORTED = "aborted"  # analysis failed: every namespace back on stable
-    UNDONE = "undone"  # the hoster undid it: every namespace back on stable
-
-
-ACTIVE = frozenset({RotationPhase.CANARY, RotationPhase.PROMOTING})
-REJECTED = frozenset({RotationPhase.ABORTED, RotationPhase.UNDONE})
-
-
-def content_revision(token: bytes, gridd_conf: bytes | None) -> str:
-    """The source revision: SHA-256 of what the hoster supplies (token and optional gridd.conf),
-    length-prefixed. Independent of classes, so one source has one candidate."""
-    h = hashlib.sha256(b"licensectl-source-v1\0")
-    h.update(u64(len(token)) + token)
-    conf = b"" if gridd_conf is None else gridd_conf
-    h.update(u64(0 if gridd_conf is None else 1) + u64(len(conf)) + conf)
-    return h.hexdigest()
-
-
-def bucket(candidate: str, namespace: str) -> float:
-    """Where a namespace falls in [0, 100) for this candidate: a step of p% holds bucket < p.
-
-    A fresh order per candidate (not always the same tenants first), and independent of the other
-    namespaces, so promotion never flips back when namespaces come and go."""
-    h = hashlib.sha256(f"{candidate}\0{namespace}".encode()).digest()
-    return int.from_bytes(h[:8], "big") * 100.0 / 2**64
 
 
 # ---------------------------------------------------------------------------------------------
@@ -151,94 +162,10 @@ def parse_steps(raw: str) -> tuple[float, ...]:
 
 @dataclass(frozen=True, slots=True)
 class RotationSettings:
-    canary: CanarySpec = field(default_factory=CanarySpec)
-    steps: tuple[float, ...] = (10.0, 50.0, 100.0)
-    analysis_deadline_seconds: float = 900.0
-    max_unlicensed: int = 1  # canary/step guests failing with the candidate that abort the rotation
-
-
-# ---------------------------------------------------------------------------------------------
-# The record
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class RotationRecord:
-    """The decision state of one source, kept as annotations on its revision store Secret."""
-
-    stable: str
-    phase: RotationPhase = RotationPhase.STABLE
-    candidate: str = ""
-    wave: int = 0
-    wave_started_at: dt.datetime | None = None
-    canary: tuple[str, ...] = ()
-    evidence: bool = True  # the canary holds guests that can report (else: readiness only)
-    reason: str = ""
-    acted_at: dt.datetime | None = None  # hoster actions at or before this are already handled
-
-    @classmethod
-    def from_annotations(cls, ann: Mapping[str, str]) -> RotationRecord | None:
-        """None when unreadable (a store without a stable revision is not a decision)."""
-        stable = ann.get(ANN_STABLE, "")
-        if not stable:
-            return None
-        try:
-            phase = RotationPhase(ann.get(ANN_PHASE, RotationPhase.STABLE.value))
-            wave = int(ann.get(ANN_WAVE, "0") or "0")
-            canary = json.loads(ann.get(ANN_CANARY, "[]") or "[]")
-        except (ValueError, TypeError):
-            return None
-        if not isinstance(canary, list) or not all(isinstance(n, str) for n in canary):
-            return None
-        candidate = ann.get(ANN_CANDIDATE, "")
-        if phase is not RotationPhase.STABLE and not candidate:
-            return None
-        return cls(stable=stable, phase=phase, candidate=candidate, wave=max(0, wave),
-                   wave_started_at=annotation_time(ann, ANN_WAVE_STARTED_AT), canary=tuple(canary),
-                   evidence=ann.get(ANN_EVIDENCE, "true") != "false", reason=ann.get(ANN_REASON, ""),
-                   acted_at=annotation_time(ann, ANN_ACTED_AT))
-
-    def annotations(self) -> dict[str, str]:
-        out = {
-            ANN_STABLE: self.stable,
-            ANN_CANDIDATE: self.candidate,
-            ANN_PHASE: self.phase.value,
-            ANN_WAVE: str(self.wave),
-            ANN_CANARY: json.dumps(list(self.canary)),
-            ANN_EVIDENCE: "true" if self.evidence else "false",
-            ANN_REASON: self.reason[:MAX_REASON_CHARS],
-        }
-        if self.wave_started_at is not None:
-            out[ANN_WAVE_STARTED_AT] = format_micro_time(self.wave_started_at)
-        if self.acted_at is not None:
-            out[ANN_ACTED_AT] = format_micro_time(self.acted_at)
-        return out
-
-    def on_candidate(self, namespace: str, steps: Sequence[float]) -> bool:
-        """Whether ``namespace``'s replicas carry the candidate under this decision."""
-        if self.phase is RotationPhase.PROMOTED:
-            return True
-        if self.phase not in ACTIVE:
-            return False
-        if namespace in self.canary:
-            return True
-        return self.wave >= 1 and bucket(self.candidate, namespace) < steps[min(self.wave, len(steps)) - 1]
-
-    def revision_for(self, namespace: str, steps: Sequence[float]) -> str:
-        return self.candidate if self.on_candidate(namespace, steps) else self.stable
-
-
-@dataclass(frozen=True, slots=True)
-class HosterControl:
-    """The hoster's rotation actions, read from the source Secret's annotations."""
-
-    paused: bool = False
-    retry_at: dt.datetime | None = None
-    undo_at: dt.datetime | None = None
-
-    @classmethod
-    def from_annotations(cls, ann: Mapping[str, str], paused: bool = False) -> HosterControl:
-        return cls(paused, annotation_time(ann, ANN_RETRY_AT), annotation_time(ann, ANN_UNDO_AT))
+    canary: CanarySpec = field(default_factory=lambda: CanarySpec.parse(defaults.CANARY))
+    steps: tuple[float, ...] = parse_steps(defaults.ROLLOUT_STEPS)
+    analysis_deadline_seconds: float = defaults.ANALYSIS_DEADLINE_SECONDS
+    max_unlicensed: int = defaults.ANALYSIS_MAX_UNLICENSED  # guests failing with the candidate that abort it
 
 
 # ---------------------------------------------------------------------------------------------

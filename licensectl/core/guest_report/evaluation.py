@@ -61,7 +61,7 @@ def evaluate(report: guest.GuestReport, *, current_token_sha256: str | None, now
     grace = False
     for g in report.gpus:
         state = _guest_gpu_state(g, now)
-        severity = guest.SEVERITY[state]
+        severity = state.severity
         if severity > worst:
             worst, worst_state, worst_gpu = severity, state, g
         if g.expiry is not None and (expiry is None or g.expiry < expiry):
@@ -77,7 +77,7 @@ def evaluate(report: guest.GuestReport, *, current_token_sha256: str | None, now
     reason = None
     if worst_state is guest.LicenseState.EXPIRED:
         reason = guest.REASON_LEASE_EXPIRED
-    elif worst_state in (guest.LicenseState.UNLICENSED, guest.LicenseState.RESTRICTED, guest.LicenseState.GRACE):
+    elif worst_state.no_license:
         reason = unlicensed_reason(report.events)
     product = worst_gpu.product if worst_gpu is not None else None
     if product is None:

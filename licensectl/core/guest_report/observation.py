@@ -8,12 +8,14 @@ from __future__ import annotations
 import datetime as dt
 from typing import Final
 
+from licensectl.core import defaults
+
 # A guest silent for this many report intervals is `unknown`.
 MISSED_INTERVALS: Final = 3
 # What a VMI may take from its start until the probe's first report: firmware, OS boot, the license
 # unit and the probe's timer (the default timer's first run is 2 minutes after boot). Bounded, so a
 # guest whose probe never runs is still called out a few minutes after it started.
-BOOT_ALLOWANCE_SECONDS: Final = 300.0
+BOOT_ALLOWANCE_SECONDS: Final = defaults.GUEST_BOOT_ALLOWANCE_SECONDS
 
 
 def awaiting_first_report(now: dt.datetime, *, receiving_since: dt.datetime | None, vmi_started: dt.datetime | None,

@@ -24,19 +24,32 @@ class LicenseState(StrEnum):
     DRIVER_MISSING = "driver_missing"  # the probe found no nvidia-smi: image without the guest driver
     UNKNOWN = "unknown"
 
+    @property
+    def severity(self) -> int:
+        """Rank in the worst-first aggregation (higher is worse): a guest takes its worst GPU's state."""
+        return _SEVERITY[self]
+
+    @property
+    def no_license(self) -> bool:
+        """The guest holds no usable license, so it carries gridd's reason (docs/operations.md#guest-conditions)."""
+        return self in _NO_LICENSE
+
 
 # Worst-first aggregation: a guest is as bad as its worst GPU. Restricted is throttled right now,
 # expired is about to be, unlicensed is past or outside grace, grace still runs at full speed,
 # unknown says nothing bad for sure. driver_missing never mixes with GPU states (no GPU is seen).
-SEVERITY: Final[dict[LicenseState, int]] = {
-    LicenseState.LICENSED: 0,
-    LicenseState.UNKNOWN: 1,
-    LicenseState.GRACE: 2,
-    LicenseState.UNLICENSED: 3,
-    LicenseState.EXPIRED: 4,
-    LicenseState.RESTRICTED: 5,
-    LicenseState.DRIVER_MISSING: 6,
-}
+_SEVERITY: Final[dict[LicenseState, int]] = {state: rank for rank, state in enumerate((
+    LicenseState.LICENSED,
+    LicenseState.UNKNOWN,
+    LicenseState.GRACE,
+    LicenseState.UNLICENSED,
+    LicenseState.EXPIRED,
+    LicenseState.RESTRICTED,
+    LicenseState.DRIVER_MISSING,
+))}
+# No usable license: unlicensed, in grace (unlicensed, still unthrottled), restricted, or a lease run out.
+_NO_LICENSE: Final = frozenset({LicenseState.UNLICENSED, LicenseState.RESTRICTED, LicenseState.GRACE,
+                                LicenseState.EXPIRED})
 
 # Why a guest holds no license, from gridd's own log (bounded: used as a metric label).
 REASON_TOKEN_MISSING: Final = "token_missing"

@@ -10,8 +10,8 @@ import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from licensectl.core import model
-from licensectl.core.rollout.constants import DONE_GATE_READY_LICENSED, RESULT_DONE, RESULT_FAILED, RESULT_RETRY
+from licensectl.core import defaults, model
+from licensectl.core.rollout.constants import RESULT_DONE, RESULT_FAILED, RESULT_RETRY
 from licensectl.core.timecodec import annotation_time, annotation_value_time
 
 
@@ -72,22 +72,22 @@ class SourceControl:
 class RolloutSettings:
     """The planner's knobs (config.Settings documents them; licensectl.controllers.settings maps them)."""
 
-    settle_seconds: float = 60.0
-    max_unavailable: str = "10%"
-    max_per_namespace: int = 1
-    max_failures: int = 3  # < 1 disables the failure pause
-    restart_timeout_seconds: float = 600.0
-    manual_deadline_seconds: float = 7 * 24 * 3600.0
-    done_gate: str = DONE_GATE_READY_LICENSED
-    reissue_after_seconds: float = 60.0
-    max_restarts_per_minute: int = 0  # < 1: no rate limit beyond max_unavailable
+    settle_seconds: float = defaults.SETTLE_SECONDS
+    max_unavailable: str = defaults.MAX_UNAVAILABLE
+    max_per_namespace: int = defaults.MAX_PER_NAMESPACE
+    max_failures: int = defaults.MAX_FAILURES  # < 1 disables the failure pause
+    restart_timeout_seconds: float = defaults.RESTART_TIMEOUT_SECONDS
+    manual_deadline_seconds: float = defaults.MANUAL_DEADLINE_SECONDS
+    done_gate: str = defaults.DONE_GATE
+    reissue_after_seconds: float = defaults.RESTART_REISSUE_SECONDS
+    max_restarts_per_minute: int = defaults.MAX_RESTARTS_PER_MINUTE  # < 1: no rate limit beyond max_unavailable
     # Backstop retries (docs/design.md#backstop-retry): attempt n waits base * 2**(n-1), at most max.
     retry_base_seconds: float = 30.0
     retry_max_seconds: float = 1800.0
     # Tenant cluster workers (docs/design.md#tenant-worker-drain): open drain cycles per cluster, and how
     # long a worker held by a condition (its cluster unreachable, no Node) waits before it is planned again.
-    max_disrupted_workers: int = 1
-    drain_hold_seconds: float = 60.0
+    max_disrupted_workers: int = defaults.MAX_DISRUPTED_WORKERS
+    drain_hold_seconds: float = defaults.DRAIN_HOLD_SECONDS
 
     def retry_delay(self, attempt: int) -> float:
         """Seconds after restart ``attempt`` came back without its volume before the next one: doubling,

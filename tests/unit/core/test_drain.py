@@ -705,7 +705,7 @@ def test_drain_imports_only_the_standard_library_and_pure_core_modules() -> None
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
         a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     assert imported == {"__future__", "datetime", "collections.abc", "dataclasses", "enum",
-                        "licensectl.core.model", "licensectl.core.timecodec"}
+                        "licensectl.core.defaults", "licensectl.core.model", "licensectl.core.timecodec"}
 
 
 def test_intent_annotations_use_the_licensectl_prefix() -> None:

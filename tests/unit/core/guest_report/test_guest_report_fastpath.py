@@ -18,7 +18,6 @@ from licensectl.core.guest_report import (
     SECTION_GRIDD_LOG,
     SECTION_SMI_TEXT,
     SECTION_SMI_XML,
-    SEVERITY,
     SMI_FAILED,
     SMI_MISSING,
     SMI_OK,
@@ -263,13 +262,13 @@ def reference_evaluate(report: gr.GuestReport, *, current_token_sha256: str | No
     if report.smi_status == SMI_MISSING:
         worst_state, worst_gpu = gr.LicenseState.DRIVER_MISSING, None
     elif states:
-        worst_state, worst_gpu = max(states, key=lambda sg: SEVERITY[sg[0]])
+        worst_state, worst_gpu = max(states, key=lambda sg: sg[0].severity)
     else:
         worst_state, worst_gpu = gr.LicenseState.UNKNOWN, None
     reason = None
     if worst_state is gr.LicenseState.EXPIRED:
         reason = gr.REASON_LEASE_EXPIRED
-    elif worst_state in (gr.LicenseState.UNLICENSED, gr.LicenseState.RESTRICTED, gr.LicenseState.GRACE):
+    elif worst_state.no_license and worst_state is not gr.LicenseState.EXPIRED:
         reason = unlicensed_reason(report.events)
     expiries = [g.expiry for g in report.gpus if g.expiry is not None]
     product = worst_gpu.product if worst_gpu is not None else None
