@@ -10,9 +10,11 @@ import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from licensectl.core.rollout.evaluation import _Eval, _evaluate, _Now, _Slot
+from licensectl.core.rollout.evaluation import _Eval, _evaluate
 from licensectl.core.rollout.inputs import GuestGate, RolloutSettings, SourceControl
 from licensectl.core.rollout.outputs import VmiRolloutState
+from licensectl.core.rollout.slots import _Slot
+from licensectl.core.rollout.timing import _Now
 
 MAX_SHARED_STATES = 4096
 

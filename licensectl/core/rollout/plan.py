@@ -15,13 +15,9 @@ from licensectl.core import drain, model
 from licensectl.core.revision_text import replica_revision
 from licensectl.core.rollout.constants import PauseReason, Phase, VmiState
 from licensectl.core.rollout.evaluation import (
-    _collect_slots,
     _Eval,
     _evaluate,
-    _Now,
     _restartable,
-    _secs,
-    _settle,
     guest_reports,
     needs_live_check,
     next_attempt,
@@ -29,6 +25,8 @@ from licensectl.core.rollout.evaluation import (
 from licensectl.core.rollout.inputs import GuestGate, ReplicaRevision, RolloutSettings, SourceControl
 from licensectl.core.rollout.memo import PlanMemo, _Memo
 from licensectl.core.rollout.outputs import Action, RecordResult, RestartVm, RolloutPlan, RolloutStatus, VmiRolloutState
+from licensectl.core.rollout.slots import _collect_slots
+from licensectl.core.rollout.timing import _Now, _secs, _settle
 from licensectl.core.timecodec import format_micro_time
 
 
