@@ -13,6 +13,11 @@ never uncordoned by licensectl.
 
 Pure: the shell observes (VM, VMI, the tenant's Node and its Pods), calls `next_step`, writes the
 returned intent when it differs from the one on the VM, and only then acts.
+
+Three modules, one job each: `drain_intent` (the record a cycle keeps on its VM), `drain_workers` (which
+VMs are tenant machines, and the per-cluster disruption budget), and this one (the tenant's Nodes and
+Pods, cluster-api's Pod filters, and the step decisions). Their public names are re-exported here, so
+callers import them all from `licensectl.core.drain`.
 """
 
 from __future__ import annotations
@@ -28,15 +33,102 @@ from licensectl.core.defaults import (
     RESTART_REISSUE_SECONDS,
     WORKER_BOOT_TIMEOUT_SECONDS,
 )
-from licensectl.core.model import DOMAIN, LABEL_CAPI_CLUSTER_NAME, LABEL_CAPI_ROLE, LABEL_KUBEVIRT_MACHINE
-from licensectl.core.timecodec import annotation_value_time, format_micro_time, to_utc
+from licensectl.core.drain_intent import (
+    ANN_CORDONED_BY,
+    ANN_DRAIN_BOOT_ID,
+    ANN_DRAIN_CORDONED,
+    ANN_DRAIN_HELD,
+    ANN_DRAIN_HELD_AT,
+    ANN_DRAIN_NODE,
+    ANN_DRAIN_REASON,
+    ANN_DRAIN_REVISION,
+    ANN_DRAIN_STARTED_AT,
+    ANN_DRAIN_STEP,
+    ANN_DRAIN_STEP_AT,
+    ANN_DRAIN_VMI_UID,
+    HELD_ANNOTATIONS,
+    INTENT_ANNOTATIONS,
+    BlockReason,
+    DrainIntent,
+    Held,
+    IntentProblem,
+    Step,
+    held_of,
+    parse_annotations,
+)
+from licensectl.core.drain_workers import (
+    LABEL_CLUSTER_NAME,
+    LABEL_ROLE,
+    PROVIDER_ID_PREFIX,
+    ROLE_WORKER,
+    Role,
+    WorkerIdentity,
+    admit_workers,
+    in_progress_by_cluster,
+    worker_role,
+)
+from licensectl.core.model import DOMAIN
+from licensectl.core.timecodec import to_utc
 
-# Upstream names. VM labels: kubernetes-sigs/cluster-api-provider-kubevirt pkg/kubevirt/utils.go and
-# api/v1alpha1/kubevirtcluster_types.go; providerID: pkg/kubevirt/machine.go GenerateProviderID.
-LABEL_CLUSTER_NAME = LABEL_CAPI_CLUSTER_NAME
-LABEL_ROLE = LABEL_CAPI_ROLE
-PROVIDER_ID_PREFIX = "kubevirt://"
-ROLE_WORKER = "worker"  # kubernetes-sigs/kind pkg/cluster/constants: "worker" / "control-plane"
+__all__ = [
+    "ANN_CORDONED_BY",
+    "ANN_DRAIN_BOOT_ID",
+    "ANN_DRAIN_CORDONED",
+    "ANN_DRAIN_HELD",
+    "ANN_DRAIN_HELD_AT",
+    "ANN_DRAIN_NODE",
+    "ANN_DRAIN_REASON",
+    "ANN_DRAIN_REVISION",
+    "ANN_DRAIN_STARTED_AT",
+    "ANN_DRAIN_STEP",
+    "ANN_DRAIN_STEP_AT",
+    "ANN_DRAIN_VMI_UID",
+    "ANN_EXCLUDE_NODE_DRAINING",
+    "ANN_MAX_DISRUPTED_WORKERS",
+    "ANN_MIRROR_POD",
+    "ANN_RESTART_WITHOUT_DRAIN",
+    "HELD_ANNOTATIONS",
+    "INTENT_ANNOTATIONS",
+    "LABEL_CLUSTER_NAME",
+    "LABEL_POD_DRAIN",
+    "LABEL_ROLE",
+    "PROVIDER_ID_PREFIX",
+    "ROLE_WORKER",
+    "SKIP_DELETED_AFTER_SECONDS",
+    "Action",
+    "BlockReason",
+    "Blocked",
+    "ClusterPolicy",
+    "Cordon",
+    "Done",
+    "DrainIntent",
+    "DrainSettings",
+    "Evict",
+    "Held",
+    "IntentProblem",
+    "Observed",
+    "PodPlan",
+    "Restart",
+    "Role",
+    "SkipReason",
+    "Step",
+    "TenantNode",
+    "TenantPod",
+    "Uncordon",
+    "WaitBoot",
+    "WaitEvictions",
+    "WorkerIdentity",
+    "admit_workers",
+    "drain_timeout_for",
+    "held_of",
+    "in_progress_by_cluster",
+    "next_step",
+    "node_for",
+    "parse_annotations",
+    "pods_to_evict",
+    "worker_role",
+]
+
 # kubernetes-sigs/cluster-api api/core/v1beta2/machine_types.go and machinedrainrules_types.go.
 ANN_EXCLUDE_NODE_DRAINING = "machine.cluster.x-k8s.io/exclude-node-draining"
 LABEL_POD_DRAIN = "cluster.x-k8s.io/drain"
@@ -45,60 +137,11 @@ ANN_MIRROR_POD = "kubernetes.io/config.mirror"  # kubernetes/api core/v1 annotat
 # whose deletionTimestamp is more than this many seconds old are no longer waited for.
 SKIP_DELETED_AFTER_SECONDS = 1
 
-# licensectl's own names: the intent on the VM, the marker on the tenant Node, the policy on the
-# management cluster's CAPI Cluster object.
-ANN_DRAIN_STEP = f"{DOMAIN}/drain-step"
-ANN_DRAIN_REVISION = f"{DOMAIN}/drain-revision"
-ANN_DRAIN_STARTED_AT = f"{DOMAIN}/drain-started-at"
-ANN_DRAIN_STEP_AT = f"{DOMAIN}/drain-step-at"
-ANN_DRAIN_NODE = f"{DOMAIN}/drain-node"
-ANN_DRAIN_CORDONED = f"{DOMAIN}/drain-cordoned"
-ANN_DRAIN_BOOT_ID = f"{DOMAIN}/drain-boot-id"
-ANN_DRAIN_VMI_UID = f"{DOMAIN}/drain-vmi-uid"
-ANN_DRAIN_REASON = f"{DOMAIN}/drain-reason"
-# Every intent key: those absent from `render_annotations()` are to be removed from the VM.
-INTENT_ANNOTATIONS = (ANN_DRAIN_STEP, ANN_DRAIN_REVISION, ANN_DRAIN_STARTED_AT, ANN_DRAIN_STEP_AT, ANN_DRAIN_NODE,
-                      ANN_DRAIN_CORDONED, ANN_DRAIN_BOOT_ID, ANN_DRAIN_VMI_UID, ANN_DRAIN_REASON)
-# A condition that holds a worker's cycle without closing it (unreachable tenant, no Node yet): the reason
-# and when it was seen. The rollout plans the worker again only after DrainSettings.hold, so one
-# tenant's unreachable cluster never spends another tenant's restart budget pass after pass.
-ANN_DRAIN_HELD = f"{DOMAIN}/drain-held"
-ANN_DRAIN_HELD_AT = f"{DOMAIN}/drain-held-at"
-HELD_ANNOTATIONS = (ANN_DRAIN_HELD, ANN_DRAIN_HELD_AT)
-ANN_CORDONED_BY = f"{DOMAIN}/cordoned-by"  # on the Node: `<vm namespace>/<vm name>`
+# licensectl's policy names, on the management cluster's CAPI Cluster object.
 ANN_MAX_DISRUPTED_WORKERS = f"{DOMAIN}/max-disrupted-workers"
 ANN_RESTART_WITHOUT_DRAIN = f"{DOMAIN}/restart-without-drain"
 
 _FINISHED = frozenset({"Succeeded", "Failed"})
-
-
-class Role(StrEnum):
-    WORKER = "worker"
-    CONTROL_PLANE = "control-plane"  # also any other role value: never restarted automatically
-    NONE = "none"  # not a CAPK machine
-
-
-class Step(StrEnum):
-    """The step written on the VM before it is taken."""
-
-    CORDON = "cordon"
-    DRAIN = "drain"
-    RESTART = "restart"
-    WAIT_BOOT = "wait-boot"
-    UNCORDON = "uncordon"  # closing: `reason` says why (None: done or undone)
-    BLOCKED = "blocked"  # closed without a restart for this revision; `reason` names the condition
-
-
-class BlockReason(StrEnum):
-    """Condition reasons. The first four close a cycle for its revision; the others hold or wait."""
-
-    PDB_BLOCKED = "PDBBlocked"  # the drain timed out on Pods whose last eviction got a 429
-    DRAIN_TIMEOUT = "DrainTimeout"  # the drain timed out otherwise
-    BOOT_TIMEOUT = "BootTimeout"  # restarted, but the Node did not come back Ready with a new boot ID
-    INTENT_UNREADABLE = "IntentUnreadable"  # intent annotations present but unreadable: never guessed at
-    CLUSTER_UNREACHABLE = "ClusterUnreachable"  # the tenant API did not answer (and no opt-in)
-    NODE_MISSING = "NodeMissing"  # no Node with the worker's providerID
-    CONTROL_PLANE_MANUAL = "ControlPlaneManual"  # control-plane machines are restarted by hand
 
 
 class SkipReason(StrEnum):
@@ -107,65 +150,6 @@ class SkipReason(StrEnum):
     FINISHED = "finished"
     DELETED_ON_UNREACHABLE_NODE = "deleted-on-unreachable-node"
     DRAIN_LABEL = "drain-label"
-
-
-@dataclass(frozen=True, slots=True)
-class Held:
-    reason: BlockReason
-    at: dt.datetime
-
-    def render_annotations(self) -> dict[str, str]:
-        return {ANN_DRAIN_HELD: self.reason.value, ANN_DRAIN_HELD_AT: format_micro_time(self.at)}
-
-
-def held_of(annotations: Mapping[str, str]) -> Held | None:
-    """The hold recorded on the VM; None when absent or unreadable (then nothing is held back)."""
-    reason, at = annotations.get(ANN_DRAIN_HELD), annotation_value_time(annotations.get(ANN_DRAIN_HELD_AT))
-    if not reason or at is None:
-        return None
-    try:
-        return Held(BlockReason(reason.strip()), at)
-    except ValueError:
-        return None
-
-
-def worker_role(labels: Mapping[str, str]) -> Role:
-    """A VM without the CAPK cluster label is no machine; any role but `worker` is treated as control plane."""
-    if not labels.get(LABEL_CLUSTER_NAME):
-        return Role.NONE
-    return Role.WORKER if labels.get(LABEL_ROLE) == ROLE_WORKER else Role.CONTROL_PLANE
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerIdentity:
-    """A CAPK machine VM. `machine` is the KubevirtMachine name, which the Node's providerID carries
-    (the VM is named after the assigned hostname when there is one)."""
-
-    namespace: str
-    vm: str
-    cluster: str
-    role: Role
-    machine: str
-
-    @classmethod
-    def from_vm(cls, namespace: str, name: str, labels: Mapping[str, str]) -> WorkerIdentity | None:
-        role = worker_role(labels)
-        if role is Role.NONE:
-            return None
-        return cls(namespace, name, labels[LABEL_CLUSTER_NAME], role, labels.get(LABEL_KUBEVIRT_MACHINE) or name)
-
-    @property
-    def key(self) -> str:
-        """The Node marker's value: which VM's cycle cordoned the Node."""
-        return f"{self.namespace}/{self.vm}"
-
-    @property
-    def cluster_key(self) -> str:
-        return f"{self.namespace}/{self.cluster}"
-
-    @property
-    def provider_id(self) -> str:
-        return PROVIDER_ID_PREFIX + self.machine
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,80 +243,6 @@ def pods_to_evict(pods: Iterable[TenantPod], node_name: str, *, now: dt.datetime
             if pod.controller_kind is None:
                 warnings.append((pod, "evicting Pod that has no controller"))
     return PodPlan(tuple(evict), tuple(terminating), tuple(waiting), tuple(skipped), tuple(warnings))
-
-
-@dataclass(frozen=True, slots=True)
-class IntentProblem:
-    """Intent annotations that cannot be read (a hand edit, another writer): named, never guessed at."""
-
-    kind: str  # unknown-step, missing-field, bad-time, bad-flag, bad-reason
-    detail: str
-
-
-@dataclass(frozen=True, slots=True)
-class DrainIntent:
-    """One cycle's record on the VM. `cordoned` means licensectl may have cordoned the Node: while the
-    tenant cannot be reached it keeps the cycle open; once it can, the Node's marker decides."""
-
-    step: Step
-    revision: str  # the restart decision the cycle serves
-    started_at: dt.datetime  # cycle start: the drain timeout counts from here
-    step_at: dt.datetime  # when `step` was entered (restart re-issue, boot timeout)
-    node: str = ""
-    cordoned: bool = False
-    boot_id: str = ""  # the Node's bootID before the restart
-    vmi_uid: str = ""  # the VMI the restart targets: another UID means it was restarted
-    reason: BlockReason | None = None
-
-    @property
-    def active(self) -> bool:
-        """Holds a disruption slot of its cluster."""
-        return self.step is not Step.BLOCKED
-
-    def render_annotations(self) -> dict[str, str]:
-        out = {ANN_DRAIN_STEP: self.step.value, ANN_DRAIN_REVISION: self.revision,
-               ANN_DRAIN_STARTED_AT: format_micro_time(self.started_at),
-               ANN_DRAIN_STEP_AT: format_micro_time(self.step_at),
-               ANN_DRAIN_CORDONED: "true" if self.cordoned else "false"}
-        for key, value in ((ANN_DRAIN_NODE, self.node), (ANN_DRAIN_BOOT_ID, self.boot_id),
-                           (ANN_DRAIN_VMI_UID, self.vmi_uid), (ANN_DRAIN_REASON, self.reason or "")):
-            if value:
-                out[key] = value
-        return out
-
-
-def parse_annotations(annotations: Mapping[str, str]) -> DrainIntent | IntentProblem | None:
-    """None without a drain-step annotation; a named problem for anything unreadable; never raises."""
-    raw = {k: annotations.get(k) for k in INTENT_ANNOTATIONS}
-    if raw[ANN_DRAIN_STEP] is None:
-        return None
-    text = {k: v.strip() if isinstance(v, str) else "" for k, v in raw.items()}
-    try:
-        step = Step(text[ANN_DRAIN_STEP])
-    except ValueError:
-        return IntentProblem("unknown-step", repr(raw[ANN_DRAIN_STEP])[:80])
-    if not text[ANN_DRAIN_REVISION]:
-        return IntentProblem("missing-field", ANN_DRAIN_REVISION)
-    if step in (Step.CORDON, Step.DRAIN, Step.UNCORDON) and not text[ANN_DRAIN_NODE]:
-        return IntentProblem("missing-field", ANN_DRAIN_NODE)
-    if step is Step.RESTART and not text[ANN_DRAIN_VMI_UID]:
-        return IntentProblem("missing-field", ANN_DRAIN_VMI_UID)
-    started, step_at = annotation_value_time(raw[ANN_DRAIN_STARTED_AT]), annotation_value_time(raw[ANN_DRAIN_STEP_AT])
-    if started is None or step_at is None:
-        return IntentProblem("bad-time", f"{ANN_DRAIN_STARTED_AT} / {ANN_DRAIN_STEP_AT}")
-    cordoned = {"true": True, "false": False}.get(text[ANN_DRAIN_CORDONED])
-    if cordoned is None:
-        return IntentProblem("bad-flag", ANN_DRAIN_CORDONED)
-    reason = None
-    if text[ANN_DRAIN_REASON]:
-        try:
-            reason = BlockReason(text[ANN_DRAIN_REASON])
-        except ValueError:
-            return IntentProblem("bad-reason", repr(raw[ANN_DRAIN_REASON])[:80])
-    if step is Step.BLOCKED and reason is None:
-        return IntentProblem("missing-field", ANN_DRAIN_REASON)
-    return DrainIntent(step, text[ANN_DRAIN_REVISION], started, step_at, text[ANN_DRAIN_NODE], cordoned,
-                       text[ANN_DRAIN_BOOT_ID], text[ANN_DRAIN_VMI_UID], reason)
 
 
 @dataclass(frozen=True, slots=True)
@@ -553,31 +463,3 @@ class ClusterPolicy:
         text = raw.strip() if isinstance(raw, str) else ""
         limit = int(text) if text.isascii() and text.isdigit() and 1 <= int(text) <= 1000 else 1
         return cls(limit, isinstance(opt, str) and opt.strip().lower() == "true")
-
-
-def in_progress_by_cluster(
-        intents: Iterable[tuple[WorkerIdentity, DrainIntent | IntentProblem | None]]) -> dict[str, int]:
-    """Open cycles per cluster; an unreadable intent counts (its Node may be cordoned)."""
-    counts: dict[str, int] = {}
-    for worker, intent in intents:
-        if isinstance(intent, IntentProblem) or (intent is not None and intent.active):
-            counts[worker.cluster_key] = counts.get(worker.cluster_key, 0) + 1
-    return counts
-
-
-def admit_workers(candidates: Iterable[WorkerIdentity], in_progress: Mapping[str, int], *,
-                  limits: Mapping[str, int] | None = None, default_limit: int = 1) -> tuple[WorkerIdentity, ...]:
-    """Workers (without an open cycle, in priority order) that may start one now: at most the cluster's
-    limit disrupted at a time, open cycles included. Control-plane machines are never admitted."""
-    used = dict(in_progress)
-    taken: set[str] = set()
-    admitted: list[WorkerIdentity] = []
-    for worker in candidates:
-        if worker.role is not Role.WORKER or worker.key in taken:
-            continue
-        taken.add(worker.key)
-        limit = max(1, (limits or {}).get(worker.cluster_key, default_limit))
-        if used.get(worker.cluster_key, 0) < limit:
-            used[worker.cluster_key] = used.get(worker.cluster_key, 0) + 1
-            admitted.append(worker)
-    return tuple(admitted)

@@ -51,11 +51,17 @@ One module per job, each importing only modules listed above it:
     constants   restart results, policy and gate names; the VMI, phase and pause-reason enums
     inputs      what the planner reads: replica revisions, guest gates, source switches, settings, intents
     outputs     what it returns: restart and record actions, per-VMI states, per-source status, the plan
-    evaluation  one guest's rollout state from its VMI, VM, replica and intent at ``now``
+    timing      the settle delay, a VMI's start time, and the clock an evaluation reads (``_Now``)
+    slots       the guests to judge: VMI, owning VM, governing replica and intent, from the cluster view
+    evaluation  one guest's rollout state from its slot at ``now``
     memo        ``PlanMemo``: the last pass's evaluations, reused while their inputs hold
     plan        ``plan_rollout``: pauses, budgets, round-robin picks, per-source status, next wakeup
 
-The public names are re-exported here; callers import them from the package.
+The public names of these are re-exported here; callers import them from the package. Two modules are
+built on the package's names and imported by their own path:
+
+    view        rollout and rotation progress as plain data and text, for /v1/status and the CLI
+    actions     the hoster's rollout actions (pause, resume, retry, undo): what each writes, when it is refused
 """
 
 from __future__ import annotations
@@ -73,7 +79,7 @@ from licensectl.core.rollout.constants import (
     Rule,
     VmiState,
 )
-from licensectl.core.rollout.evaluation import MIN_SETTLE_SECONDS, Verdict, judge, needs_live_check, next_attempt
+from licensectl.core.rollout.evaluation import Verdict, judge, needs_live_check, next_attempt
 from licensectl.core.rollout.inputs import GuestGate, ReplicaRevision, RestartIntent, RolloutSettings, SourceControl
 from licensectl.core.rollout.memo import PlanMemo
 from licensectl.core.rollout.outputs import (
@@ -85,6 +91,7 @@ from licensectl.core.rollout.outputs import (
     VmiRolloutState,
 )
 from licensectl.core.rollout.plan import plan_rollout
+from licensectl.core.rollout.timing import MIN_SETTLE_SECONDS
 
 __all__ = [
     "DONE_GATE_READY",

@@ -1,20 +1,16 @@
-"""One guest's rollout state: the slots (VMI, VM, governing replica, intent) collected from the
-cluster view, and each slot's evaluation -- current, stale, restarting, done, failed, blocked,
-manual, awaiting evidence or undeliverable -- with the times at which it would change. Separate
-from the planner because it looks at one guest at a time; budgets and ordering across guests belong
-to `plan`, and `memo` reuses these evaluations between passes.
+"""One guest's rollout state: each slot's evaluation -- current, stale, restarting, done, failed, blocked,
+manual, awaiting evidence or undeliverable -- with the times at which it would change. Separate from the
+planner because it looks at one guest at a time; the slots come from `slots`, budgets and ordering across
+guests belong to `plan`, and `memo` reuses these evaluations between passes.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import operator
-from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from licensectl.core import drain, model
-from licensectl.core.delivery import delivery_blocker
 from licensectl.core.rollout.constants import (
     DONE_GATE_READY_LICENSED,
     POLICY_MANUAL,
@@ -26,42 +22,8 @@ from licensectl.core.rollout.constants import (
     VmiState,
 )
 from licensectl.core.rollout.inputs import GuestGate, ReplicaRevision, RestartIntent, RolloutSettings, SourceControl
-
-
-def _secs(seconds: float) -> dt.timedelta:
-    return dt.timedelta(seconds=seconds)
-
-
-# Kubernetes timestamps have one-second resolution and revision times are truncated to the second.
-# A restart issued at least this long after the revision time yields a VMI whose start time is
-# strictly later, so it can never be mistaken for a stale one (which would restart it again).
-MIN_SETTLE_SECONDS = 2.0
-
-
-def _settle(st: RolloutSettings) -> float:
-    return max(st.settle_seconds, MIN_SETTLE_SECONDS)
-
-
-def _started(vmi: model.Vmi) -> dt.datetime:
-    return vmi.running_since or vmi.created
-
-
-@dataclass(frozen=True, slots=True)
-class _Slot:
-    """One guest: its VMI (None while being recreated), its VM (None if standalone), the governing
-    replica and the parsed intent. Keyed by (namespace, VMI name) == (namespace, VM name)."""
-
-    namespace: str
-    name: str
-    vmi: model.Vmi | None
-    vm: model.Vm | None
-    replica: ReplicaRevision
-    intent: RestartIntent | None
-    missing: tuple[str, ...] = ()  # wanted replica volumes the VMI does not carry (backstop)
-    # The webhook's stamp against the mounted replicas: True all stamped ones match, False one does not,
-    # None the governing replica is not stamped (the time rule judges).
-    stamp: bool | None = None
-    blocker: str | None = None  # missing, and the webhook cannot add it to this spec (delivery.Skip value)
+from licensectl.core.rollout.slots import _Slot
+from licensectl.core.rollout.timing import _Now, _secs, _settle, _started
 
 
 @dataclass(slots=True)
@@ -139,128 +101,6 @@ def _is_stale(slot: _Slot, guest: GuestGate | None) -> bool:
     """Stale for certain (awaiting evidence is not stale)."""
     assert slot.vmi is not None
     return judge(slot.vmi, slot.replica, guest, stamp=slot.stamp, missing=slot.missing)[0] == Verdict.STALE
-
-
-def stamp_matches(vmi: model.Vmi, mounted: Iterable[ReplicaRevision], governing: ReplicaRevision) -> bool | None:
-    """The webhook stamp against the replicas the VMI mounts: None when the governing replica is not
-    stamped (an unstamped VMI, admitted before the stamp existed or while the webhook was away)."""
-    stamps = dict(vmi.delivered_revisions)
-    if governing.name not in stamps:
-        return None
-    return all(stamps[r.name] == r.revision for r in mounted if r.name in stamps)
-
-
-def _vm_intent(vm: model.Vm | None) -> RestartIntent | None:
-    return RestartIntent.from_annotations(vm.annotations) if vm is not None else None
-
-
-_NAME = operator.attrgetter("name")
-_NAMESPACE = operator.attrgetter("namespace")
-
-
-def _collect_slots(
-    replicas: Mapping[tuple[str, str], ReplicaRevision],
-    vmis: Iterable[model.Vmi],
-    vms: Iterable[model.Vm],
-    wanted: Mapping[tuple[str, str], tuple[str, ...]],
-    last: Callable[[str, str], _Slot | None] | None = None,
-    key_of: Callable[[str, str], tuple[str, str]] | None = None,
-) -> list[_Slot]:
-    """Every guest to judge. ``last(namespace, name)``: the guest's slot of the last pass (`PlanMemo`
-    keeps it), handed out again where this pass's would be equal, so a pass over unchanged guests
-    makes no new slot; a VM seen before as the same object keeps its parsed intent. ``key_of``: the
-    `(namespace, name)` tuple already held for a guest, so the VM index makes none of its own."""
-    if key_of is None:
-        vm_by_key = {(m.namespace, m.name): m for m in vms}
-    else:
-        vm_by_key = {key_of(m.namespace, m.name): m for m in vms}
-    by_ns: dict[str, list[ReplicaRevision]] = defaultdict(list)
-    for r in replicas.values():
-        by_ns[r.namespace].append(r)
-    slots: list[_Slot] = []
-    # VMs no VMI names as its owner, found by taking the owned ones out of a copy: its keys are the
-    # ones `vm_by_key` holds, where a set of owners would make a new tuple per VMI (a pass's peak).
-    unowned = dict.fromkeys(vm_by_key)
-    for v in vmis:
-        if v.owner_vm:
-            unowned.pop((v.namespace, v.owner_vm), None)
-        want = wanted.get((v.namespace, v.name), ())
-        missing: tuple[str, ...] = ()
-        blocker: str | None = None
-        if not want and len(v.secret_volumes) == 1:  # the common case, without the general one's allocations
-            one = replicas.get((v.namespace, v.secret_volumes[0]))
-            if one is None:
-                continue
-            governing = one
-            stamp = stamp_matches(v, (one,), one) if v.delivered_revisions else None
-        else:
-            names = dict.fromkeys(v.secret_volumes + want)
-            refs = [replicas[(v.namespace, s)] for s in names if (v.namespace, s) in replicas]
-            if not refs:
-                continue
-            missing = tuple(s for s in want if s not in v.secret_volumes and (v.namespace, s) in replicas)
-            governing = max(refs, key=lambda r: (r.revision_time, r.name))
-            stamp = stamp_matches(v, refs, governing) if v.delivered_revisions else None
-            if missing:
-                skip = delivery_blocker(v, want)
-                blocker = None if skip is None else str(skip.value)
-        vm = vm_by_key.get((v.namespace, v.owner_vm)) if v.owner_vm else None
-        prev = last(v.namespace, v.name) if last is not None else None
-        if prev is not None and prev.vm is vm:
-            if (prev.vmi is v and prev.replica == governing and prev.missing == missing and prev.stamp == stamp
-                    and prev.blocker == blocker):
-                slots.append(prev)
-                continue
-            intent = prev.intent
-        else:
-            intent = _vm_intent(vm)
-        slots.append(_Slot(v.namespace, v.name, v, vm, governing, intent, missing, stamp, blocker))
-    # VMs whose VMI is gone: a restart in flight (or a stopped VM, which is not our business).
-    for key in sorted(unowned):
-        vm = vm_by_key[key]
-        if vm.run_strategy == "Halted":
-            continue
-        prev = last(vm.namespace, vm.name) if last is not None else None
-        intent = prev.intent if prev is not None and prev.vm is vm else _vm_intent(vm)
-        if intent is None or intent.result == RESULT_DONE:
-            continue
-        replica: ReplicaRevision | None = None
-        if intent.replica:
-            replica = replicas.get((vm.namespace, intent.replica))
-        else:
-            matching = sorted((r for r in by_ns.get(vm.namespace, ()) if r.revision == intent.revision),
-                              key=lambda r: r.name)
-            replica = matching[0] if matching else None
-        if replica is not None:
-            slots.append(_Slot(vm.namespace, vm.name, None, vm, replica, intent))
-    # By (namespace, name) in two stable sorts: a key tuple per slot would be a pass's peak at 50,000.
-    slots.sort(key=_NAME)
-    slots.sort(key=_NAMESPACE)
-    return slots
-
-
-class _Now:
-    """``now`` for one evaluation, remembering the earliest later time it was compared with: the
-    evaluation cannot change before that time unless its inputs do (what `PlanMemo` relies on)."""
-
-    __slots__ = ("evidence_at", "horizon", "now")
-
-    def __init__(self, now: dt.datetime, evidence_at: dt.datetime | None = None) -> None:
-        self.now = now
-        self.horizon: dt.datetime | None = None
-        # Before this time a guest without a report may have reported to the previous leader.
-        self.evidence_at = evidence_at
-
-    def evidence_pending(self) -> bool:
-        """Whether "no report" still means "no report yet" (docs/design.md#evidence-after-takeover)."""
-        return self.evidence_at is not None and not self.reached(self.evidence_at)
-
-    def reached(self, t: dt.datetime) -> bool:
-        if t <= self.now:
-            return True
-        if self.horizon is None or t < self.horizon:
-            self.horizon = t
-        return False
 
 
 def _track(slot: _Slot, intent: RestartIntent, st: RolloutSettings,

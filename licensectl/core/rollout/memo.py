@@ -7,12 +7,15 @@ interleaved with the rules.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from licensectl.core.rollout.evaluation import _Eval, _evaluate, _Now, _Slot
-from licensectl.core.rollout.inputs import GuestGate, RolloutSettings, SourceControl
+from licensectl.core import model
+from licensectl.core.rollout.evaluation import _Eval, _evaluate
+from licensectl.core.rollout.inputs import GuestGate, ReplicaRevision, RolloutSettings, SourceControl
 from licensectl.core.rollout.outputs import VmiRolloutState
+from licensectl.core.rollout.slots import _collect_slots, _Slot
+from licensectl.core.rollout.timing import _Now
 
 MAX_SHARED_STATES = 4096
 
@@ -39,6 +42,8 @@ class PlanMemo:
     same and the earliest such time still lies ahead. During a rollout most guests do not change
     between two passes, so a pass re-evaluates only the few that did. Owned by one caller; a plan
     made with a memo equals the plan made without one (tested).
+
+    One pass: `collect` its slots, `evaluate` them, then take each guest's `state_of`.
     """
 
     def __init__(self) -> None:
@@ -50,6 +55,54 @@ class PlanMemo:
         self._evidence_at: dt.datetime | None = None
         self.hits = 0  # evaluations reused, for tests and benchmarks
 
+    def collect(self, replicas: Mapping[tuple[str, str], ReplicaRevision], vmis: Iterable[model.Vmi],
+                vms: Iterable[model.Vm], *, wanted: Mapping[tuple[str, str], tuple[str, ...]]) -> list[_Slot]:
+        """This pass's slots (`_collect_slots`), handing out the last pass's where nothing in them changed.
+        Call it before `evaluate`: it reads the last pass's slots, which `evaluate` replaces."""
+        return _collect_slots(replicas, vmis, vms, wanted, self.last_slot, self.held_key)
+
+    def evaluate(self, slots: Iterable[_Slot], settings: RolloutSettings, guests: Mapping[tuple[str, str], GuestGate],
+                 *, control_of: Callable[[_Slot], SourceControl], now: dt.datetime,
+                 evidence_at: dt.datetime | None = None) -> list[_Eval]:
+        """Every slot's evaluation at ``now``, reusing the last pass's where its inputs are the same; this
+        pass's replace the last pass's (guests gone since are forgotten)."""
+        self._begin(settings, now, evidence_at)
+        keep: dict[tuple[str, str], _Memo] = {}
+        evals = [self._evaluate(s, settings, guests, control_of(s), now, keep).ev for s in slots]
+        self._entries = keep
+        return evals
+
+    def state_of(self, ev: _Eval,
+                 make: Callable[[_Eval], VmiRolloutState]) -> tuple[tuple[str, str], VmiRolloutState]:
+        """The guest's key and state, for an evaluation of the last `evaluate`. Both are the ones the memo
+        already holds where nothing changed (a plan then keeps no new object per unchanged guest), and a
+        new state (``make(ev)``) is the shared instance equal to it: most of 50,000 guests are in a
+        handful of states."""
+        key = (ev.slot.namespace, ev.slot.name)
+        m = self._entries.get(key)
+        if m is not None:
+            key = m.key
+            if m.state is not None:
+                return key, m.state
+        state = self._shared_state(make(ev))
+        if m is not None:
+            m.state = state
+        return key, state
+
+    def last_slot(self, namespace: str, name: str) -> _Slot | None:
+        """The guest's slot of the last pass, for `_collect_slots` to hand out again where nothing in it
+        changed (a pass over 50,000 unchanged guests then makes no new slot) and to take a VM's parsed
+        intent from where the VM is the same object: cache objects are replaced on every change, and
+        parsing every VM's two timestamps each pass was a third of a pass at 2,000 VMIs."""
+        m = self._entries.get((namespace, name))
+        return m.ev.slot if m is not None else None
+
+    def held_key(self, namespace: str, name: str) -> tuple[str, str]:
+        """The guest's key tuple the memo holds (a new one for a guest it does not know)."""
+        key = (namespace, name)
+        m = self._entries.get(key)
+        return m.key if m is not None else key
+
     def _begin(self, settings: RolloutSettings, now: dt.datetime, evidence_at: dt.datetime | None = None) -> None:
         if (settings != self._settings or (self._now is not None and now < self._now)
                 or evidence_at != self._evidence_at):
@@ -58,24 +111,6 @@ class PlanMemo:
         if len(self._states) > MAX_SHARED_STATES:  # distinct retry times and reasons pile up: start over
             self._states.clear()
         self._settings, self._now, self._evidence_at = settings, now, evidence_at
-
-    def _last_slot(self, namespace: str, name: str) -> _Slot | None:
-        """The guest's slot of the last pass, for `_collect_slots` to hand out again where nothing in it
-        changed (a pass over 50,000 unchanged guests then makes no new slot) and to take a VM's parsed
-        intent from where the VM is the same object: cache objects are replaced on every change, and
-        parsing every VM's two timestamps each pass was a third of a pass at 2,000 VMIs."""
-        m = self._entries.get((namespace, name))
-        return m.ev.slot if m is not None else None
-
-    def _held_key(self, namespace: str, name: str) -> tuple[str, str]:
-        """The guest's key tuple the memo holds (a new one for a guest it does not know)."""
-        key = (namespace, name)
-        m = self._entries.get(key)
-        return m.key if m is not None else key
-
-    def _keep(self, entries: dict[tuple[str, str], _Memo]) -> None:
-        """This pass's evaluations replace the last pass's: guests gone since are forgotten."""
-        self._entries = entries
 
     def _shared_state(self, state: VmiRolloutState) -> VmiRolloutState:
         """The one instance equal to `state` (states are frozen: sharing one changes nothing)."""

@@ -8,27 +8,26 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from licensectl.core import drain, model
 from licensectl.core.revision_text import replica_revision
 from licensectl.core.rollout.constants import PauseReason, Phase, VmiState
 from licensectl.core.rollout.evaluation import (
-    _collect_slots,
     _Eval,
     _evaluate,
-    _Now,
     _restartable,
-    _secs,
-    _settle,
     guest_reports,
     needs_live_check,
     next_attempt,
 )
 from licensectl.core.rollout.inputs import GuestGate, ReplicaRevision, RolloutSettings, SourceControl
-from licensectl.core.rollout.memo import PlanMemo, _Memo
+from licensectl.core.rollout.memo import PlanMemo
 from licensectl.core.rollout.outputs import Action, RecordResult, RestartVm, RolloutPlan, RolloutStatus, VmiRolloutState
+from licensectl.core.rollout.slots import _collect_slots, _Slot
+from licensectl.core.rollout.timing import _Now, _secs, _settle
 from licensectl.core.timecodec import format_micro_time
 
 
@@ -91,20 +90,7 @@ def plan_rollout(
     """
     st = settings
     by_key = {r.key: r for r in replicas}
-    slots = (_collect_slots(by_key, vmis, vms, wanted or {}) if memo is None
-             else _collect_slots(by_key, vmis, vms, wanted or {}, memo._last_slot, memo._held_key))
-    no_control = SourceControl()
-    memos: dict[tuple[str, str], _Memo] = {}
-    if memo is None:
-        evals = [_evaluate(s, st, guests, sources.get(s.replica.source, no_control), _Now(now, evidence_at))
-                 for s in slots]
-    else:
-        memo._begin(st, now, evidence_at)
-        evals = [memo._evaluate(s, st, guests, sources.get(s.replica.source, no_control), now, memos).ev
-                 for s in slots]
-        memo._keep(memos)
-    shared: Callable[[VmiRolloutState], VmiRolloutState] = (
-        memo._shared_state if memo is not None else _per_plan_states())
+    evals = _evaluations(by_key, vmis, vms, wanted or {}, guests, sources, st, now, memo, evidence_at)
 
     by_source: dict[model.ObjectRef, list[_Eval]] = defaultdict(list)
     for e in evals:
@@ -116,131 +102,211 @@ def plan_rollout(
     for e in evals:
         if e.unavailable:
             ns_unavailable[e.slot.namespace] += 1
-    # Open drain cycles per tenant cluster, over every VM (a cycle outlives its restart: wait-boot, uncordon).
-    workers = _Workers(drain.in_progress_by_cluster(
-        (w, drain.parse_annotations(vm.annotations)) for vm in vms
-        if (w := drain.WorkerIdentity.from_vm(vm.namespace, vm.name, vm.labels)) is not None
-        and drain.ANN_DRAIN_STEP in vm.annotations), worker_limits or {}, st.max_disrupted_workers)
+    workers = _open_worker_cycles(vms, worker_limits or {}, st.max_disrupted_workers)
 
     results: list[Action] = [
         RecordResult(e.slot.namespace, e.slot.name, e.revision, e.record,
                      e.slot.vm.resource_version if e.slot.vm else "")
         for e in evals if e.record is not None and e.slot.intent is not None and e.slot.intent.result != e.record
     ]
-    restarts: list[Action] = []
-    statuses: dict[model.ObjectRef, RolloutStatus] = {}
-    wakeups: list[dt.datetime] = []
-    # Fleet-wide restart rate: restarts first issued in the last minute, read back from the intents.
-    rate: list[int] = [-1]
-    if st.max_restarts_per_minute >= 1:
-        window = now - _secs(60)
-        recent = sorted(e.slot.intent.issued_at for e in evals
-                        if e.slot.intent is not None and window < e.slot.intent.issued_at <= now)
-        rate = [max(0, st.max_restarts_per_minute - len(recent))]
-        if rate[0] == 0 and recent:
-            wakeups.append(recent[0] + _secs(60))
+    fleet = _Pass(st, now, guests, evidence_at, delivery_ready, ns_unavailable, workers)
+    _rate_budget(evals, fleet)
+    statuses = {src: _plan_source(src, by_source.get(src, []), sources.get(src, SourceControl()), by_key, fleet)
+                for src in all_sources}
 
-    for src in all_sources:
-        group = by_source.get(src, [])
-        control = sources.get(src, SourceControl())
-        # Oldest first, so the last is what the newest replica write carries (during a safe rotation
-        # the stable revision written back after an abort is newer than the candidate it replaced).
-        newest: dict[str, dt.datetime] = {}
-        for r in by_key.values():
-            if r.source == src and (r.revision not in newest or r.revision_time > newest[r.revision]):
-                newest[r.revision] = r.revision_time
-        revisions = tuple(sorted(newest, key=lambda rev: (newest[rev], rev)))
-        # Failure budgets per tenant first (docs/design.md#failure-budget-per-tenant): a namespace pauses on
-        # its own failures; the source only when failures span several namespaces.
-        failures_by_ns: dict[str, int] = defaultdict(int)
-        for e in group:
-            if e.counts_failure:
-                failures_by_ns[e.slot.namespace] += 1
-        failures = sum(failures_by_ns.values())
-        budget = st.max_failures >= 1
-        paused_ns = tuple(sorted(ns for ns, n in failures_by_ns.items() if budget and n >= st.max_failures))
-        pause: PauseReason | None = None
-        if control.paused:
-            pause = PauseReason.MANUAL
-        elif budget and len(failures_by_ns) >= st.source_failure_namespaces():
-            pause = PauseReason.FAILURES
-        elif not delivery_ready:
-            pause = PauseReason.WEBHOOK
-        held = frozenset(paused_ns)
-
-        affected = len(group)
-        limit = st.unavailable_limit(affected)
-        unavailable = sum(1 for e in group if e.unavailable)
-
-        for e in group:
-            # While paused, eligibility and re-issue times change nothing: no restart is made.
-            frozen = pause is not None or e.slot.namespace in held
-            times = [e.deadline] if frozen else [e.deadline, e.eligible_at, e.reissue_at]
-            wakeups.extend(t for t in times if t is not None and t > now)
-
-        if pause is None:
-            for e in group:
-                if (e.reissue_at is not None and e.reissue_at <= now and e.slot.intent and e.slot.vmi
-                        and _restartable(e.slot.vm) and e.slot.namespace not in held):
-                    restarts.append(RestartVm(
-                        e.slot.namespace, e.slot.name, e.slot.vmi.uid, e.slot.intent.revision,
-                        e.slot.intent.replica or e.slot.replica.name, e.slot.intent.issued_at, now,
-                        reissue=True, vm_resource_version=e.slot.vm.resource_version if e.slot.vm else "",
-                        check_live=True, attempt=e.slot.intent.attempt,
-                        guest_reports=e.slot.intent.guest_reports, drained=_drained(e.slot.vm)))
-            unavailable = _pick([e for e in group if e.slot.namespace not in held], st, limit, unavailable,
-                                ns_unavailable, now, restarts, rate, guests, evidence_at, workers)
-
-        counts = {s: 0 for s in VmiState}
-        for e in group:
-            counts[e.state] += 1
-        overdue = sum(1 for e in group if e.overdue)
-        stale = [e for e in group if e.state is VmiState.STALE and e.slot.namespace not in held]
-        restarting = counts[VmiState.RESTARTING] + counts[VmiState.DRAINING] > 0
-        settles_at: dt.datetime | None = None
-        if pause is None and held and not stale and not restarting:
-            pause = PauseReason.TENANT_FAILURES  # all that is left waits for the hoster
-        if not group:
-            phase = Phase.IDLE
-        elif pause in (PauseReason.FAILURES, PauseReason.TENANT_FAILURES) or (
-                pause is not None and (stale or restarting)):
-            phase = Phase.PAUSED  # a failure pause needs the hoster, even when nothing else is left
-        elif (restarting or counts[VmiState.AWAITING_EVIDENCE]
-              or any(e.eligible_at is None or e.eligible_at <= now for e in stale)):
-            phase = Phase.PROGRESSING  # awaiting evidence: not complete until judged
-        elif stale:
-            settle_times = [e.slot.replica.revision_time + _secs(_settle(st)) for e in stale]
-            future = [t for t in settle_times if t > now]
-            if future:
-                phase, settles_at = Phase.SETTLING, min(future)
-            else:
-                phase = Phase.PROGRESSING  # only held back by an earlier in-flight restart
-        else:
-            phase = Phase.COMPLETE
-        if pause is PauseReason.WEBHOOK and phase is not Phase.PAUSED:
-            pause = None  # nothing to restart: nothing waits for the webhook
-        statuses[src] = RolloutStatus(
-            source=src, revisions=revisions, phase=phase, counts=MappingProxyType(counts),
-            overdue=overdue, affected=affected, unavailable=unavailable, max_unavailable=limit,
-            failures=failures, pause_reason=pause, settles_at=settles_at,
-            failures_by_namespace=MappingProxyType(dict(sorted(failures_by_ns.items()))),
-            paused_namespaces=paused_ns,
-            message=_message(phase, revisions, counts, overdue, unavailable, limit, pause, failures,
-                             st.max_failures, settles_at, paused_ns, len(failures_by_ns)),
-        )
-
-    vmi_states = dict(_state_of(e, memos, shared) for e in evals)
+    vmi_states = _vmi_states(evals, memo)
     results.sort(key=lambda a: (a.namespace, a.vm))
     # The restart each draining worker's cycle makes once its Node is drained (the shell decides when).
     drains = {(e.slot.namespace, e.slot.name): _restart_for(e, now, guests, evidence_at)
               for e in evals if e.state is VmiState.DRAINING and e.slot.vm is not None and e.slot.vmi is not None}
     return RolloutPlan(
-        actions=tuple(results + restarts),
+        actions=tuple(results + fleet.restarts),
         vmi_states=MappingProxyType(vmi_states),
         sources=MappingProxyType(statuses),
-        next_wakeup=min(wakeups, default=None),
+        next_wakeup=min(fleet.wakeups, default=None),
         drains=MappingProxyType(drains),
     )
+
+
+def _evaluations(by_key: Mapping[tuple[str, str], ReplicaRevision], vmis: Iterable[model.Vmi],
+                 vms: Iterable[model.Vm], wanted: Mapping[tuple[str, str], tuple[str, ...]],
+                 guests: Mapping[tuple[str, str], GuestGate], sources: Mapping[model.ObjectRef, SourceControl],
+                 st: RolloutSettings, now: dt.datetime, memo: PlanMemo | None,
+                 evidence_at: dt.datetime | None) -> list[_Eval]:
+    """Every guest's evaluation, through the memo when there is one (the same evaluations, less work)."""
+    no_control = SourceControl()
+
+    def control_of(s: _Slot) -> SourceControl:
+        return sources.get(s.replica.source, no_control)
+
+    if memo is None:
+        return [_evaluate(s, st, guests, control_of(s), _Now(now, evidence_at))
+                for s in _collect_slots(by_key, vmis, vms, wanted)]
+    return memo.evaluate(memo.collect(by_key, vmis, vms, wanted=wanted), st, guests, control_of=control_of, now=now,
+                         evidence_at=evidence_at)
+
+
+def _open_worker_cycles(vms: Iterable[model.Vm], limits: Mapping[str, int], default: int) -> _Workers:
+    """Open drain cycles per tenant cluster, over every VM (a cycle outlives its restart: wait-boot, uncordon)."""
+    return _Workers(drain.in_progress_by_cluster(
+        (w, drain.parse_annotations(vm.annotations)) for vm in vms
+        if (w := drain.WorkerIdentity.from_vm(vm.namespace, vm.name, vm.labels)) is not None
+        and drain.ANN_DRAIN_STEP in vm.annotations), limits, default)
+
+
+@dataclass(slots=True)
+class _Pass:
+    """What every source of one pass reads, and the fleet-wide budgets they spend in turn (sources in order):
+    the unavailable guests per namespace, the restart rate, the tenant clusters' disruption slots."""
+
+    st: RolloutSettings
+    now: dt.datetime
+    guests: Mapping[tuple[str, str], GuestGate]
+    evidence_at: dt.datetime | None
+    delivery_ready: bool
+    ns_unavailable: dict[str, int]
+    workers: _Workers
+    rate: list[int] = field(default_factory=lambda: [-1])  # restarts still allowed this minute (-1: unlimited)
+    restarts: list[Action] = field(default_factory=list)
+    wakeups: list[dt.datetime] = field(default_factory=list)
+
+
+def _rate_budget(evals: Iterable[_Eval], fleet: _Pass) -> None:
+    """Fleet-wide restart rate: restarts first issued in the last minute, read back from the intents."""
+    st, now = fleet.st, fleet.now
+    if st.max_restarts_per_minute >= 1:
+        window = now - _secs(60)
+        recent = sorted(e.slot.intent.issued_at for e in evals
+                        if e.slot.intent is not None and window < e.slot.intent.issued_at <= now)
+        fleet.rate[0] = max(0, st.max_restarts_per_minute - len(recent))
+        if fleet.rate[0] == 0 and recent:
+            fleet.wakeups.append(recent[0] + _secs(60))
+
+
+def _plan_source(src: model.ObjectRef, group: list[_Eval], control: SourceControl,
+                 by_key: Mapping[tuple[str, str], ReplicaRevision], fleet: _Pass) -> RolloutStatus:
+    """One source: its pause, its re-issued and new restarts (spending the fleet's budgets), its phase and
+    status. Its wakeups and restarts are added to ``fleet``."""
+    st, now = fleet.st, fleet.now
+    revisions = _revisions(src, by_key)
+    failures_by_ns, pause = _failures(group, control, st, fleet.delivery_ready)
+    failures = sum(failures_by_ns.values())
+    paused_ns = _paused_namespaces(failures_by_ns, st)
+    held = frozenset(paused_ns)
+
+    affected = len(group)
+    limit = st.unavailable_limit(affected)
+    unavailable = sum(1 for e in group if e.unavailable)
+
+    for e in group:
+        # While paused, eligibility and re-issue times change nothing: no restart is made.
+        frozen = pause is not None or e.slot.namespace in held
+        times = [e.deadline] if frozen else [e.deadline, e.eligible_at, e.reissue_at]
+        fleet.wakeups.extend(t for t in times if t is not None and t > now)
+
+    if pause is None:
+        _reissue(group, held, fleet)
+        unavailable = _pick([e for e in group if e.slot.namespace not in held], st, limit, unavailable,
+                            fleet.ns_unavailable, now, fleet.restarts, fleet.rate, fleet.guests, fleet.evidence_at,
+                            fleet.workers)
+
+    counts = {s: 0 for s in VmiState}
+    for e in group:
+        counts[e.state] += 1
+    overdue = sum(1 for e in group if e.overdue)
+    phase, settles_at, pause = _phase(group, counts, pause, held, st, now)
+    return RolloutStatus(
+        source=src, revisions=revisions, phase=phase, counts=MappingProxyType(counts),
+        overdue=overdue, affected=affected, unavailable=unavailable, max_unavailable=limit,
+        failures=failures, pause_reason=pause, settles_at=settles_at,
+        failures_by_namespace=MappingProxyType(dict(sorted(failures_by_ns.items()))),
+        paused_namespaces=paused_ns,
+        message=_message(phase, revisions, counts, overdue, unavailable, limit, pause, failures,
+                         st.max_failures, settles_at, paused_ns, len(failures_by_ns)),
+    )
+
+
+def _revisions(src: model.ObjectRef, by_key: Mapping[tuple[str, str], ReplicaRevision]) -> tuple[str, ...]:
+    """The source's revisions among its replicas, oldest first, so the last is what the newest replica write
+    carries (during a safe rotation the stable revision written back after an abort is newer than the
+    candidate it replaced)."""
+    newest: dict[str, dt.datetime] = {}
+    for r in by_key.values():
+        if r.source == src and (r.revision not in newest or r.revision_time > newest[r.revision]):
+            newest[r.revision] = r.revision_time
+    return tuple(sorted(newest, key=lambda rev: (newest[rev], rev)))
+
+
+def _failures(group: Iterable[_Eval], control: SourceControl, st: RolloutSettings,
+              delivery_ready: bool) -> tuple[dict[str, int], PauseReason | None]:
+    """Failed restarts per namespace, and the source's pause. Failure budgets are per tenant first
+    (docs/design.md#failure-budget-per-tenant): a namespace pauses on its own failures; the source only when
+    failures span several namespaces."""
+    failures_by_ns: dict[str, int] = defaultdict(int)
+    for e in group:
+        if e.counts_failure:
+            failures_by_ns[e.slot.namespace] += 1
+    budget = st.max_failures >= 1
+    pause: PauseReason | None = None
+    if control.paused:
+        pause = PauseReason.MANUAL
+    elif budget and len(failures_by_ns) >= st.source_failure_namespaces():
+        pause = PauseReason.FAILURES
+    elif not delivery_ready:
+        pause = PauseReason.WEBHOOK
+    return failures_by_ns, pause
+
+
+def _paused_namespaces(failures_by_ns: Mapping[str, int], st: RolloutSettings) -> tuple[str, ...]:
+    """The namespaces paused on their own failures, sorted."""
+    budget = st.max_failures >= 1
+    return tuple(sorted(ns for ns, n in failures_by_ns.items() if budget and n >= st.max_failures))
+
+
+def _reissue(group: Iterable[_Eval], held: frozenset[str], fleet: _Pass) -> None:
+    """Restarts whose call may have been lost, issued again for the same VMI (not while its namespace is held)."""
+    now = fleet.now
+    for e in group:
+        if (e.reissue_at is not None and e.reissue_at <= now and e.slot.intent and e.slot.vmi
+                and _restartable(e.slot.vm) and e.slot.namespace not in held):
+            fleet.restarts.append(RestartVm(
+                e.slot.namespace, e.slot.name, e.slot.vmi.uid, e.slot.intent.revision,
+                e.slot.intent.replica or e.slot.replica.name, e.slot.intent.issued_at, now,
+                reissue=True, vm_resource_version=e.slot.vm.resource_version if e.slot.vm else "",
+                check_live=True, attempt=e.slot.intent.attempt,
+                guest_reports=e.slot.intent.guest_reports, drained=_drained(e.slot.vm)))
+
+
+def _phase(group: list[_Eval], counts: Mapping[VmiState, int], pause: PauseReason | None, held: frozenset[str],
+           st: RolloutSettings, now: dt.datetime) -> tuple[Phase, dt.datetime | None, PauseReason | None]:
+    """The source's phase, when it settles (settling only), and its pause as reported: a source whose guests
+    all wait for the hoster is paused on tenant failures; one with nothing to restart does not wait for
+    the webhook."""
+    stale = [e for e in group if e.state is VmiState.STALE and e.slot.namespace not in held]
+    restarting = counts[VmiState.RESTARTING] + counts[VmiState.DRAINING] > 0
+    settles_at: dt.datetime | None = None
+    if pause is None and held and not stale and not restarting:
+        pause = PauseReason.TENANT_FAILURES  # all that is left waits for the hoster
+    if not group:
+        phase = Phase.IDLE
+    elif pause in (PauseReason.FAILURES, PauseReason.TENANT_FAILURES) or (
+            pause is not None and (stale or restarting)):
+        phase = Phase.PAUSED  # a failure pause needs the hoster, even when nothing else is left
+    elif (restarting or counts[VmiState.AWAITING_EVIDENCE]
+          or any(e.eligible_at is None or e.eligible_at <= now for e in stale)):
+        phase = Phase.PROGRESSING  # awaiting evidence: not complete until judged
+    elif stale:
+        settle_times = [e.slot.replica.revision_time + _secs(_settle(st)) for e in stale]
+        future = [t for t in settle_times if t > now]
+        if future:
+            phase, settles_at = Phase.SETTLING, min(future)
+        else:
+            phase = Phase.PROGRESSING  # only held back by an earlier in-flight restart
+    else:
+        phase = Phase.COMPLETE
+    if pause is PauseReason.WEBHOOK and phase is not Phase.PAUSED:
+        pause = None  # nothing to restart: nothing waits for the webhook
+    return phase, settles_at, pause
 
 
 class _Workers:
@@ -281,29 +347,24 @@ def _drained(vm: model.Vm | None) -> bool:
     return vm is not None and drain.worker_role(vm.labels) is not drain.Role.NONE
 
 
-def _per_plan_states() -> Callable[[VmiRolloutState], VmiRolloutState]:
+def _vmi_states(evals: Iterable[_Eval], memo: PlanMemo | None) -> dict[tuple[str, str], VmiRolloutState]:
+    """Every guest's state. With a memo, keys and states are the ones it holds where nothing changed (see
+    `PlanMemo.state_of`); without one, equal states still share one instance within the plan."""
+    if memo is not None:
+        return dict(memo.state_of(e, _state) for e in evals)
     states: dict[VmiRolloutState, VmiRolloutState] = {}
-    return lambda s: states.setdefault(s, s)
+    out: dict[tuple[str, str], VmiRolloutState] = {}
+    for e in evals:
+        state = _state(e)
+        out[(e.slot.namespace, e.slot.name)] = states.setdefault(state, state)
+    return out
 
 
-def _state_of(e: _Eval, memos: Mapping[tuple[str, str], _Memo],
-              shared: Callable[[VmiRolloutState], VmiRolloutState]) -> tuple[tuple[str, str], VmiRolloutState]:
-    """The guest's key and state. With a memo, both are the ones it already holds where nothing changed
-    (a plan then keeps no new object per unchanged guest), and a new state is the shared instance equal
-    to it: most of 50,000 guests are in a handful of states."""
-    key = (e.slot.namespace, e.slot.name)
-    m = memos.get(key)
-    if m is not None:
-        key = m.key
-        if m.state is not None:
-            return key, m.state
-    state = shared(VmiRolloutState(
+def _state(e: _Eval) -> VmiRolloutState:
+    return VmiRolloutState(
         e.state, e.revision, e.slot.replica.source, e.slot.replica.name, e.overdue, e.reason,
         missing_volume=bool(e.slot.missing), rule=e.rule, blocker=e.slot.blocker or "",
-        attempt=e.retry, retry_at=e.eligible_at if e.retry else None))
-    if m is not None:
-        m.state = state
-    return key, state
+        attempt=e.retry, retry_at=e.eligible_at if e.retry else None)
 
 
 def _pick(group: list[_Eval], st: RolloutSettings, limit: int, unavailable: int,

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as hst
 
-from licensectl.core import drain
+from licensectl.core import drain, drain_intent, drain_workers
 from licensectl.core.drain import (
     ANN_CORDONED_BY,
     ANN_DRAIN_CORDONED,
@@ -57,6 +57,7 @@ from licensectl.core.drain import (
     pods_to_evict,
     worker_role,
 )
+from licensectl.core.model import LABEL_KUBEVIRT_MACHINE
 
 NOW = dt.datetime(2025, 3, 1, 12, 0, tzinfo=dt.UTC)
 S = dt.timedelta(seconds=1)
@@ -116,7 +117,7 @@ def test_identity_takes_the_provider_id_from_the_kubevirt_machine_name() -> None
     assert plain is not None and plain.provider_id == "kubevirt://vm-1" and plain.key == "t/vm-1"
     assert plain.cluster_key == "t/k8s-a" and plain.role is Role.WORKER
     # An assigned hostname names the VM; the providerID keeps the KubevirtMachine's name.
-    renamed = WorkerIdentity.from_vm("t", "host-7", {**CAPK_WORKER, drain.LABEL_KUBEVIRT_MACHINE: "kvm-1"})
+    renamed = WorkerIdentity.from_vm("t", "host-7", {**CAPK_WORKER, LABEL_KUBEVIRT_MACHINE: "kvm-1"})
     assert renamed is not None and renamed.provider_id == "kubevirt://kvm-1" and renamed.key == "t/host-7"
     assert WorkerIdentity.from_vm("t", "vm", {}) is None
 
@@ -700,12 +701,20 @@ def test_cluster_policy(annotations: dict[str, str], expected: ClusterPolicy) ->
 
 # -- the module stays pure -------------------------------------------------------------------------
 
-def test_drain_imports_only_the_standard_library_and_pure_core_modules() -> None:
-    tree = ast.parse(Path(drain.__file__).read_text())
-    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
+def _imports(module: object) -> set[str | None]:
+    tree = ast.parse(Path(getattr(module, "__file__", "")).read_text())
+    return {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
         a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    assert imported == {"__future__", "datetime", "collections.abc", "dataclasses", "enum",
-                        "licensectl.core.defaults", "licensectl.core.model", "licensectl.core.timecodec"}
+
+
+def test_drain_imports_only_the_standard_library_and_pure_core_modules() -> None:
+    assert _imports(drain) == {"__future__", "datetime", "collections.abc", "dataclasses", "enum",
+                               "licensectl.core.defaults", "licensectl.core.model", "licensectl.core.timecodec",
+                               "licensectl.core.drain_intent", "licensectl.core.drain_workers"}
+    assert _imports(drain_intent) == {"__future__", "datetime", "collections.abc", "dataclasses", "enum",
+                                      "licensectl.core.model", "licensectl.core.timecodec"}
+    assert _imports(drain_workers) == {"__future__", "collections.abc", "dataclasses", "enum",
+                                       "licensectl.core.model", "licensectl.core.drain_intent"}
 
 
 def test_intent_annotations_use_the_licensectl_prefix() -> None:

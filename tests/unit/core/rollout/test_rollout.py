@@ -323,11 +323,11 @@ def test_memo_parses_a_vm_intent_once_per_vm_object(monkeypatch: pytest.MonkeyPa
         return p
 
     once(in_flight, 200)
-    slot = memo._last_slot("t-a", "vm1")
+    slot = memo.last_slot("t-a", "vm1")
     once(in_flight, 210)
     once(in_flight, 220)
     assert parsed.count("-") == 1 + 3  # the memo's pass once; each plan without a memo once
-    assert memo._last_slot("t-a", "vm1") is slot is not None  # an unchanged guest makes no new slot
+    assert memo.last_slot("t-a", "vm1") is slot is not None  # an unchanged guest makes no new slot
     recorded = vm(ann=intent("r1", 50, "u0", result="done"))
     assert state(once(recorded, 230)) is VmiState.DONE
     assert parsed.count("done") == 2  # the replaced VM, in the memo's pass and in the plan without one

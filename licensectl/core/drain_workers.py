@@ -1,0 +1,93 @@
+"""Which VMs are tenant-cluster machines, and how many workers of one tenant cluster may be disrupted at
+once. Separate from `drain`, which takes one worker through its cycle: this is the identity the planner
+and the shell share, and the per-cluster budget across workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+from licensectl.core.drain_intent import DrainIntent, IntentProblem
+from licensectl.core.model import LABEL_CAPI_CLUSTER_NAME, LABEL_CAPI_ROLE, LABEL_KUBEVIRT_MACHINE
+
+# Upstream names. VM labels: kubernetes-sigs/cluster-api-provider-kubevirt pkg/kubevirt/utils.go and
+# api/v1alpha1/kubevirtcluster_types.go; providerID: pkg/kubevirt/machine.go GenerateProviderID.
+LABEL_CLUSTER_NAME = LABEL_CAPI_CLUSTER_NAME
+LABEL_ROLE = LABEL_CAPI_ROLE
+PROVIDER_ID_PREFIX = "kubevirt://"
+ROLE_WORKER = "worker"  # kubernetes-sigs/kind pkg/cluster/constants: "worker" / "control-plane"
+
+
+class Role(StrEnum):
+    WORKER = "worker"
+    CONTROL_PLANE = "control-plane"  # also any other role value: never restarted automatically
+    NONE = "none"  # not a CAPK machine
+
+
+def worker_role(labels: Mapping[str, str]) -> Role:
+    """A VM without the CAPK cluster label is no machine; any role but `worker` is treated as control plane."""
+    if not labels.get(LABEL_CLUSTER_NAME):
+        return Role.NONE
+    return Role.WORKER if labels.get(LABEL_ROLE) == ROLE_WORKER else Role.CONTROL_PLANE
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerIdentity:
+    """A CAPK machine VM. `machine` is the KubevirtMachine name, which the Node's providerID carries
+    (the VM is named after the assigned hostname when there is one)."""
+
+    namespace: str
+    vm: str
+    cluster: str
+    role: Role
+    machine: str
+
+    @classmethod
+    def from_vm(cls, namespace: str, name: str, labels: Mapping[str, str]) -> WorkerIdentity | None:
+        role = worker_role(labels)
+        if role is Role.NONE:
+            return None
+        return cls(namespace, name, labels[LABEL_CLUSTER_NAME], role, labels.get(LABEL_KUBEVIRT_MACHINE) or name)
+
+    @property
+    def key(self) -> str:
+        """The Node marker's value: which VM's cycle cordoned the Node."""
+        return f"{self.namespace}/{self.vm}"
+
+    @property
+    def cluster_key(self) -> str:
+        return f"{self.namespace}/{self.cluster}"
+
+    @property
+    def provider_id(self) -> str:
+        return PROVIDER_ID_PREFIX + self.machine
+
+
+def in_progress_by_cluster(
+        intents: Iterable[tuple[WorkerIdentity, DrainIntent | IntentProblem | None]]) -> dict[str, int]:
+    """Open cycles per cluster; an unreadable intent counts (its Node may be cordoned)."""
+    counts: dict[str, int] = {}
+    for worker, intent in intents:
+        if isinstance(intent, IntentProblem) or (intent is not None and intent.active):
+            counts[worker.cluster_key] = counts.get(worker.cluster_key, 0) + 1
+    return counts
+
+
+def admit_workers(candidates: Iterable[WorkerIdentity], in_progress: Mapping[str, int], *,
+                  limits: Mapping[str, int] | None = None, default_limit: int = 1) -> tuple[WorkerIdentity, ...]:
+    """Workers (without an open cycle, in priority order) that may start one now: at most the cluster's
+    limit disrupted at a time, open cycles included. Control-plane machines are never admitted."""
+    used = dict(in_progress)
+    taken: set[str] = set()
+    admitted: list[WorkerIdentity] = []
+    for worker in candidates:
+        if worker.role is not Role.WORKER or worker.key in taken:
+            continue
+        taken.add(worker.key)
+        limit = max(1, (limits or {}).get(worker.cluster_key, default_limit))
+        if used.get(worker.cluster_key, 0) < limit:
+            used[worker.cluster_key] = used.get(worker.cluster_key, 0) + 1
+            admitted.append(worker)
+    return tuple(admitted)
