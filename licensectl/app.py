@@ -1,8 +1,12 @@
 """One licensectl process: caches, the two reconcile loops, leader election and both listeners.
 
-`App` is the imperative shell around the pure planners; tests and the demo run it in-process,
-`licensectl run` runs it until SIGTERM. Shutdown order matters: stop taking reports, let the
-current reconcile passes finish their writes, release the Lease, then close the caches.
+`App` is the composition root around the pure planners: it builds the adapters (kube/), hands
+them to the controllers as the ports they take (core/ports.py), and runs the two loops in the pass
+order written in licensectl/controllers/__init__.py. The fleet-wide questions (what admission would
+deliver, which VMIs expect reports, which keys they may hold) are `controllers.fleet.FleetView`'s.
+Tests and the demo run it in-process, `licensectl run` runs it until SIGTERM. Shutdown order matters:
+stop taking reports, let the current reconcile passes finish their writes, release the Lease, then
+close the caches.
 """
 
 from __future__ import annotations
@@ -36,14 +40,13 @@ from licensectl.controllers.runner import (
     measure_loop_lag,
     reconcile_loop,
 )
-from licensectl.controllers.vm_restart import vmi_object
 from licensectl.controllers.worker_drain import WorkerDrainer
 from licensectl.core import boot_image
 from licensectl.core import readiness as health
 from licensectl.core.delivery import Skip
 from licensectl.core.guest_report import GuestState
 from licensectl.core.model import DOMAIN
-from licensectl.core.reasons import EventType, Reason
+from licensectl.core.ports import Credentials
 from licensectl.kube import client as kclient
 from licensectl.kube.admission_probe import VmiDryRunApi
 from licensectl.kube.api import AnyClient, ApiException, CoreV1Api
@@ -60,9 +63,10 @@ from licensectl.kube.tenant import TenantClusters
 from licensectl.kube.watch import InformerHooks
 from licensectl.kube.writer import SecretWriter
 from licensectl.metrics import Deferred, GaugeSample, Metrics
+from licensectl.serve.admission_outcomes import AdmissionOutcomes
 from licensectl.serve.http import make_internal_app, start_site
 from licensectl.serve.reports import EndpointLimits, make_reports_app
-from licensectl.serve.webhook import Admission, Validation, WebhookServer, make_webhook_app
+from licensectl.serve.webhook import WebhookServer, make_webhook_app
 
 log = logs.get(__name__)
 
@@ -114,7 +118,6 @@ class App:
         self.webhook_port = 0
         self.webhook: WebhookServer | None = None
         self.delivery_probe: DeliveryProbe | None = None
-        self._main_loop: asyncio.AbstractEventLoop | None = None
         self.elector: LeaderElector | None = None
         self.started_at = time.monotonic()
 
@@ -162,7 +165,8 @@ class App:
         self.tls = ServingTLS(self.api, s, is_leader=lambda: self.elector.is_leader if self.elector else not
                               s.leader_elect, clock=self.clock, metrics=self.metrics, events=self.events,
                               on_ca_change=self._repl_trigger.set)
-        self.credentials = creds = KeyringCredentials(self.keys, self.tls, plain_http=s.reports_plain_http)
+        self.credentials: Credentials = KeyringCredentials(self.keys, self.tls, plain_http=s.reports_plain_http)
+        creds = self.credentials
         self.replication = ReplicationController(
             caches=self.caches, writer=SecretWriter(CoreV1Api(self.api), dry_run=s.dry_run), events=self.events,
             metrics=self.metrics, settings=s, credential_for=creds.credential_for,
@@ -207,13 +211,15 @@ class App:
         if s.webhook_address:
             # Every replica answers admission, leader or not (docs/operations.md#license-delivery),
             # from its own thread and loop (docs/design.md#webhook-thread).
-            self._main_loop = asyncio.get_running_loop()
+            outcomes = AdmissionOutcomes(metrics=self.metrics, events=self.events, loop=asyncio.get_running_loop(),
+                                         spawn=self.tasks.spawn, is_leader=lambda: self.is_leader,
+                                         enforce=s.vgpu_driver_check == "enforce")
             # The boot image check (docs/design.md#boot-image-mark): warnings from the mutating webhook,
             # denials from the validating one only with --vgpu-driver-check=enforce.
             check = None if s.vgpu_driver_check == "off" else fleet.check_boot
             self.webhook = WebhookServer(make_webhook_app(
-                decide=fleet.admit, on_admission=self._on_admission, check_boot=check,
-                enforce=s.vgpu_driver_check == "enforce", on_validation=self._on_validation,
+                decide=fleet.admit, on_admission=outcomes.on_admission, check_boot=check,
+                enforce=s.vgpu_driver_check == "enforce", on_validation=outcomes.on_validation,
                 probe_namespace=s.namespace, probe_answer=self._probe_answer), s.webhook_address)
             self.tls.subscribe(self.webhook.reload)
             self.webhook_port = await asyncio.to_thread(self.webhook.start)
@@ -276,6 +282,7 @@ class App:
                              pacing=PACING.get(name, Pacing(coalesce=0.05)), stopping=lambda: self._stopping,
                              busy=busy)
 
+    # The two passes follow the order in licensectl/controllers/__init__.py: keep them in step.
     async def _replicate(self) -> Result:
         if not self.caches.core_synced():
             return WAIT_FOR_CACHES
@@ -340,48 +347,6 @@ class App:
     def _probe_answer(self) -> str | None:
         """Webhook thread: a delivery probe is answered only by a replica that could deliver now."""
         return self.identity if self.fleet.delivery_view() is not None else None
-
-    def _on_validation(self, v: Validation) -> None:
-        """Runs on the webhook's thread. The mutating webhook already counted the image and wrote the Event."""
-        if v.denied:
-            self.metrics.webhook_boot_image_denied.inc()
-            log.info("vGPU VMI denied: boot image not marked", namespace=v.namespace, vmi=v.name, dry_run=v.dry_run)
-
-    def _on_admission(self, a: Admission) -> None:
-        """Runs on the webhook's thread: metrics (thread-safe) here, Events on the controller's loop."""
-        m = self.metrics
-        m.webhook_admissions.labels(a.result).inc()
-        m.webhook_duration.observe(a.seconds)
-        if a.boot is not None:
-            m.webhook_boot_image.labels(a.boot.verdict.value).inc()
-            # Only the leader writes (docs/design.md#decision-leader-only): a standby's answer carries the
-            # warning and counts the metric, and leaves the Event to the leader's answers.
-            if (a.boot.verdict is not boot_image.Verdict.MARKED and a.name and not a.dry_run and self._main_loop
-                    and self.is_leader):
-                self._main_loop.call_soon_threadsafe(self._boot_image_event, a)
-        if a.delivery is None:
-            return
-        if a.delivery.added:
-            log.debug("license volume added", namespace=a.namespace, vmi=a.name, replicas=list(a.delivery.added))
-        for _, reason in a.delivery.skipped:
-            m.webhook_skipped.labels(reason.value).inc()
-        # An Event needs an object (a name) and no dry run (sideEffects: None); never on the answer's path.
-        if a.delivery.skipped and a.name and not a.dry_run and self._main_loop:
-            self._main_loop.call_soon_threadsafe(self._not_delivered_events, a)
-
-    def _not_delivered_events(self, a: Admission) -> None:
-        assert a.delivery is not None
-        for claim, reason in a.delivery.skipped:
-            self.tasks.spawn("admission-event", self.events.emit(
-                vmi_object(a.namespace, a.name), EventType.WARNING, Reason.LICENSE_NOT_DELIVERED,
-                f"GPU claim {claim}: no license volume added ({reason.value}); the VMI was admitted unchanged"))
-
-    def _boot_image_event(self, a: Admission) -> None:
-        assert a.boot is not None
-        enforced = self.settings.vgpu_driver_check == "enforce" and a.boot.verdict is boot_image.Verdict.UNMARKED
-        self.tasks.spawn("admission-event", self.events.emit(
-            vmi_object(a.namespace, a.name), EventType.WARNING, Reason.VGPU_DRIVER_UNMARKED,
-            boot_image.event_message(a.boot, enforced=enforced)))
 
     # -- reports ------------------------------------------------------------------------------------
     async def _prune_keys(self) -> dt.datetime | None:

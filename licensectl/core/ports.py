@@ -380,6 +380,27 @@ class ClusterApi(Protocol):
         ...
 
 
+class WorkerDrain(Protocol):
+    """What the rollout hands tenant-cluster workers to, after each plan (controllers/worker_drain.py)."""
+
+    def set_expect(self, expect: Callable[[str, str, str], None]) -> None:
+        """Called with (namespace, vm, resourceVersion before) after each VM write the drain makes."""
+        ...
+
+    def worker_limits(self) -> dict[str, int]:
+        """Per tenant cluster (`namespace/cluster`): how many of its workers may be out at once."""
+        ...
+
+    async def reconcile(self, plan: RolloutPlan, vms: Mapping[Key, Vm],
+                        vmis: Mapping[Key, Vmi]) -> dt.datetime | None:
+        """Drive every worker one step; when the next pass is due (None: on the next event)."""
+        ...
+
+    def samples(self, vms: Iterable[Vm]) -> Iterable[Any]:
+        """Gauge samples of the drain records on the VMs (licensectl.metrics.GaugeSample)."""
+        ...
+
+
 class VmiDryRun(Protocol):
     """A server-side dry-run create of a VMI through the real admission chain (kube/admission_probe.py)."""
 

@@ -13,6 +13,7 @@ from licensectl.core.delivery import probe_patch
 from licensectl.kube.admission_probe import VmiDryRunApi
 from licensectl.kube.api import ApiException
 from licensectl.metrics import Metrics
+from licensectl_dev.testkit.memory import MemoryVmiDryRun
 from tests.unit.core.test_delivery import apply_patch
 
 
@@ -150,3 +151,15 @@ async def test_only_the_leader_probes_and_a_lost_leadership_drops_the_evidence()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+
+
+async def test_the_probe_asks_through_the_dry_run_port() -> None:
+    dry = MemoryVmiDryRun()
+    p = DeliveryProbe(dry, "lc-system", clock=Clock(), interval=10.0)
+    assert await p.probe_once() and p.ready()
+    assert [ns for ns, _ in dry.created] == ["lc-system"]
+    dry.answer = None
+    assert not await p.probe_once() and p.last_result == UNCHANGED
+    dry.error = ApiException(403, "Forbidden")
+    assert not await p.probe_once() and p.last_result == ERROR
+    assert p.error == "dry-run create failed: Forbidden HTTP 403"
