@@ -1,8 +1,12 @@
 """One licensectl process: caches, the two reconcile loops, leader election and both listeners.
 
-`App` is the imperative shell around the pure planners; tests and the demo run it in-process,
-`licensectl run` runs it until SIGTERM. Shutdown order matters: stop taking reports, let the
-current reconcile passes finish their writes, release the Lease, then close the caches.
+`App` is the composition root around the pure planners: it builds the adapters (kube/), hands
+them to the controllers as the ports they take (core/ports.py), and runs the two loops in the pass
+order written in licensectl/controllers/__init__.py. The fleet-wide questions (what admission would
+deliver, which VMIs expect reports, which keys they may hold) are `controllers.fleet.FleetView`'s.
+Tests and the demo run it in-process, `licensectl run` runs it until SIGTERM. Shutdown order matters:
+stop taking reports, let the current reconcile passes finish their writes, release the Lease, then
+close the caches.
 """
 
 from __future__ import annotations
@@ -13,14 +17,15 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from types import MappingProxyType
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
 from licensectl import __version__, config, logs
+from licensectl.controllers.credentials import KeyringCredentials
 from licensectl.controllers.delivery_probe import DeliveryProbe
+from licensectl.controllers.fleet import FleetView
 from licensectl.controllers.guests import GuestStore
 from licensectl.controllers.replication_loop import CONFLICT_RECHECK_SECONDS, ReplicationController
 from licensectl.controllers.rollout_loop import RolloutController
@@ -35,34 +40,33 @@ from licensectl.controllers.runner import (
     measure_loop_lag,
     reconcile_loop,
 )
-from licensectl.controllers.settings import tenant_settings
-from licensectl.controllers.vm_restart import vmi_object
 from licensectl.controllers.worker_drain import WorkerDrainer
-from licensectl.core import boot_image, credentials
+from licensectl.core import boot_image
 from licensectl.core import readiness as health
-from licensectl.core.delivery import Delivery, DeliveryView, Skip, plan_delivery, wanted_replicas, wanted_volumes
-from licensectl.core.entitlement import customer_tenant
+from licensectl.core.delivery import Skip
 from licensectl.core.guest_report import GuestState
-from licensectl.core.model import ANN_REVISION, DOMAIN, ObjectRef, Vmi
-from licensectl.core.reasons import EventType, Reason
-from licensectl.core.render import RenderedLicense
-from licensectl.core.replication import SourceRevisions
+from licensectl.core.model import DOMAIN
+from licensectl.core.ports import Credentials
 from licensectl.kube import client as kclient
-from licensectl.kube import projections
+from licensectl.kube.admission_probe import VmiDryRunApi
 from licensectl.kube.api import AnyClient, ApiException, CoreV1Api
 from licensectl.kube.caches import Caches
+from licensectl.kube.cluster_api import ClusterApiReader
 from licensectl.kube.events import EventRecorder
 from licensectl.kube.kubevirt import KubevirtClient
 from licensectl.kube.lease import ApiLeaseBackend, LeaderElector, LeaseConfig
+from licensectl.kube.rotation_store import ApiRevisionStores
 from licensectl.kube.server_clock import ServerClock
 from licensectl.kube.serving_tls import ServingTLS
 from licensectl.kube.signing_key import SigningKeyStore
+from licensectl.kube.tenant import TenantClusters
 from licensectl.kube.watch import InformerHooks
 from licensectl.kube.writer import SecretWriter
 from licensectl.metrics import Deferred, GaugeSample, Metrics
+from licensectl.serve.admission_outcomes import AdmissionOutcomes
 from licensectl.serve.http import make_internal_app, start_site
 from licensectl.serve.reports import EndpointLimits, make_reports_app
-from licensectl.serve.webhook import Admission, Validation, WebhookServer, make_webhook_app
+from licensectl.serve.webhook import WebhookServer, make_webhook_app
 
 log = logs.get(__name__)
 
@@ -101,7 +105,6 @@ class App:
             self.metrics.webhook_boot_image.labels(verdict.value)
         for skip in Skip:  # a bounded set: every reason starts at 0, so increase() is 0, not empty
             self.metrics.webhook_skipped.labels(skip.value)
-        self._driver_images = boot_image.parse_image_patterns(settings.vgpu_driver_images)
         self.guests = GuestStore(settings.report_interval_seconds,
                                  boot_allowance_seconds=settings.guest_boot_allowance_seconds)
         self._repl_trigger = asyncio.Event()
@@ -110,18 +113,11 @@ class App:
         self._runners: list[web.AppRunner] = []
         self._stopping = False
         self._reports_open = False
-        self._uuid_index: dict[tuple[str, str], str] | None = None
-        # Derived from the VMI (and replica) caches once per cache generation (vmi_starts, affected_vmis).
-        # Keyed by the cache objects too, so a replaced cache never passes for the one it replaced.
-        self._starts: tuple[tuple[object, int], Mapping[tuple[str, str], dt.datetime | None]] | None = None
-        self._affected: tuple[tuple[object, int, object, int], tuple[tuple[str, str], ...]] | None = None
-        self._holders: tuple[tuple[object, int, object, int], credentials.Holders] | None = None
         self.metrics_port = 0
         self.reports_port = 0
         self.webhook_port = 0
         self.webhook: WebhookServer | None = None
         self.delivery_probe: DeliveryProbe | None = None
-        self._main_loop: asyncio.AbstractEventLoop | None = None
         self.elector: LeaderElector | None = None
         self.started_at = time.monotonic()
 
@@ -145,7 +141,7 @@ class App:
 
     def _changed(self, kind: str) -> None:
         if kind == "virtualmachineinstances":
-            self._uuid_index = None
+            self.fleet.vmis_changed()
         if kind in self.REPLICATION_INPUTS:
             self._repl_trigger.set()
         if kind in self.ROLLOUT_INPUTS:
@@ -161,45 +157,51 @@ class App:
             on_list=lambda inf, result, _objects, seconds: self.metrics.informer_lists.labels(
                 inf.split(":")[0], result).observe(seconds))
         self.caches = Caches(self.api, s, on_change=self._changed, hooks=hooks)
+        self.fleet = fleet = FleetView(self.caches, s)
         self.events = EventRecorder(CoreV1Api(self.api), dry_run=s.dry_run, clock=self.clock)
         self.keys = SigningKeyStore(self.api, s.namespace, grace=dt.timedelta(seconds=s.key_grace_seconds),
                                     clock=self.clock, dry_run=s.dry_run)
+        # One serving certificate for the HTTPS listeners (docs/operations.md#serving-tls).
+        self.tls = ServingTLS(self.api, s, is_leader=lambda: self.elector.is_leader if self.elector else not
+                              s.leader_elect, clock=self.clock, metrics=self.metrics, events=self.events,
+                              on_ca_change=self._repl_trigger.set)
+        self.credentials: Credentials = KeyringCredentials(self.keys, self.tls, plain_http=s.reports_plain_http)
+        creds = self.credentials
         self.replication = ReplicationController(
             caches=self.caches, writer=SecretWriter(CoreV1Api(self.api), dry_run=s.dry_run), events=self.events,
-            metrics=self.metrics, settings=s, credential_for=self._credential_for,
-            report_url=config.report_url_for(s), clock=self.stamp_clock, report_ca=self._report_ca,
-            gpu_class_api_version=f"{s.gpu_group}/{s.gpu_version}", rotations=self._rotations,
-            credential_key=self._credential_key, credential_epoch=self._credential_epoch,
-            bind_credentials=self._credentials_now)
+            metrics=self.metrics, settings=s, credential_for=creds.credential_for,
+            report_url=config.report_url_for(s), clock=self.stamp_clock, report_ca=creds.report_ca,
+            gpu_class_api_version=f"{s.gpu_group}/{s.gpu_version}", rotations=fleet.rotations,
+            credential_key=creds.key_id, credential_epoch=creds.epoch, bind_credentials=creds.bound)
         # Evidence that a restarted VMI would get its volume (docs/design.md#delivery-readiness): only where
         # this deployment runs the webhook; without one, VM templates mount their replica themselves.
         if s.webhook_address:
-            self.delivery_probe = DeliveryProbe(self.api, s.namespace, metrics=self.metrics,
+            self.delivery_probe = DeliveryProbe(VmiDryRunApi.for_client(self.api), s.namespace, metrics=self.metrics,
                                                 on_change=lambda _ready: self._roll_trigger.set(),
                                                 active=lambda: self.is_leader)
         kubevirt = KubevirtClient(self.api, dry_run=s.dry_run, fallback_delete=s.restart_fallback_delete)
         self.rollout = RolloutController(
             caches=self.caches, kubevirt=kubevirt,
             events=self.events, metrics=self.metrics, settings=s, guests=self.guests, clock=self.clock,
-            wanted=self._wanted_volumes, token_sha_for=self._token_sha, delivery_ready=self.delivery_ready,
-            drainer=WorkerDrainer(mgmt=self.api, kubevirt=kubevirt, events=self.events, metrics=self.metrics,
-                                  settings=s, clock=self.clock))
+            wanted=fleet.wanted_volumes, token_sha_for=fleet.token_sha, delivery_ready=fleet.delivery_ready,
+            drainer=WorkerDrainer(cluster_api=ClusterApiReader.for_client(self.api), tenants=TenantClusters(self.api),
+                                  kubevirt=kubevirt, events=self.events, metrics=self.metrics, settings=s,
+                                  clock=self.clock))
         self.rotation = RotationController(
-            caches=self.caches, api=CoreV1Api(self.api), events=self.events, metrics=self.metrics, settings=s,
-            guests=self.guests, clock=self.clock, replication_plan=lambda: self.replication.status.plan,
-            rollout_plan=lambda: self.rollout.plan, token_sha_for=self._token_sha)
+            caches=self.caches, stores=ApiRevisionStores(CoreV1Api(self.api), namespace=s.namespace,
+                                                         token_key=s.token_key),
+            events=self.events, metrics=self.metrics, settings=s, guests=self.guests, clock=self.clock,
+            inputs=fleet)
+        fleet.attach(replication=self.replication, rollout=self.rollout, rotation=self.rotation,
+                     delivery_probe=self.delivery_probe)
         self.metrics.snapshots.add(self._samples)
 
-        # One serving certificate for the HTTPS listeners (docs/operations.md#serving-tls).
-        self.tls = ServingTLS(self.api, s, is_leader=lambda: self.elector.is_leader if self.elector else not
-                              s.leader_elect, clock=self.clock, metrics=self.metrics, events=self.events,
-                              on_ca_change=self._repl_trigger.set)
         await self.tls.start()
         internal = make_internal_app(self.metrics, ready=self.readiness, live=self.liveness, status=self.status)
         runner, self.metrics_port = await start_site(internal, s.metrics_address)
         self._runners.append(runner)
         reports = make_reports_app(
-            keyring_provider=self._keyring_for_reports, uuid_known=self._uuid_known, token_sha_for=self._token_sha,
+            keyring_provider=self._keyring_for_reports, uuid_known=fleet.uuid_known, token_sha_for=fleet.token_sha,
             on_report=self._on_report, on_result=lambda r: self.metrics.reports_total.labels(r).inc(),
             limits=EndpointLimits(), clock=self.clock)
         runner, self.reports_port = await start_site(
@@ -209,13 +211,15 @@ class App:
         if s.webhook_address:
             # Every replica answers admission, leader or not (docs/operations.md#license-delivery),
             # from its own thread and loop (docs/design.md#webhook-thread).
-            self._main_loop = asyncio.get_running_loop()
+            outcomes = AdmissionOutcomes(metrics=self.metrics, events=self.events, loop=asyncio.get_running_loop(),
+                                         spawn=self.tasks.spawn, is_leader=lambda: self.is_leader,
+                                         enforce=s.vgpu_driver_check == "enforce")
             # The boot image check (docs/design.md#boot-image-mark): warnings from the mutating webhook,
             # denials from the validating one only with --vgpu-driver-check=enforce.
-            check = None if s.vgpu_driver_check == "off" else self._check_boot
+            check = None if s.vgpu_driver_check == "off" else fleet.check_boot
             self.webhook = WebhookServer(make_webhook_app(
-                decide=self._admit, on_admission=self._on_admission, check_boot=check,
-                enforce=s.vgpu_driver_check == "enforce", on_validation=self._on_validation,
+                decide=fleet.admit, on_admission=outcomes.on_admission, check_boot=check,
+                enforce=s.vgpu_driver_check == "enforce", on_validation=outcomes.on_validation,
                 probe_namespace=s.namespace, probe_answer=self._probe_answer), s.webhook_address)
             self.tls.subscribe(self.webhook.reload)
             self.webhook_port = await asyncio.to_thread(self.webhook.start)
@@ -278,6 +282,7 @@ class App:
                              pacing=PACING.get(name, Pacing(coalesce=0.05)), stopping=lambda: self._stopping,
                              busy=busy)
 
+    # The two passes follow the order in licensectl/controllers/__init__.py: keep them in step.
     async def _replicate(self) -> Result:
         if not self.caches.core_synced():
             return WAIT_FOR_CACHES
@@ -311,10 +316,6 @@ class App:
             return IDLE
         return Result.after(max(0.1, (min(wakeups) - self.clock()).total_seconds()))
 
-    def _rotations(self) -> Mapping[ObjectRef, SourceRevisions] | None:
-        """What replication renders from; the revision stores are a core cache, synced before any pass."""
-        return self.rotation.rotations()
-
     def _leadership_changed(self, leader: bool) -> None:
         if leader:
             self.guests.start_receiving(self.clock())
@@ -339,119 +340,19 @@ class App:
             log.warning("could not label own pod", pod=self.settings.pod_name, error=type(e).__name__)
 
     # -- admission ----------------------------------------------------------------------------------
-    def delivery_view(self) -> DeliveryView | None:
-        """The caches the webhook and the backstop decide from; None until they can decide."""
-        plan = self.replication.status.plan
-        if not self.caches.core_synced() or plan is None or plan.entitlement is None:
-            return None
-        return DeliveryView(claims=self.caches.claims.cache, classes=self.caches.classes.cache,
-                            entitled=plan.entitlement.entitled, replicas=self.caches.replicas.cache)
-
-    def _wanted_volumes(self, vmis: Sequence[Vmi]) -> dict[tuple[str, str], tuple[str, ...]]:
-        view = self.delivery_view()
-        # Caches incomplete: no backstop decision, never a restart from a partial view.
-        return {} if view is None else wanted_volumes(vmis, view)
-
-    def _admit(self, namespace: str, vmi: Mapping[str, Any]) -> Delivery | None:
-        view = self.delivery_view()
-        if view is None:
-            return None
-        return plan_delivery(vmi, wanted_replicas(namespace, projections.vmi_gpu_claims(vmi), view))
-
     def delivery_ready(self) -> bool:
         """The rollout's gate for restarts: evidence that admission delivers (True without a webhook)."""
-        return self.delivery_probe is None or self.delivery_probe.ready()
+        return self.fleet.delivery_ready()
 
     def _probe_answer(self) -> str | None:
         """Webhook thread: a delivery probe is answered only by a replica that could deliver now."""
-        return self.identity if self.delivery_view() is not None else None
-
-    def _check_boot(self, namespace: str, vmi: Mapping[str, Any]) -> boot_image.Judgement | None:
-        """The boot image of a vGPU VMI against the marks (webhook thread: keyed cache lookups only)."""
-        view = self.delivery_view()
-        marks = self.caches.boot_marks
-        if view is None or marks is None:
-            return None
-        if not boot_image.uses_vgpu(namespace, projections.vmi_gpu_claims(vmi), view):
-            return None
-        return boot_image.judge(boot_image.boot_volume(namespace, vmi), marks.marks(self._driver_images))
-
-    def _on_validation(self, v: Validation) -> None:
-        """Runs on the webhook's thread. The mutating webhook already counted the image and wrote the Event."""
-        if v.denied:
-            self.metrics.webhook_boot_image_denied.inc()
-            log.info("vGPU VMI denied: boot image not marked", namespace=v.namespace, vmi=v.name, dry_run=v.dry_run)
-
-    def _on_admission(self, a: Admission) -> None:
-        """Runs on the webhook's thread: metrics (thread-safe) here, Events on the controller's loop."""
-        m = self.metrics
-        m.webhook_admissions.labels(a.result).inc()
-        m.webhook_duration.observe(a.seconds)
-        if a.boot is not None:
-            m.webhook_boot_image.labels(a.boot.verdict.value).inc()
-            # Only the leader writes (docs/design.md#decision-leader-only): a standby's answer carries the
-            # warning and counts the metric, and leaves the Event to the leader's answers.
-            if (a.boot.verdict is not boot_image.Verdict.MARKED and a.name and not a.dry_run and self._main_loop
-                    and self.is_leader):
-                self._main_loop.call_soon_threadsafe(self._boot_image_event, a)
-        if a.delivery is None:
-            return
-        if a.delivery.added:
-            log.debug("license volume added", namespace=a.namespace, vmi=a.name, replicas=list(a.delivery.added))
-        for _, reason in a.delivery.skipped:
-            m.webhook_skipped.labels(reason.value).inc()
-        # An Event needs an object (a name) and no dry run (sideEffects: None); never on the answer's path.
-        if a.delivery.skipped and a.name and not a.dry_run and self._main_loop:
-            self._main_loop.call_soon_threadsafe(self._not_delivered_events, a)
-
-    def _not_delivered_events(self, a: Admission) -> None:
-        assert a.delivery is not None
-        for claim, reason in a.delivery.skipped:
-            self.tasks.spawn("admission-event", self.events.emit(
-                vmi_object(a.namespace, a.name), EventType.WARNING, Reason.LICENSE_NOT_DELIVERED,
-                f"GPU claim {claim}: no license volume added ({reason.value}); the VMI was admitted unchanged"))
-
-    def _boot_image_event(self, a: Admission) -> None:
-        assert a.boot is not None
-        enforced = self.settings.vgpu_driver_check == "enforce" and a.boot.verdict is boot_image.Verdict.UNMARKED
-        self.tasks.spawn("admission-event", self.events.emit(
-            vmi_object(a.namespace, a.name), EventType.WARNING, Reason.VGPU_DRIVER_UNMARKED,
-            boot_image.event_message(a.boot, enforced=enforced)))
+        return self.identity if self.fleet.delivery_view() is not None else None
 
     # -- reports ------------------------------------------------------------------------------------
-    def _credential_for(self, namespace: str) -> str:
-        ring = self.keys.keyring
-        return ring.credential(namespace) if ring is not None else ""
-
-    def _credentials_now(self) -> Callable[[str], str]:
-        """`_credential_for` bound to the current key ring (a pass plans in another thread with it)."""
-        ring = self.keys.keyring
-        return ring.credential if ring is not None else (lambda _ns: "")
-
-    def _credential_key(self) -> str:
-        ring = self.keys.keyring
-        return ring.current_id if ring is not None else ""
-
-    def _credential_epoch(self) -> str:
-        ring = self.keys.keyring
-        return ring.revocation if ring is not None else ""
-
-    def key_holders(self) -> credentials.Holders:
-        """Which signing keys running VMIs may hold, from the VMI and replica caches (docs/design.md#key-ring)."""
-        vmis = self.caches.vmis
-        if vmis is None or not (vmis.synced and vmis.healthy) or not self.caches.replicas.synced:
-            return credentials.holders_from(None)
-        replica_cache = self.caches.replicas
-        gen = (vmis, vmis.generation, replica_cache, replica_cache.generation)
-        if self._holders is None or self._holders[0] != gen:  # once per cache generation, not per pass
-            self._holders = (gen, credentials.holders_from(credentials.vmi_keys(vmis.cache.values(),
-                                                                                 replica_cache.cache)))
-        return self._holders[1]
-
     async def _prune_keys(self) -> dt.datetime | None:
         """Retire older signing keys no running VMI holds; a failed write is retried. Returns when an
         unheld key may be retired next (the pass comes back then), or None."""
-        holders = self.key_holders()
+        holders = self.fleet.key_holders()
         try:
             await self.keys.prune(holders)
         except (ApiException, ValueError, RuntimeError) as e:
@@ -465,56 +366,9 @@ class App:
             return None  # standbys answer 503 so the probe retries against the leader
         return self.keys.keyring
 
-    def _uuid_known(self, namespace: str, uuid: str) -> str | None:
-        if self._uuid_index is None:
-            vmis = self.caches.vmis
-            index: dict[tuple[str, str], str] = {}
-            if vmis is not None:
-                for v in vmis.cache.values():
-                    if v.firmware_uuid:
-                        index[(v.namespace, v.firmware_uuid.lower())] = v.name
-            self._uuid_index = index
-        return self._uuid_index.get((namespace, uuid.lower()))
-
-    def _mounted_license(self, namespace: str, vmi: str) -> RenderedLicense | None:
-        """The rendered license of the replica a VMI mounts: what its guest must hold."""
-        plan = self.replication.status.plan
-        v = self.caches.vmis.cache.get((namespace, vmi)) if self.caches.vmis else None
-        if plan is None or v is None:
-            return None
-        for secret_name in v.secret_volumes:
-            r = self.caches.replicas.cache.get((namespace, secret_name))
-            if r is not None and r.owned:
-                # By the revision the replica carries: stable or candidate (docs/design.md#safe-rotation).
-                lic = plan.by_revision.get(r.annotations.get(ANN_REVISION, ""))
-                if lic is not None:
-                    return lic
-        return None
-
-    def _token_sha(self, namespace: str, vmi: str) -> str | None:
-        lic = self._mounted_license(namespace, vmi)
-        return None if lic is None else lic.token_sha256
-
-    def _feature_type(self, namespace: str, vmi: str) -> int | None:
-        lic = self._mounted_license(namespace, vmi)
-        return None if lic is None else lic.feature_type
-
     def _on_report(self, namespace: str, vmi: str, state: GuestState) -> None:
-        self.guests.record(namespace, vmi, state, feature_type=self._feature_type(namespace, vmi))
+        self.guests.record(namespace, vmi, state, feature_type=self.fleet.feature_type(namespace, vmi))
         self._roll_trigger.set()
-
-    def vmi_starts(self) -> Mapping[tuple[str, str], dt.datetime | None]:
-        """When each cached VMI started (running since, else created): a new guest's patience counts from it.
-        Derived once per VMI cache generation: a scrape reads it, and most scrapes see no VMI change."""
-        vmis = self.caches.vmis
-        if vmis is None:
-            return {}
-        gen = (vmis, vmis.generation)
-        if self._starts is None or self._starts[0] != gen:
-            # Keyed by the cache's own key tuples ((namespace, name)): held, not copied.
-            self._starts = (gen, MappingProxyType(
-                {k: v.running_since or v.created for k, v in vmis.cache.items()}))
-        return self._starts[1]
 
     async def _prune_guests(self) -> None:
         """Forget the reports of guests whose VMI is gone, on a schedule of its own (a scrape only reads),
@@ -523,21 +377,7 @@ class App:
             await asyncio.sleep(max(1.0, self.settings.report_interval_seconds))
             c = self.caches
             if c.vmis is not None and c.core_synced() and c.kubevirt_healthy():
-                self.guests.prune(self.affected_vmis())
-
-    def affected_vmis(self) -> tuple[tuple[str, str], ...]:
-        """VMIs that mount a licensectl replica: the guests we expect reports from. Derived once per
-        generation of the VMI and replica caches (a scrape and the guest pruning read it)."""
-        vmis = self.caches.vmis
-        if vmis is None:
-            return ()
-        replica_cache = self.caches.replicas
-        gen = (vmis, vmis.generation, replica_cache, replica_cache.generation)
-        if self._affected is None or self._affected[0] != gen:
-            replicas = self.caches.replicas.cache
-            self._affected = (gen, tuple(k for k, v in vmis.cache.items()
-                                         if any((v.namespace, s) in replicas for s in v.secret_volumes)))
-        return self._affected[1]
+                self.guests.prune(self.fleet.affected_vmis())
 
     # -- health, metrics, status --------------------------------------------------------------------
     def readiness(self) -> health.Readiness:
@@ -545,7 +385,7 @@ class App:
         tls_needed = not (self.settings.reports_plain_http and not self.settings.webhook_address)
         return health.readiness(
             stopping=self._stopping, caches_synced=self.caches.core_synced(),
-            admission_decidable=not self.settings.webhook_address or self.delivery_view() is not None,
+            admission_decidable=not self.settings.webhook_address or self.fleet.delivery_view() is not None,
             tls_ready=self.tls.ready or not tls_needed, stale_seconds=self.caches.core_stale_seconds())
 
     def ready(self) -> bool:
@@ -553,7 +393,7 @@ class App:
 
     def _report_ca(self) -> bytes:
         """The CA bundle guests verify the reports listener with (none over plain HTTP)."""
-        return b"" if self.settings.reports_plain_http else self.tls.ca_bundle
+        return self.credentials.report_ca()
 
     def liveness(self) -> health.Readiness:
         """/livez: the loops and listeners run; the apiserver's health never enters (docs/design.md#readiness)."""
@@ -564,7 +404,7 @@ class App:
 
     def _samples(self) -> list[GaugeSample | Deferred]:
         now = self.clock()
-        live = self.affected_vmis()
+        live = self.fleet.affected_vmis()
         out: list[GaugeSample | Deferred] = []
         # Which pod exports what (docs/operations.md#which-pod-exports-what): replication series from
         # every replica (the same watched cluster state, so `max` over pods is exact and a failover
@@ -577,7 +417,7 @@ class App:
             if self.rollout.drainer is not None and self.caches.vms is not None:
                 out.extend(self.rollout.drainer.samples(self.caches.vms.cache.values()))
             # The per-guest walk runs in the render thread, over copies taken here (metrics.Deferred).
-            guests, tenant_of, started = self.guests.copy(), self._tenant_of(), self.vmi_starts()
+            guests, tenant_of, started = self.guests.copy(), self.fleet.tenant_of(), self.fleet.vmi_starts()
             per_vmi = self.settings.guest_metrics == "per-vmi"
             out.append(Deferred(lambda: guests.samples(now, live, tenant_of=tenant_of, started=started,
                                                        per_vmi=per_vmi)))
@@ -588,16 +428,10 @@ class App:
         out.append(GaugeSample("ready", (), 1.0 if self.ready() else 0.0))
         return out
 
-    def _tenant_of(self) -> Callable[[str], str]:
-        """Namespace -> its customer tenant, from the namespace cache (entitlement.customer_tenant)."""
-        namespaces = {k[1]: v for k, v in self.caches.namespaces.cache.items()}
-        settings = tenant_settings(self.settings)
-        return lambda ns: customer_tenant(ns, namespaces, settings)
-
     def status(self) -> dict[str, Any]:
         now = self.clock()
-        live = self.affected_vmis()
-        started = self.vmi_starts()
+        live = self.fleet.affected_vmis()
+        started = self.fleet.vmi_starts()
         return {
             "version": __version__,
             "identity": self.identity,

@@ -26,9 +26,8 @@ from typing import Any
 
 from licensectl import logs
 from licensectl.core.delivery import probe_answered, probe_vmi
-from licensectl.kube.api import AnyClient, ApiException, CustomObjectsApi
-from licensectl.kube.contract import KUBEVIRT_GROUP, KUBEVIRT_VERSION, VMI_PLURAL
-from licensectl.kube.raw import RawApi
+from licensectl.core.ports import VmiDryRun
+from licensectl.kube.api import ApiException
 from licensectl.metrics import GaugeSample, Metrics
 
 log = logs.get(__name__)
@@ -44,13 +43,12 @@ STANDBY = "standby: only the leader probes"
 class DeliveryProbe:
     """Periodic dry-run probes; `ready` is the `delivery_ready` callable the rollout takes."""
 
-    def __init__(self, api: AnyClient, namespace: str, *, metrics: Metrics | None = None,
+    def __init__(self, dry_run: VmiDryRun, namespace: str, *, metrics: Metrics | None = None,
                  interval: float = 15.0, min_backoff: float = 0.5, max_backoff: float = 8.0,
                  request_timeout: float = 10.0, clock: Callable[[], float] = time.monotonic,
-                 on_change: Callable[[bool], None] | None = None, raw: Any = None,
+                 on_change: Callable[[bool], None] | None = None,
                  active: Callable[[], bool] = lambda: True) -> None:
-        # `raw`: an object with RawApi's create call (tests); else the controller's client.
-        self._api: Any = raw if raw is not None else RawApi(CustomObjectsApi(api))
+        self._dry_run = dry_run
         self.namespace = namespace
         self._metrics = metrics
         self.interval = interval
@@ -91,9 +89,7 @@ class DeliveryProbe:
         before = self.ready()
         nonce = secrets.token_hex(8)
         try:
-            obj = await self._api.create_namespaced_custom_object(
-                KUBEVIRT_GROUP, KUBEVIRT_VERSION, self.namespace, VMI_PLURAL, probe_vmi(nonce), dry_run="All",
-                _request_timeout=self._timeout)
+            obj = await self._dry_run.create_vmi(self.namespace, probe_vmi(nonce), request_timeout=self._timeout)
         except (ApiException, OSError, TimeoutError) as e:
             status = getattr(e, "status", None)
             self._record(ERROR, f"dry-run create failed: {type(e).__name__}" + (f" HTTP {status}" if status else ""))

@@ -21,7 +21,6 @@ from licensectl.controllers.guests import GuestStore, gates_of
 from licensectl.controllers.planner import CacheCopies, PlannerThread, objects_of
 from licensectl.controllers.settings import rollout_settings
 from licensectl.controllers.vm_restart import restart_vmi, vm_object, vmi_object
-from licensectl.controllers.worker_drain import WorkerDrainer
 from licensectl.core.guest_report import GuestState
 from licensectl.core.model import ObjectRef, ReplicaSecret, Vm, Vmi, source_of
 from licensectl.core.ports import (
@@ -32,6 +31,7 @@ from licensectl.core.ports import (
     RestartResult,
     RolloutCaches,
     WallClock,
+    WorkerDrain,
 )
 from licensectl.core.reasons import EventType, Reason
 from licensectl.core.revision_text import replica_revision, source_revision, source_revision_of
@@ -100,7 +100,7 @@ class RolloutController:
                  settings: config.Settings, guests: GuestStore, clock: WallClock | None = None,
                  monotonic: MonotonicClock = time.monotonic, wanted: WantedVolumes | None = None,
                  token_sha_for: Callable[[str, str], str | None] | None = None,
-                 delivery_ready: Callable[[], bool] = lambda: True, drainer: WorkerDrainer | None = None) -> None:
+                 delivery_ready: Callable[[], bool] = lambda: True, drainer: WorkerDrain | None = None) -> None:
         self.caches = caches
         self.kubevirt = kubevirt
         self.events = events

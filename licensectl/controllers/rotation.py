@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +29,14 @@ from licensectl.core.model import (
     Vmi,
     source_of,
 )
-from licensectl.core.ports import EventSink, InvolvedObject, WallClock
+from licensectl.core.ports import (
+    EventSink,
+    InvolvedObject,
+    RevisionStores,
+    RotationCaches,
+    RotationInputs,
+    WallClock,
+)
 from licensectl.core.reasons import EventType, Reason
 from licensectl.core.replication import ReplicationPlan, SourceRevisions
 from licensectl.core.rollout import RolloutPlan, SourceControl, VmiState
@@ -48,9 +55,7 @@ from licensectl.core.rotation import (
     guest_evidence,
     wave_status,
 )
-from licensectl.kube import revision_store as rs
-from licensectl.kube.api import ApiException, CoreV1Api
-from licensectl.kube.caches import Caches
+from licensectl.kube.api import ApiException
 from licensectl.metrics import GaugeSample, Metrics
 
 log = logs.get(__name__)
@@ -84,22 +89,19 @@ def source_object(ref: ObjectRef) -> InvolvedObject:
 
 
 class RotationController:
-    def __init__(self, *, caches: Caches, api: CoreV1Api, events: EventSink, metrics: Metrics,
-                 settings: config.Settings, guests: GuestStore, clock: WallClock,
-                 replication_plan: Callable[[], ReplicationPlan | None],
-                 rollout_plan: Callable[[], RolloutPlan | None],
-                 token_sha_for: Callable[[str, str], str | None]) -> None:
+    def __init__(self, *, caches: RotationCaches, stores: RevisionStores, events: EventSink, metrics: Metrics,
+                 settings: config.Settings, guests: GuestStore, clock: WallClock, inputs: RotationInputs) -> None:
         self.caches = caches
-        self.api = api
+        self._stores = stores
         self.events = events
         self.metrics = metrics
         self.settings = settings
         self.rotation_settings = rotation_settings(settings)
         self.guests = guests
         self.clock = clock
-        self._replication_plan = replication_plan
-        self._rollout_plan = rollout_plan
-        self._token_sha_for = token_sha_for  # what the VMI's replica holds now (judged here, not at report time)
+        # The other loops' results: the replication and rollout plans, and what each VMI's replica holds now
+        # (judged here, not at report time).
+        self._inputs = inputs
         self._lock = asyncio.Lock()
         self._invalid: set[str] = set()  # stores already reported unreadable (one Event each)
         self.next_check: dt.datetime | None = None
@@ -109,7 +111,7 @@ class RotationController:
 
     # -- what replication reads -------------------------------------------------------------------
     def stores(self) -> dict[ObjectRef, RevisionStore]:
-        return rs.stores_by_source(self.caches.revision_stores.cache.values())
+        return self._stores.by_source(self.caches.revision_stores.cache.values())
 
     def rotations(self) -> Mapping[ObjectRef, SourceRevisions]:
         """Per source with a readable record: the record and the bytes it names. A source without one
@@ -120,17 +122,17 @@ class RotationController:
         if self.settings.dry_run:
             # A dry run writes no store: plan as the first decision would (the live content is stable).
             for ref, src in live.items():
-                rev = rs.live_revision(src, self.settings.token_key)
+                rev = self._stores.live_revision(src)
                 if ref not in stores and src is not None and rev is not None:
                     out[ref] = SourceRevisions(RotationRecord(stable=rev), src, None)
-        out.update(rs.source_rotations(stores, live, token_key=self.settings.token_key))
+        out.update(self._stores.rotations(stores, live))
         return out
 
     # -- decide + act -----------------------------------------------------------------------------
     async def reconcile(self, *, leader: bool) -> None:
         if not leader or self.settings.dry_run or not self.caches.core_synced():
             return
-        plan = self._replication_plan()
+        plan = self._inputs.replication_plan()
         if plan is None or plan.entitlement is None:
             return
         async with self._lock:
@@ -152,7 +154,7 @@ class RotationController:
             if store is not None and record is None:
                 await self._invalid_store(ref, store)
                 continue
-            live_rev = rs.live_revision(live, self.settings.token_key)
+            live_rev = self._stores.live_revision(live)
             control = HosterControl.from_annotations(
                 live.annotations if live else {},
                 paused=SourceControl.from_annotations(live.annotations).paused if live else False)
@@ -177,19 +179,18 @@ class RotationController:
             if d.record is None:
                 continue
             ref = a.ref
-            body = rs.store_body(namespace=self.settings.namespace, source=ref, existing=a.store, decision=d,
-                                 live=a.live, token_key=self.settings.token_key)
-            if body is None:
-                log.warning("rotation decision skipped: the store cannot back it", source=str(ref))
-                continue
             try:
-                if not await rs.write_store(self.api, body, ref):
-                    continue
+                written = await self._stores.write(source=ref, existing=a.store, decision=d, live=a.live)
             except (TimeoutError, ApiException, OSError) as e:
                 # One source's trouble must not hold up the others or the loop that called us;
                 # the decision is derived again on the next pass.
                 log.warning("rotation decision not written", source=str(ref), error=type(e).__name__,
                             status=getattr(e, "status", None))
+                continue
+            if written is None:
+                log.warning("rotation decision skipped: the store cannot back it", source=str(ref))
+                continue
+            if not written:
                 continue
             log.info("rotation decision", source=str(ref), phase=d.record.phase.value, wave=d.record.wave,
                      stable=d.record.stable[:12], candidate=d.record.candidate[:12],
@@ -205,7 +206,7 @@ class RotationController:
         and copies of the replica and VMI caches (read only, shared while a cache is unchanged) and of
         the guest reports."""
         vmis = self.caches.vmis
-        return _Snapshot(rollout=self._rollout_plan(), replicas=self._copies.of(self.caches.replicas, dict),
+        return _Snapshot(rollout=self._inputs.rollout_plan(), replicas=self._copies.of(self.caches.replicas, dict),
                          vmis=self._copies.of(vmis, dict) if vmis is not None else {}, guests=self.guests.states(),
                          evidence_at=self.guests.evidence_complete_at())
 
@@ -250,7 +251,7 @@ class RotationController:
             g = snap.guests.get((ns, name))
             fresh = g is not None and started is not None and g.reported_at > started
             holds = (g is not None and on_cand and g.token_sha256 is not None
-                     and g.token_sha256 == self._token_sha_for(ns, name))
+                     and g.token_sha256 == self._inputs.token_sha(ns, name))
             licensed, failure = (False, None) if g is None else guest_evidence(
                 licensed=g.state is LicenseState.LICENSED, reason=g.reason,
                 last_event=g.last_event.value if g.last_event else None, holds_candidate=holds, since_start=fresh)
@@ -278,7 +279,7 @@ class RotationController:
     # -- metrics / status -------------------------------------------------------------------------
     def samples(self) -> Iterable[GaugeSample]:
         """From every replica: the record lives in the cluster, so all replicas export the same."""
-        plan = self._replication_plan()
+        plan = self._inputs.replication_plan()
         per_source = plan.namespaces_per_source() if plan is not None else {}
         steps = self.rotation_settings.steps
         for ref, store in sorted(self.stores().items(), key=lambda kv: str(kv[0])):

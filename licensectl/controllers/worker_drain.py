@@ -7,107 +7,54 @@ policy read live), ask `drain.next_step`, write the intent it returns onto the V
 resourceVersion) and only then act. Nothing that matters is kept in memory: a new leader reads the
 intent, the Node's marker and the Pods, and carries on or undoes (docs/design.md#tenant-worker-drain).
 
-The tenant kubeconfig is read per pass and per cluster and dropped after it (kube/tenant.py).
+The tenant kubeconfig is read per pass and per cluster and dropped after it (kube/tenant.py). Every
+read and write goes through a port (core/ports.py: `TenantClusters`, `ClusterApi`, `KubevirtApi`): the
+wire formats of Nodes, Pods, Machines and Clusters are the adapters' (kube/tenant.py, kube/cluster_api.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any
-
-import aiohttp
 
 from licensectl import config, logs
 from licensectl.controllers.settings import drain_settings
 from licensectl.controllers.vm_restart import restart_vmi, vm_object
 from licensectl.core import drain
 from licensectl.core.model import ANN_RESTART_ATTEMPTED_AT, ObjectRef, Vm, Vmi
-from licensectl.core.ports import EventSink, InvolvedObject, KubevirtApi
+from licensectl.core.ports import (
+    ClusterApi,
+    EventSink,
+    InvolvedObject,
+    KubevirtApi,
+    MachineSays,
+    ReadFailed,
+    TenantCluster,
+    TenantClusters,
+    TenantUnreachable,
+)
 from licensectl.core.reasons import EventType, Reason
 from licensectl.core.rollout import RestartVm, RolloutPlan, VmiRolloutState, VmiState
-from licensectl.core.timecodec import format_micro_time, parse_time
-from licensectl.kube.api import AnyClient, ApiException, CustomObjectsApi, absent_on_404
-from licensectl.kube.raw import RawApi
-from licensectl.kube.tenant import TenantApi, TenantUnreachable, open_tenant
+from licensectl.core.timecodec import format_micro_time
 from licensectl.metrics import GaugeSample, Metrics
 
 log = logs.get(__name__)
 
-# Cluster API's objects in the management cluster, read only and only when installed (a 404 means defaults).
-CAPI_GROUP, CAPI_VERSION = "cluster.x-k8s.io", "v1beta1"
-CAPK_GROUP, CAPK_VERSION = "infrastructure.cluster.x-k8s.io", "v1alpha1"
 BOOT_POLL_SECONDS = 5.0
 CONCURRENCY = 8
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|us|µs|ns|h|m|s)")
-_UNIT = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
-
-
-def go_duration_seconds(text: object) -> float | None:
-    """A metav1.Duration ("10m0s", "1h", "90s"); None when absent or unreadable (then licensectl's default)."""
-    if not isinstance(text, str) or not text.strip():
-        return None
-    raw = text.strip()
-    parts = _DURATION.findall(raw)
-    if not parts or "".join(n + u for n, u in parts) != raw:
-        return None
-    return sum(float(n) * _UNIT[u] for n, u in parts)
-
-
-@dataclass(frozen=True, slots=True)
-class MachineSays:
-    """What the worker's Machine says about draining it (cluster-api Machine spec and annotations)."""
-
-    drain_timeout: float | None = None
-    exclude: bool = False
-
 
 _Item = tuple[Vm, RestartVm | None, drain.WorkerIdentity]
-
-
-def tenant_node(obj: Mapping[str, Any]) -> drain.TenantNode:
-    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
-    ready: bool | None = None
-    for c in status.get("conditions") or ():
-        if isinstance(c, dict) and c.get("type") == "Ready":
-            ready = {"True": True, "False": False}.get(str(c.get("status")))
-    return drain.TenantNode(name=str(meta.get("name") or ""), provider_id=str(spec.get("providerID") or ""),
-                            unschedulable=bool(spec.get("unschedulable")), ready=ready,
-                            boot_id=str((status.get("nodeInfo") or {}).get("bootID") or ""),
-                            cordoned_by=(meta.get("annotations") or {}).get(drain.ANN_CORDONED_BY))
-
-
-def tenant_pod(obj: Mapping[str, Any], missing_daemonsets: frozenset[tuple[str, str]] = frozenset()) -> drain.TenantPod:
-    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
-    ns = str(meta.get("namespace") or "")
-    owner = next((o for o in meta.get("ownerReferences") or () if isinstance(o, dict) and o.get("controller")), None)
-    kind = str(owner.get("kind")) if owner else None
-    deleted = parse_time(meta["deletionTimestamp"]) if isinstance(meta.get("deletionTimestamp"), str) else None
-    return drain.TenantPod(
-        namespace=ns, name=str(meta.get("name") or ""), node_name=str(spec.get("nodeName") or ""),
-        phase=str(status.get("phase") or "Pending"), controller_kind=kind,
-        controller_missing=(kind == "DaemonSet" and owner is not None
-                            and (ns, str(owner.get("name"))) in missing_daemonsets),
-        is_mirror=drain.ANN_MIRROR_POD in (meta.get("annotations") or {}), deletion_timestamp=deleted,
-        has_empty_dir=any(isinstance(v, dict) and "emptyDir" in v for v in spec.get("volumes") or ()),
-        drain_label=(meta.get("labels") or {}).get(drain.LABEL_POD_DRAIN))
-
-
-# A read that failed says nothing about the object; 404 (absent) is handled where it is read.
-READ_ERRORS = (ApiException, TimeoutError, aiohttp.ClientError)
 
 
 class WorkerDrainer:
     """The drain shell, driven by the rollout loop after each plan (leader only)."""
 
-    def __init__(self, *, mgmt: AnyClient, kubevirt: KubevirtApi, events: EventSink, metrics: Metrics,
-                 settings: config.Settings, clock: Callable[[], dt.datetime],
+    def __init__(self, *, cluster_api: ClusterApi, tenants: TenantClusters, kubevirt: KubevirtApi,
+                 events: EventSink, metrics: Metrics, settings: config.Settings, clock: Callable[[], dt.datetime],
                  expect: Callable[[str, str, str], None] = lambda _ns, _vm, _rv: None) -> None:
-        self._mgmt = mgmt
-        self._custom: Any = RawApi(CustomObjectsApi(mgmt))
+        self.cluster_api = cluster_api
+        self.tenants = tenants
         self.kubevirt = kubevirt
         self.events = events
         self.metrics = metrics
@@ -133,13 +80,11 @@ class WorkerDrainer:
         read, or None -- the cluster waits a pass rather than run on defaults the hoster may have lowered."""
         key = f"{namespace}/{cluster}"
         try:
-            obj = await absent_on_404(self._custom.get_namespaced_custom_object(
-                CAPI_GROUP, CAPI_VERSION, namespace, "clusters", cluster))
-        except READ_ERRORS as e:
-            log.warning("cluster policy read failed", namespace=namespace, cluster=cluster, error=type(e).__name__,
-                        status=getattr(e, "status", None))
+            ann = await self.cluster_api.cluster_annotations(namespace, cluster)
+        except ReadFailed as e:
+            log.warning("cluster policy read failed", namespace=namespace, cluster=cluster, error=e.error,
+                        status=e.status)
             return self._policies.get(key)
-        ann = ((obj or {}).get("metadata") or {}).get("annotations") or {}
         said = drain.ClusterPolicy.from_annotations(ann)
         limit = said.max_disrupted if drain.ANN_MAX_DISRUPTED_WORKERS in ann else self.settings.max_disrupted_workers
         policy = drain.ClusterPolicy(limit, said.restart_without_drain)
@@ -150,23 +95,11 @@ class WorkerDrainer:
         """KubevirtMachine -> its controller Machine: nodeDrainTimeout and the exclude annotation. None: a
         read failed -- never taken as "no exclude annotation", which would cordon an excluded Node."""
         try:
-            kvm = await absent_on_404(self._custom.get_namespaced_custom_object(
-                CAPK_GROUP, CAPK_VERSION, worker.namespace, "kubevirtmachines", worker.machine))
-            owner = next((o for o in ((kvm or {}).get("metadata") or {}).get("ownerReferences") or ()
-                          if isinstance(o, dict) and o.get("kind") == "Machine"), None)
-            if owner is None:
-                return MachineSays()
-            machine = await absent_on_404(self._custom.get_namespaced_custom_object(
-                CAPI_GROUP, CAPI_VERSION, worker.namespace, "machines", str(owner.get("name"))))
-        except READ_ERRORS as e:
-            log.warning("machine read failed", namespace=worker.namespace, vm=worker.vm, error=type(e).__name__,
-                        status=getattr(e, "status", None))
+            return await self.cluster_api.machine(worker.namespace, worker.machine)
+        except ReadFailed as e:
+            log.warning("machine read failed", namespace=worker.namespace, vm=worker.vm, error=e.error,
+                        status=e.status)
             return None
-        if machine is None:
-            return MachineSays()
-        ann = (machine.get("metadata") or {}).get("annotations") or {}
-        return MachineSays(go_duration_seconds((machine.get("spec") or {}).get("nodeDrainTimeout")),
-                           drain.ANN_EXCLUDE_NODE_DRAINING in ann)
 
     # -- a pass ------------------------------------------------------------------------------------
     def workers_to_drive(self, plan: RolloutPlan,
@@ -219,8 +152,8 @@ class WorkerDrainer:
             return [self.clock() + dt.timedelta(seconds=self.settings.drain_retry_seconds)]
         wakeups: list[dt.datetime] = []
         try:
-            async with open_tenant(self._mgmt, namespace, cluster) as tenant:
-                nodes = [tenant_node(n) for n in await tenant.nodes()]
+            async with self.tenants.open(namespace, cluster) as tenant:
+                nodes = await tenant.nodes()
                 for vm, restart, worker in items:
                     wakeups.extend(await self._worker(vm, restart, worker, plan, vmis, policy, tenant, nodes, None))
         except TenantUnreachable as e:
@@ -228,20 +161,8 @@ class WorkerDrainer:
                 wakeups.extend(await self._worker(vm, restart, worker, plan, vmis, policy, None, [], str(e)))
         return wakeups
 
-    async def _observe_pods(self, tenant: TenantApi, node: drain.TenantNode) -> tuple[drain.TenantPod, ...]:
-        raw = await tenant.pods_on(node.name)
-        missing: set[tuple[str, str]] = set()
-        for p in raw:
-            meta = p.get("metadata") or {}
-            for o in meta.get("ownerReferences") or ():
-                if isinstance(o, dict) and o.get("controller") and o.get("kind") == "DaemonSet":
-                    ns, name = str(meta.get("namespace") or ""), str(o.get("name") or "")
-                    if (ns, name) not in missing and not await tenant.daemonset_exists(ns, name):
-                        missing.add((ns, name))
-        return tuple(tenant_pod(p, frozenset(missing)) for p in raw)
-
     async def _worker(self, vm: Vm, restart: RestartVm | None, worker: drain.WorkerIdentity, plan: RolloutPlan,
-                      vmis: Mapping[tuple[str, str], Vmi], policy: drain.ClusterPolicy, tenant: TenantApi | None,
+                      vmis: Mapping[tuple[str, str], Vmi], policy: drain.ClusterPolicy, tenant: TenantCluster | None,
                       nodes: list[drain.TenantNode], unreachable: str | None) -> list[dt.datetime]:
         key = (vm.namespace, vm.name)
         now = self.clock()
@@ -256,7 +177,7 @@ class WorkerDrainer:
         node = drain.node_for(worker.provider_id, nodes) if tenant is not None else None
         pods: tuple[drain.TenantPod, ...] = ()
         if tenant is not None and node is not None:
-            pods = await self._observe_pods(tenant, node)
+            pods = await tenant.pods_on(node.name)
         if isinstance(intent, drain.DrainIntent) and _block_over(intent, state, node):
             intent = None  # its record and metric go (an own cordon is still undone first)
         machine = await self._machine(worker) if worker.role is drain.Role.WORKER else MachineSays()
@@ -272,7 +193,7 @@ class WorkerDrainer:
                                  state.source if state is not None else None)
 
     async def _apply(self, vm: Vm, worker: drain.WorkerIdentity, action: drain.Action, restart: RestartVm | None,
-                     tenant: TenantApi | None, now: dt.datetime, unreachable: str | None,
+                     tenant: TenantCluster | None, now: dt.datetime, unreachable: str | None,
                      source: ObjectRef | None) -> list[dt.datetime]:
         key = (vm.namespace, vm.name)
         patch: dict[str, str | None] = {k: None for k in drain.INTENT_ANNOTATIONS}
@@ -309,7 +230,7 @@ class WorkerDrainer:
         return await self._act(vm, worker, action, restart, tenant)
 
     async def _act(self, vm: Vm, worker: drain.WorkerIdentity, action: drain.Action, restart: RestartVm | None,
-                   tenant: TenantApi | None) -> list[dt.datetime]:
+                   tenant: TenantCluster | None) -> list[dt.datetime]:
         # A step taken in the tenant cluster shows in no watch of licensectl's: the next pass comes at once.
         if isinstance(action, drain.Cordon) and tenant is not None:
             await self._patch_node(tenant, action.node, unschedulable=True, marker=worker.key, owner=worker.key)
@@ -339,23 +260,20 @@ class WorkerDrainer:
             self._refused.pop(worker.key, None)
         return []
 
-    async def _patch_node(self, tenant: TenantApi, name: str, *, unschedulable: bool, marker: str | None,
+    async def _patch_node(self, tenant: TenantCluster, name: str, *, unschedulable: bool, marker: str | None,
                           owner: str) -> None:
         """Cordon with the marker in the same patch, or uncordon and drop it. Read afresh and guarded by its
         resourceVersion: an uncordon happens only while the Node still carries this VM's marker."""
-        obj = await tenant.node(name)
-        if obj is None:
+        got = await tenant.node(name)
+        if got is None:
             return
-        current = tenant_node(obj)
+        current, rv = got
         if not unschedulable and current.cordoned_by != owner:
             return  # someone else's cordon now (or already undone): never touched
-        rv = str((obj.get("metadata") or {}).get("resourceVersion") or "")
-        body = {"metadata": {"resourceVersion": rv, "annotations": {drain.ANN_CORDONED_BY: marker}},
-                "spec": {"unschedulable": unschedulable}}
-        if not await tenant.patch_node(name, body):
+        if not await tenant.set_cordon(name, unschedulable=unschedulable, marker=marker, resource_version=rv):
             log.info("node patch dropped: the Node changed since it was read", node=name)
 
-    async def _evict(self, tenant: TenantApi, pod: drain.TenantPod) -> str:
+    async def _evict(self, tenant: TenantCluster, pod: drain.TenantPod) -> str:
         status = await tenant.evict(pod.namespace, pod.name)
         result = {201: "evicted", 200: "evicted", 429: "refused", 404: "gone"}.get(status, "error")
         self.metrics.worker_evictions.labels(result).inc()

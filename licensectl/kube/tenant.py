@@ -7,6 +7,8 @@ logged, never kept past the drain step that needed it; the connection trusts the
 only. The client session is closed when the step is done (`async with open_tenant(...)`).
 
 Raises `TenantUnreachable` with a reason fit for an Event (never the kubeconfig or a response body).
+What leaves this module is core/drain.py's `TenantNode` and `TenantPod` (`tenant_node`, `tenant_pod`
+read the JSON); `TenantClusters` is the `core.ports.TenantClusters` the worker drain opens clusters with.
 """
 
 from __future__ import annotations
@@ -21,8 +23,12 @@ import aiohttp
 import yaml
 
 from licensectl import logs
+from licensectl.core import drain
+from licensectl.core.ports import TenantUnreachable
+from licensectl.core.timecodec import parse_time
 from licensectl.kube import kubeconfig
 from licensectl.kube.api import AnyClient, ApiException, CoreV1Api, KubeClient, absent_on_404
+from licensectl.kube.errors import Conflict, Forbidden, NotFound, Unauthorized
 from licensectl.kube.raw import RawApi, checked
 
 log = logs.get(__name__)
@@ -33,8 +39,7 @@ REQUEST_TIMEOUT = 10.0
 MERGE_PATCH = "application/merge-patch+json"
 
 
-class TenantUnreachable(Exception):
-    """The tenant cluster's API cannot be used now: no kubeconfig Secret, an unusable one, or no answer."""
+__all__ = ["TenantApi", "TenantClusters", "TenantUnreachable", "open_tenant", "tenant_node", "tenant_pod"]
 
 
 def kubeconfig_secret(cluster: str) -> str:
@@ -52,23 +57,42 @@ class TenantApi:
             return await checked(self._client.request("GET", path, query=query, request_timeout=REQUEST_TIMEOUT))
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
             raise TenantUnreachable(f"tenant API did not answer: {type(e).__name__}") from None
-        except ApiException as e:
-            if e.status in (401, 403):
-                raise TenantUnreachable(f"tenant API refused licensectl's credentials (HTTP {e.status})") from None
-            raise
+        except (Unauthorized, Forbidden) as e:
+            raise TenantUnreachable(f"tenant API refused licensectl's credentials (HTTP {e.status})") from None
 
-    async def nodes(self) -> list[dict[str, Any]]:
-        return _items(await self._get("/api/v1/nodes"))
+    async def nodes(self) -> list[drain.TenantNode]:
+        return [tenant_node(n) for n in _items(await self._get("/api/v1/nodes"))]
 
-    async def node(self, name: str) -> dict[str, Any] | None:
-        return await absent_on_404(self._get(f"/api/v1/nodes/{quote(name, safe='')}"))
+    async def node(self, name: str) -> tuple[drain.TenantNode, str] | None:
+        """The Node and its resourceVersion (what guards `set_cordon`), read afresh; None when gone."""
+        obj = await absent_on_404(self._get(f"/api/v1/nodes/{quote(name, safe='')}"))
+        if obj is None:
+            return None
+        return tenant_node(obj), str((obj.get("metadata") or {}).get("resourceVersion") or "")
 
-    async def pods_on(self, node: str) -> list[dict[str, Any]]:
-        return _items(await self._get("/api/v1/pods", (("fieldSelector", f"spec.nodeName={node}"),)))
+    async def pods_on(self, node: str) -> tuple[drain.TenantPod, ...]:
+        """The Node's Pods; a DaemonSet Pod whose DaemonSet is gone is an orphan (looked up once each)."""
+        raw = _items(await self._get("/api/v1/pods", (("fieldSelector", f"spec.nodeName={node}"),)))
+        missing: set[tuple[str, str]] = set()
+        for p in raw:
+            meta = p.get("metadata") or {}
+            for o in meta.get("ownerReferences") or ():
+                if isinstance(o, dict) and o.get("controller") and o.get("kind") == "DaemonSet":
+                    ns, name = str(meta.get("namespace") or ""), str(o.get("name") or "")
+                    if (ns, name) not in missing and not await self.daemonset_exists(ns, name):
+                        missing.add((ns, name))
+        return tuple(tenant_pod(p, frozenset(missing)) for p in raw)
 
     async def daemonset_exists(self, namespace: str, name: str) -> bool:
         path = f"/apis/apps/v1/namespaces/{quote(namespace, safe='')}/daemonsets/{quote(name, safe='')}"
         return await absent_on_404(self._get(path)) is not None
+
+    async def set_cordon(self, name: str, *, unschedulable: bool, marker: str | None,
+                         resource_version: str) -> bool:
+        """Cordon with the marker in the same patch, or uncordon and drop it, guarded by `resource_version`."""
+        body = {"metadata": {"resourceVersion": resource_version, "annotations": {drain.ANN_CORDONED_BY: marker}},
+                "spec": {"unschedulable": unschedulable}}
+        return await self.patch_node(name, body)
 
     async def patch_node(self, name: str, body: Mapping[str, Any]) -> bool:
         """Merge-patch a Node (a resourceVersion in `body` guards it); False when it changed or is gone."""
@@ -78,10 +102,8 @@ class TenantApi:
             return True
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
             raise TenantUnreachable(f"tenant API did not answer: {type(e).__name__}") from None
-        except ApiException as e:
-            if e.status in (404, 409):
-                return False
-            raise
+        except (NotFound, Conflict):
+            return False
 
     async def evict(self, namespace: str, name: str) -> int:
         """POST an Eviction (policy/v1): the HTTP status (201 evicted, 429 a PodDisruptionBudget refused,
@@ -95,6 +117,34 @@ class TenantApi:
             raise TenantUnreachable(f"tenant API did not answer: {type(e).__name__}") from None
         except ApiException as e:
             return e.status
+
+
+def tenant_node(obj: Mapping[str, Any]) -> drain.TenantNode:
+    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
+    ready: bool | None = None
+    for c in status.get("conditions") or ():
+        if isinstance(c, dict) and c.get("type") == "Ready":
+            ready = {"True": True, "False": False}.get(str(c.get("status")))
+    return drain.TenantNode(name=str(meta.get("name") or ""), provider_id=str(spec.get("providerID") or ""),
+                            unschedulable=bool(spec.get("unschedulable")), ready=ready,
+                            boot_id=str((status.get("nodeInfo") or {}).get("bootID") or ""),
+                            cordoned_by=(meta.get("annotations") or {}).get(drain.ANN_CORDONED_BY))
+
+
+def tenant_pod(obj: Mapping[str, Any], missing_daemonsets: frozenset[tuple[str, str]] = frozenset()) -> drain.TenantPod:
+    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
+    ns = str(meta.get("namespace") or "")
+    owner = next((o for o in meta.get("ownerReferences") or () if isinstance(o, dict) and o.get("controller")), None)
+    kind = str(owner.get("kind")) if owner else None
+    deleted = parse_time(meta["deletionTimestamp"]) if isinstance(meta.get("deletionTimestamp"), str) else None
+    return drain.TenantPod(
+        namespace=ns, name=str(meta.get("name") or ""), node_name=str(spec.get("nodeName") or ""),
+        phase=str(status.get("phase") or "Pending"), controller_kind=kind,
+        controller_missing=(kind == "DaemonSet" and owner is not None
+                            and (ns, str(owner.get("name"))) in missing_daemonsets),
+        is_mirror=drain.ANN_MIRROR_POD in (meta.get("annotations") or {}), deletion_timestamp=deleted,
+        has_empty_dir=any(isinstance(v, dict) and "emptyDir" in v for v in spec.get("volumes") or ()),
+        drain_label=(meta.get("labels") or {}).get(drain.LABEL_POD_DRAIN))
 
 
 def _items(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -142,3 +192,13 @@ async def open_tenant(mgmt: AnyClient, namespace: str, cluster: str) -> AsyncIte
         yield TenantApi(client)
     finally:
         await client.close()
+
+
+class TenantClusters:
+    """`core.ports.TenantClusters` over the management cluster's kubeconfig Secrets."""
+
+    def __init__(self, mgmt: AnyClient) -> None:
+        self._mgmt = mgmt
+
+    def open(self, namespace: str, cluster: str) -> contextlib.AbstractAsyncContextManager[TenantApi]:
+        return open_tenant(self._mgmt, namespace, cluster)

@@ -10,31 +10,61 @@ Every call is recorded in order (`calls`/`ops`) so tests can assert what was wri
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import dataclasses
 import datetime as dt
 import itertools
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from licensectl.core.model import GpuClaim, GpuClass, Namespace, ObjectRef, ReplicaSecret, SourceSecret, Vm, Vmi
-from licensectl.core.ports import InvolvedObject, ObservedMeta, RestartResult, SecretBody, WriteResult
+from licensectl.core import drain
+from licensectl.core.model import (
+    ANN_DELIVERY_PROBE_ANSWER,
+    GpuClaim,
+    GpuClass,
+    Namespace,
+    ObjectRef,
+    ReplicaSecret,
+    RevisionStore,
+    SourceSecret,
+    Vm,
+    Vmi,
+)
+from licensectl.core.ports import (
+    InvolvedObject,
+    MachineSays,
+    ObservedMeta,
+    ReadFailed,
+    RestartResult,
+    SecretBody,
+    TenantUnreachable,
+    WriteResult,
+)
 from licensectl.core.reasons import EventType, Reason
+from licensectl.core.replication import SourceRevisions
+from licensectl.core.rotation import Decision
 from licensectl.core.timecodec import to_epoch_us
 from licensectl.kube import projections
+from licensectl.kube import revision_store as rs
 from licensectl.kube.api import ApiException
 from licensectl.kube.caches import CacheHealth
 from licensectl.kube.writer import is_owned, merged_body
 
 if TYPE_CHECKING:
     from licensectl.core.ports import (
+        ClusterApi,
         EventSink,
         KubevirtApi,
         LeaseBackend,
         ReplicationCaches,
         ReplicaWriter,
+        RevisionStores,
         RolloutCaches,
+        RotationCaches,
+        TenantClusters,
+        VmiDryRun,
     )
 
 Key = tuple[str, str]
@@ -108,6 +138,7 @@ class MemoryCaches(CacheHealth):
         self.replicas: MemoryCache[ReplicaSecret] = MemoryCache("replicas")
         self.vms: MemoryCache[Vm] | None = MemoryCache("virtualmachines") if with_kubevirt else None
         self.vmis: MemoryCache[Vmi] | None = MemoryCache("virtualmachineinstances") if with_kubevirt else None
+        self.revision_stores: MemoryCache[RevisionStore] = MemoryCache("revisionstores")
         self.source_secrets: dict[ObjectRef, SourceSecret] = {}
         self.watched: set[ObjectRef] = set()
 
@@ -372,9 +403,162 @@ class MemoryLeases:
 
 
 
+class MemoryTenantCluster:
+    """A `TenantCluster`: Nodes with resourceVersions, Pods, and Eviction answers per Pod.
+
+    `unreachable` makes every call raise `TenantUnreachable` with that text; `evictions` answers an
+    Eviction by Pod key ("ns/name") with an HTTP status (201 when unset: evicted, and the Pod goes).
+    """
+
+    def __init__(self, nodes: Iterable[drain.TenantNode] = (), pods: Iterable[drain.TenantPod] = ()) -> None:
+        self._versions = _Versions()
+        self.nodes_by_name: dict[str, tuple[drain.TenantNode, str]] = {n.name: (n, self._versions.rv()) for n in nodes}
+        self.pods: dict[str, drain.TenantPod] = {p.key: p for p in pods}
+        self.evictions: dict[str, int] = {}
+        self.unreachable: str | None = None
+        self.calls: list[tuple[str, str]] = []
+
+    def _reachable(self, verb: str, what: str) -> None:
+        self.calls.append((verb, what))
+        if self.unreachable is not None:
+            raise TenantUnreachable(self.unreachable)
+
+    async def nodes(self) -> list[drain.TenantNode]:
+        self._reachable("list", "nodes")
+        return [n for n, _ in self.nodes_by_name.values()]
+
+    async def node(self, name: str) -> tuple[drain.TenantNode, str] | None:
+        self._reachable("get", name)
+        return self.nodes_by_name.get(name)
+
+    async def pods_on(self, node: str) -> tuple[drain.TenantPod, ...]:
+        self._reachable("list", f"pods on {node}")
+        return tuple(p for p in self.pods.values() if p.node_name == node)
+
+    async def set_cordon(self, name: str, *, unschedulable: bool, marker: str | None,
+                         resource_version: str) -> bool:
+        self._reachable("cordon" if unschedulable else "uncordon", name)
+        current = self.nodes_by_name.get(name)
+        if current is None or current[1] != resource_version:
+            return False
+        node = dataclasses.replace(current[0], unschedulable=unschedulable, cordoned_by=marker)
+        self.nodes_by_name[name] = (node, self._versions.rv())
+        return True
+
+    async def evict(self, namespace: str, name: str) -> int:
+        key = f"{namespace}/{name}"
+        self._reachable("evict", key)
+        if key not in self.pods:
+            return 404
+        status = self.evictions.get(key, 201)
+        if status in (200, 201):
+            del self.pods[key]
+        return status
+
+
+class MemoryTenantClusters:
+    """`TenantClusters`: clusters by (namespace, cluster); one without an entry has no kubeconfig."""
+
+    def __init__(self) -> None:
+        self.clusters: dict[Key, MemoryTenantCluster] = {}
+        self.opened: list[Key] = []
+
+    @contextlib.asynccontextmanager
+    async def open(self, namespace: str, cluster: str) -> AsyncIterator[MemoryTenantCluster]:
+        self.opened.append((namespace, cluster))
+        tenant = self.clusters.get((namespace, cluster))
+        if tenant is None:
+            raise TenantUnreachable(f"Secret {namespace}/{cluster}-kubeconfig (Cluster API's kubeconfig of "
+                                    f"{cluster}) does not exist")
+        yield tenant
+
+
+class MemoryClusterApi:
+    """`ClusterApi`: Cluster annotations and Machine drain settings; keys in `failing` fail to read."""
+
+    def __init__(self) -> None:
+        self.cluster_annotations_by_key: dict[Key, dict[str, str]] = {}
+        self.machines: dict[Key, MachineSays] = {}  # (namespace, KubevirtMachine) -> what its Machine says
+        self.failing: set[Key] = set()
+
+    async def cluster_annotations(self, namespace: str, cluster: str) -> Mapping[str, str]:
+        if (namespace, cluster) in self.failing:
+            raise ReadFailed("ApiException", 503)
+        return dict(self.cluster_annotations_by_key.get((namespace, cluster), {}))
+
+    async def machine(self, namespace: str, kubevirt_machine: str) -> MachineSays:
+        if (namespace, kubevirt_machine) in self.failing:
+            raise ReadFailed("TimeoutError")
+        return self.machines.get((namespace, kubevirt_machine), MachineSays())
+
+
+class MemoryRevisionStores:
+    """`RevisionStores` over `caches.revision_stores`: the store layout is the real one
+    (kube/revision_store.py); a write lands in the cache at once unless `conflict` is set."""
+
+    def __init__(self, caches: MemoryCaches, *, namespace: str = "licensectl", token_key: str = "token") -> None:
+        self.caches = caches
+        self.namespace = namespace
+        self.token_key = token_key
+        self.conflict = False
+        self.written: list[tuple[ObjectRef, Decision]] = []
+        self._versions = _Versions()
+
+    def by_source(self, stores: Iterable[RevisionStore]) -> dict[ObjectRef, RevisionStore]:
+        return rs.stores_by_source(stores)
+
+    def live_revision(self, source: SourceSecret | None) -> str | None:
+        return rs.live_revision(source, self.token_key)
+
+    def rotations(self, stores: Mapping[ObjectRef, RevisionStore],
+                  live: Mapping[ObjectRef, SourceSecret | None]) -> Mapping[ObjectRef, SourceRevisions]:
+        return rs.source_rotations(stores, live, token_key=self.token_key)
+
+    async def write(self, *, source: ObjectRef, existing: RevisionStore | None, decision: Decision,
+                    live: SourceSecret | None) -> bool | None:
+        body = rs.store_body(namespace=self.namespace, source=source, existing=existing, decision=decision,
+                             live=live, token_key=self.token_key)
+        if body is None:
+            return None
+        if self.conflict:
+            return False
+        self.written.append((source, decision))
+        obj = body.as_object(source)
+        obj["metadata"]["resourceVersion"] = self._versions.rv()
+        store = projections.revision_store_from(obj)
+        assert store is not None
+        self.caches.revision_stores.put(store)
+        return True
+
+
+class MemoryVmiDryRun:
+    """`VmiDryRun` answered as the apiserver would: `answer` is the webhook's probe answer, or None when
+    no webhook mutated the VMI (admitted unchanged); `error` is raised instead when set."""
+
+    def __init__(self, answer: str | None = "licensectl-0") -> None:
+        self.answer = answer
+        self.error: BaseException | None = None
+        self.created: list[tuple[str, Mapping[str, Any]]] = []
+
+    async def create_vmi(self, namespace: str, body: Mapping[str, Any], *,
+                         request_timeout: float) -> Mapping[str, Any]:
+        self.created.append((namespace, body))
+        if self.error is not None:
+            raise self.error
+        obj = copy.deepcopy(dict(body))
+        if self.answer is not None:
+            obj["metadata"].setdefault("annotations", {})[ANN_DELIVERY_PROBE_ANSWER] = self.answer
+        return obj
+
+
 if TYPE_CHECKING:  # mypy proves the in-memory seams satisfy the Protocols the loops depend on
 
     def _conforms(caches: MemoryCaches, writer: MemoryReplicaWriter, events: MemoryEvents,
                   kubevirt: MemoryKubevirt, leases: MemoryLeases,
                   ) -> tuple[ReplicationCaches, RolloutCaches, ReplicaWriter, EventSink, KubevirtApi, LeaseBackend]:
         return caches, caches, writer, events, kubevirt, leases
+
+    def _conforms_too(caches: MemoryCaches, stores: MemoryRevisionStores, tenants: MemoryTenantClusters,
+                      cluster_api: MemoryClusterApi, dry_run: MemoryVmiDryRun,
+                      ) -> tuple[RotationCaches, RevisionStores, TenantClusters, ClusterApi, VmiDryRun]:
+        return caches, stores, tenants, cluster_api, dry_run

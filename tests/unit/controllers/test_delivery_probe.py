@@ -10,8 +10,10 @@ import pytest
 
 from licensectl.controllers.delivery_probe import ERROR, MUTATED, UNCHANGED, DeliveryProbe
 from licensectl.core.delivery import probe_patch
+from licensectl.kube.admission_probe import VmiDryRunApi
 from licensectl.kube.api import ApiException
 from licensectl.metrics import Metrics
+from licensectl_dev.testkit.memory import MemoryVmiDryRun
 from tests.unit.core.test_delivery import apply_patch
 
 
@@ -48,8 +50,8 @@ class Clock:
 
 def probe(api: FakeApi, clock: Clock, metrics: Metrics | None = None,
           changes: list[bool] | None = None) -> DeliveryProbe:
-    return DeliveryProbe(None, "lc-system", metrics=metrics, clock=clock, interval=10.0,
-                         on_change=None if changes is None else changes.append, raw=api)
+    return DeliveryProbe(VmiDryRunApi(api), "lc-system", metrics=metrics, clock=clock, interval=10.0,
+                         on_change=None if changes is None else changes.append)
 
 
 async def test_answered_probe_is_evidence_until_it_goes_stale() -> None:
@@ -126,7 +128,7 @@ async def test_only_the_leader_probes_and_a_lost_leadership_drops_the_evidence()
     that loses the lease forgets its evidence, so a later takeover probes afresh before any restart."""
     api, clock = FakeApi(), Clock()
     leader = [False]
-    p = DeliveryProbe(None, "lc-system", clock=clock, interval=0.05, raw=api, active=lambda: leader[0])
+    p = DeliveryProbe(VmiDryRunApi(api), "lc-system", clock=clock, interval=0.05, active=lambda: leader[0])
     task = asyncio.create_task(p.run())
     try:
         await asyncio.sleep(0.2)
@@ -149,3 +151,15 @@ async def test_only_the_leader_probes_and_a_lost_leadership_drops_the_evidence()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+
+
+async def test_the_probe_asks_through_the_dry_run_port() -> None:
+    dry = MemoryVmiDryRun()
+    p = DeliveryProbe(dry, "lc-system", clock=Clock(), interval=10.0)
+    assert await p.probe_once() and p.ready()
+    assert [ns for ns, _ in dry.created] == ["lc-system"]
+    dry.answer = None
+    assert not await p.probe_once() and p.last_result == UNCHANGED
+    dry.error = ApiException(403, "Forbidden")
+    assert not await p.probe_once() and p.last_result == ERROR
+    assert p.error == "dry-run create failed: Forbidden HTTP 403"
