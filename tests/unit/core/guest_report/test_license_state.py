@@ -38,7 +38,8 @@ def test_the_severity_order_is_the_documented_one(doc: str, lead: str) -> None:
 def test_the_no_license_states_are_the_documented_ones() -> None:
     """docs/operations.md#guest-conditions: the unlicensed reason is set only while the guest holds no license."""
     text = " ".join((ROOT / "docs" / "operations.md").read_text().split())
-    m = re.search(r"`licensectl_guest_unlicensed_reason{reason}` \((?:1, )?only while (?:the state is )?([^)]*)\)", text)
+    m = re.search(r"`licensectl_guest_unlicensed_reason{reason}` \((?:1, )?only while (?:the state is )?([^)]*)\)",
+                  text)
     assert m is not None
     documented = {LicenseState(name) for name in re.findall(r"`([a-z_]+)`", m.group(1))}
     assert {s for s in LicenseState if s.no_license} == documented
