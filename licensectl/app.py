@@ -169,10 +169,8 @@ class App:
         creds = self.credentials
         self.replication = ReplicationController(
             caches=self.caches, writer=SecretWriter(CoreV1Api(self.api), dry_run=s.dry_run), events=self.events,
-            metrics=self.metrics, settings=s, credential_for=creds.credential_for,
-            report_url=config.report_url_for(s), clock=self.stamp_clock, report_ca=creds.report_ca,
-            gpu_class_api_version=f"{s.gpu_group}/{s.gpu_version}", rotations=fleet.rotations,
-            credential_key=creds.key_id, credential_epoch=creds.epoch, bind_credentials=creds.bound)
+            metrics=self.metrics, settings=s, credentials=creds, report_url=config.report_url_for(s),
+            clock=self.stamp_clock, gpu_class_api_version=f"{s.gpu_group}/{s.gpu_version}", rotations=fleet.rotations)
         # Evidence that a restarted VMI would get its volume (docs/design.md#delivery-readiness): only where
         # this deployment runs the webhook; without one, VM templates mount their replica themselves.
         if s.webhook_address:

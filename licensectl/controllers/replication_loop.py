@@ -33,6 +33,7 @@ from licensectl.core.model import (
     ReplicaSecret,
 )
 from licensectl.core.ports import (
+    Credentials,
     EventSink,
     InvolvedObject,
     MonotonicClock,
@@ -67,13 +68,10 @@ CONFLICT_RECHECK_SECONDS = 60.0
 
 class ReplicationController:
     def __init__(self, *, caches: ReplicationCaches, writer: ReplicaWriter, events: EventSink, metrics: Metrics,
-                 settings: config.Settings, credential_for: Callable[[str], str], report_url: str,
+                 settings: config.Settings, credentials: Credentials, report_url: str,
                  clock: WallClock | None = None, monotonic: MonotonicClock = time.monotonic,
                  concurrency: int = 32, gpu_class_api_version: str = "gpu.cozystack.io/v1alpha1",
-                 report_ca: Callable[[], bytes] = bytes,
-                 rotations: Callable[[], Mapping[ObjectRef, SourceRevisions] | None] = lambda: None,
-                 credential_key: Callable[[], str] = str, credential_epoch: Callable[[], str] = str,
-                 bind_credentials: Callable[[], Callable[[str], str]] | None = None) -> None:
+                 rotations: Callable[[], Mapping[ObjectRef, SourceRevisions] | None] = lambda: None) -> None:
         self.caches = caches
         # Safe rotation (docs/design.md#safe-rotation): replicas follow each source's record; None
         # (tests of replication alone) follows the live source.
@@ -83,15 +81,12 @@ class ReplicationController:
         self.events = events
         self.metrics = metrics
         self.settings = settings
-        self.credential_for = credential_for
-        self.credential_key = credential_key  # id of the key credential_for derives from (docs/design.md#key-ring)
-        self.credential_epoch = credential_epoch  # the last key revocation, part of every revision
-        # credential_for bound to the key of the moment (the App's key ring), read when a pass gathers.
-        self.bind_credentials = bind_credentials
+        # The guests' report credentials, key id, revocation epoch and CA (docs/design.md#key-ring), read
+        # when a pass gathers: the key of that moment is bound into the plan.
+        self.credentials = credentials
         self._planner = PlannerThread("replication")  # docs/design.md#plans-off-the-loop
         self._copies = CacheCopies()  # the gather's copies, once per cache generation
         self.report_url = report_url
-        self.report_ca = report_ca  # current serving CA bundle (kube/serving_tls.py), read every pass
         self.clock: WallClock = clock or (lambda: dt.datetime.now(dt.UTC))
         self._monotonic = monotonic
         self.tenant = tenant_settings(settings)
@@ -134,16 +129,16 @@ class ReplicationController:
             replicas=self._copies.of(c.replicas, dict),
             conflicts=frozenset(k for k, seen in self.status.conflicts.items()
                                 if self._monotonic() - seen < CONFLICT_RECHECK_SECONDS),
-            credential_for=self.bind_credentials() if self.bind_credentials is not None else self.credential_for,
+            credential_for=self.credentials.bound(),
             report_url=self.report_url,
-            report_ca=self.report_ca(),
+            report_ca=self.credentials.report_ca(),
             token_key=self.settings.token_key,
             tenant=self.tenant,
             now=self.clock(),
             rotations=self.rotations(),
             steps=self.steps,
-            credential_key=self.credential_key(),
-            credential_epoch=self.credential_epoch(),
+            credential_key=self.credentials.key_id(),
+            credential_epoch=self.credentials.epoch(),
         )
 
     # -- act --------------------------------------------------------------------------------------

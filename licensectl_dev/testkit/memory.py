@@ -15,7 +15,7 @@ import copy
 import dataclasses
 import datetime as dt
 import itertools
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -155,6 +155,30 @@ class MemoryCaches(CacheHealth):
 
     def source_states(self) -> dict[ObjectRef, SourceSecret | None]:
         return {ref: self.source_secrets.get(ref) for ref in sorted(self.watched, key=str)}
+
+
+class MemoryCredentials:
+    """The Credentials port with a fixed credential per namespace, no key id, epoch or CA unless given."""
+
+    def __init__(self, credential_for: Callable[[str], str] = lambda _ns: "", *, key_id: str = "",
+                 epoch: str = "", report_ca: bytes = b"") -> None:
+        self._credential_for = credential_for
+        self._key_id, self._epoch, self._report_ca = key_id, epoch, report_ca
+
+    def credential_for(self, namespace: str) -> str:
+        return self._credential_for(namespace)
+
+    def bound(self) -> Callable[[str], str]:
+        return self._credential_for
+
+    def key_id(self) -> str:
+        return self._key_id
+
+    def epoch(self) -> str:
+        return self._epoch
+
+    def report_ca(self) -> bytes:
+        return self._report_ca
 
 
 class MemoryEvents:

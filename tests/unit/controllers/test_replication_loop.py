@@ -28,7 +28,13 @@ from licensectl.core.model import (
 from licensectl.core.render import replica_name
 from licensectl.core.replication import ReplicationInputs, ReplicationPlan, plan_replication
 from licensectl.metrics import Metrics
-from licensectl_dev.testkit.memory import ManualClock, MemoryCaches, MemoryEvents, MemoryReplicaWriter
+from licensectl_dev.testkit.memory import (
+    ManualClock,
+    MemoryCaches,
+    MemoryCredentials,
+    MemoryEvents,
+    MemoryReplicaWriter,
+)
 
 SRC = ObjectRef("licensectl-system", "vws-token")
 VWS = GpuClass("vws", "uid-vws", "vgpu", SRC, 1)
@@ -68,7 +74,7 @@ class World:
         self.loop = ReplicationController(
             caches=self.caches, writer=self.writer, events=self.events, metrics=self.metrics,
             settings=Settings(**settings),  # type: ignore[arg-type]
-            credential_for=lambda ns: f"cred-{ns}", report_url="http://reports.invalid/v1/reports",
+            credentials=MemoryCredentials(lambda ns: f"cred-{ns}"), report_url="http://reports.invalid/v1/reports",
             clock=self.clock.now, monotonic=self.clock.monotonic)
 
     def replicas(self) -> set[str]:
@@ -316,7 +322,7 @@ async def test_the_plan_is_made_off_the_loop_with_the_signing_key_of_the_moment_
     carries the credential of the key the pass gathered; the next pass writes the new one."""
     w = World(["tenant-a", "tenant-b"])
     ring = ["key1"]
-    w.loop.bind_credentials = lambda: (lambda ns, key=ring[0]: f"{key}-{ns}")
+    w.loop.credentials.bound = lambda: (lambda ns, key=ring[0]: f"{key}-{ns}")  # type: ignore[method-assign]
     loop_thread = threading.get_ident()
     loop_ran = threading.Event()
     planned_in: list[int] = []

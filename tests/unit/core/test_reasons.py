@@ -25,7 +25,14 @@ from licensectl.core.render import ReplicaState
 from licensectl.core.replication import ReplicationPlan
 from licensectl.core.rollout import PauseReason, Phase, RolloutPlan, RolloutStatus, VmiState
 from licensectl.metrics import GaugeSample, Metrics
-from licensectl_dev.testkit.memory import ManualClock, MemoryCaches, MemoryEvents, MemoryKubevirt, MemoryReplicaWriter
+from licensectl_dev.testkit.memory import (
+    ManualClock,
+    MemoryCaches,
+    MemoryCredentials,
+    MemoryEvents,
+    MemoryKubevirt,
+    MemoryReplicaWriter,
+)
 
 PACKAGE = Path(licensectl.__file__).parent
 OPERATIONS = PACKAGE.parent / "docs" / "operations.md"
@@ -144,7 +151,7 @@ def test_replication_metrics_export_every_replica_state_and_problem_kind() -> No
     clock = ManualClock()
     caches = MemoryCaches(with_kubevirt=False)
     ctl = ReplicationController(caches=caches, writer=MemoryReplicaWriter(caches), events=MemoryEvents(),
-                                metrics=Metrics(), settings=Settings(), credential_for=lambda ns: "",
+                                metrics=Metrics(), settings=Settings(), credentials=MemoryCredentials(),
                                 report_url="http://reports.invalid/v1/reports", clock=clock.now,
                                 monotonic=clock.monotonic)
     problem = Problem(ProblemKind.MISSING_PARENT, ObjectRef("", "tenant-a"), "parent missing")
