@@ -27,7 +27,9 @@ import structlog
 
 from licensectl import config, logs
 from licensectl.app import App
-from licensectl.cli.status import read_cluster, status_from_controller, status_table
+from licensectl.cli.status_fetch import status_from_controller
+from licensectl.cli.status_offline import read_cluster
+from licensectl.cli.status_render import status_table
 from licensectl.core.drain import ANN_CORDONED_BY, ANN_DRAIN_STEP, ROLE_WORKER
 from licensectl.core.model import ANN_SOURCE_REVISION
 from licensectl.core.render import replica_name

@@ -40,7 +40,7 @@ def rollout_action_annotations(verb: str, server_now: dt.datetime) -> dict[str, 
 async def _is_class_source(api: AnyClient, settings: config.Settings, ref: ObjectRef) -> bool | None:
     """Whether a GPUClass names `ref` as its license source; None when the classes cannot be listed
     (no permission, or no GPUClass API here): then only the Secret's own marks are checked."""
-    from licensectl.cli.status import list_all
+    from licensectl.cli.status_offline import list_all
     from licensectl.kube import projections
 
     try:
