@@ -54,6 +54,7 @@ from licensectl.cli.status_render import (
 from licensectl.core.rollout.view import RolloutExit, progress_line, rollout_exit, rollout_json, vmis_json
 from licensectl.kube.api import ApiException
 from licensectl.kube.client import make_api_client, request_tracing
+from licensectl.kube.errors import Forbidden
 from licensectl.kube.server_clock import ServerClock
 
 # `rollout status --watch` polls one small document (or an in-memory watch cache) this often.
@@ -82,7 +83,7 @@ async def status_main(args: Any, settings: config.Settings) -> int:
             try:
                 doc = status_json(await read_cluster(api, settings, now=clock.now()), None)
             except ApiException as e:
-                why = f"HTTP {e.status} {e.reason}" if e.status != 403 else api_error(e)
+                why = api_error(e) if isinstance(e, Forbidden) else f"HTTP {e.status} {e.reason}"
                 print("licensectl status: " + (f"the offline recomputation failed: {why}" if args.offline else
                       f"controller unreachable ({reason}), and the offline recomputation failed too: {why}"),
                       file=sys.stderr)

@@ -16,6 +16,7 @@ import aiohttp
 
 from licensectl import config
 from licensectl.kube.api import AnyClient, ApiException, as_kube
+from licensectl.kube.errors import Forbidden, NotFound, ServiceUnavailable
 from licensectl.kube.raw import checked
 
 # The Service (manifests/base/services.yaml, the chart's templates/services.yaml) in front of every
@@ -51,12 +52,12 @@ class ControllerTarget:
 
 
 def _proxy_error(e: ApiException, target: ControllerTarget) -> str:
-    if e.status == 403:
+    if isinstance(e, Forbidden):
         return (f"HTTP 403 from the API server: this user may not get services/proxy in {target.namespace} "
                 f"(see docs/operations.md#status-from-the-controller)")
-    if e.status == 404:
+    if isinstance(e, NotFound):
         return f"HTTP 404: no Service {target.namespace}/{target.service} with port {target.port}"
-    if e.status == 503:
+    if isinstance(e, ServiceUnavailable):
         return (f"HTTP 503: no ready endpoint of Service {target.namespace}/{target.service} answered (where "
                 f"NetworkPolicies are enforced, the shipped policy blocks the API server's proxy route)")
     return f"HTTP {e.status} {e.reason} from {target.describe()}"

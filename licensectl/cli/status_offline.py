@@ -46,6 +46,7 @@ from licensectl.kube import contract, projections
 from licensectl.kube import revision_store as rs
 from licensectl.kube.api import AnyClient, ApiException, CoreV1Api, CustomObjectsApi
 from licensectl.kube.caches import Caches
+from licensectl.kube.errors import Forbidden
 from licensectl.kube.raw import RawApi, checked
 from licensectl.kube.signing_key import SECRET_NAME
 
@@ -102,10 +103,8 @@ async def read_stores(core: CoreV1Api, settings: config.Settings) -> dict[Object
     try:
         found = await list_all(lambda **kw: core.list_namespaced_secret(settings.namespace, **kw),
                                projections.revision_store_from, label_selector=f"{REVISION_STORE_LABEL}=true")
-    except ApiException as e:
-        if e.status == 403:
-            return None
-        raise
+    except Forbidden:
+        return None
     return rs.stores_by_source(found)
 
 
