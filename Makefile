@@ -36,7 +36,7 @@ lint: $(VENV)/.installed
 	$(BIN)/mypy --strict licensectl licensectl_dev
 
 demo: setup
-	$(BIN)/licensectl demo --duration 120 --prometheus
+	$(BIN)/python -m licensectl_dev.demo --duration 120 --prometheus
 
 bench: setup
 	$(BIN)/python -m benchmarks

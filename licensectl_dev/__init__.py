@@ -3,9 +3,8 @@
 devcluster/  a real control plane (etcd, kube-apiserver, kube-controller-manager) built from Go modules,
              the project's CRDs, and simulators for what cannot run here (KubeVirt, guests)
 testkit/     what tests and benchmarks share: process launchers, in-memory ports, pollers
-demo.py      `licensectl demo` / `make demo`
+demo.py      `python -m licensectl_dev.demo` / `make demo`
 
-May import licensectl (any layer); licensectl never imports this package, except the CLI's `demo`
-command, which says how to get it when it is missing. The dev venv sees it through a .pth file
+May import licensectl (any layer); licensectl never imports this package. The dev venv sees it through a .pth file
 written by `make` (Makefile); a wheel or the image does not contain it (tests/unit/project/test_packaging.py).
 """

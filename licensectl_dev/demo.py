@@ -1,4 +1,5 @@
-"""`licensectl demo`: a hoster's fleet on an embedded control plane, a token rotation, live metrics.
+"""`python -m licensectl_dev.demo` (`make demo`): a hoster's fleet on an embedded control plane, a token
+rotation, live metrics.
 
 Everything real that can run on a laptop is real: kube-apiserver + etcd (built from Go modules),
 the controller, the guest scripts (under dash, against recorded nvidia-smi output), Prometheus with
@@ -10,6 +11,7 @@ before restarting it (docs/design.md#tenant-worker-drain), and the demo shows th
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import datetime as dt
@@ -18,7 +20,7 @@ import json
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +29,9 @@ import structlog
 
 from licensectl import config, logs
 from licensectl.app import App
-from licensectl.cli.status import read_cluster, status_from_controller, status_table
+from licensectl.cli.status_fetch import status_from_controller
+from licensectl.cli.status_offline import read_cluster
+from licensectl.cli.status_render import status_table
 from licensectl.core.drain import ANN_CORDONED_BY, ANN_DRAIN_STEP, ROLE_WORKER
 from licensectl.core.model import ANN_SOURCE_REVISION
 from licensectl.core.render import replica_name
@@ -749,3 +753,23 @@ def demo_main(args: Any) -> int:
     except RuntimeError as e:
         print(f"licensectl demo: {e}", file=sys.stderr)
         return 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The demo's flags; it is dev tooling, so it is no subcommand of the shipped `licensectl`."""
+    p = argparse.ArgumentParser(prog="python -m licensectl_dev.demo",
+                                description="run a demo fleet on an embedded local control plane")
+    p.add_argument("--duration", type=float, default=0.0,
+                   help="stop after this many seconds (0: run until Ctrl-C)")
+    p.add_argument("--prometheus", action="store_true", help="also start a real Prometheus with the alerts")
+    p.add_argument("--json", dest="json_out", default=None, help="write a JSON summary to this file")
+    p.add_argument("--metrics-port", type=int, default=9108)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return demo_main(_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -25,6 +25,7 @@ from licensectl.kube import contract
 from licensectl.kube import revision_store as rs
 from licensectl.kube.api import AnyClient, ApiException, CoreV1Api, CustomObjectsApi, VersionApi
 from licensectl.kube.client import make_api_client, request_tracing
+from licensectl.kube.errors import Conflict, Forbidden, NotFound
 from licensectl.kube.events import event_name
 from licensectl.kube.raw import RawApi, checked
 from licensectl.kube.server_clock import ServerClock
@@ -40,16 +41,14 @@ def rollout_action_annotations(verb: str, server_now: dt.datetime) -> dict[str, 
 async def _is_class_source(api: AnyClient, settings: config.Settings, ref: ObjectRef) -> bool | None:
     """Whether a GPUClass names `ref` as its license source; None when the classes cannot be listed
     (no permission, or no GPUClass API here): then only the Secret's own marks are checked."""
-    from licensectl.cli.status import list_all
+    from licensectl.cli.status_offline import list_all
     from licensectl.kube import projections
 
     try:
         classes = await list_all(contract.gpu_class_lister(CustomObjectsApi(api), settings),
                                  projections.gpu_class_from)
-    except ApiException as e:
-        if e.status in (403, 404):
-            return None
-        raise
+    except (Forbidden, NotFound):
+        return None
     return any(c.secret_ref == ref for c in classes)
 
 
@@ -57,9 +56,9 @@ async def _record(raw: RawApi, settings: config.Settings, ref: ObjectRef) -> Rot
     """The source's rotation record from its revision store in licensectl's namespace; None if none."""
     try:
         store = await raw.read_namespaced_secret(rs.store_name(ref), settings.namespace)
+    except NotFound:
+        return None
     except ApiException as e:
-        if e.status == 404:
-            return None
         raise CliError(api_error(e, f"reading the revision store of {ref} in {settings.namespace}")) from None
     return RotationRecord.from_annotations((store.get("metadata") or {}).get("annotations") or {})
 
@@ -98,9 +97,9 @@ async def rollout_action_main(args: Any, settings: config.Settings) -> int:
         await checked(VersionApi(api).get_code(_preload_content=False))
         try:
             secret = await raw.read_namespaced_secret(name, ns)
+        except NotFound:
+            raise CliError(f"Secret {source} not found") from None
         except ApiException as e:
-            if e.status == 404:
-                raise CliError(f"Secret {source} not found") from None
             raise CliError(api_error(e, f"reading Secret {source}")) from None
         meta = secret.get("metadata") or {}
         target = ra.Target(ref=ref, labels=meta.get("labels") or {}, annotations=meta.get("annotations") or {},
@@ -114,9 +113,9 @@ async def rollout_action_main(args: Any, settings: config.Settings) -> int:
                               "annotations": ra.patch_annotations(verb, now)}}
         try:
             await raw.patch_namespaced_secret(name, ns, patch)
+        except Conflict:
+            raise CliError(f"Secret {source} changed while this command read it; run it again") from None
         except ApiException as e:
-            if e.status == 409:
-                raise CliError(f"Secret {source} changed while this command read it; run it again") from None
             raise CliError(api_error(e, f"patching Secret {source}")) from None
         print(ra.done_text(verb, source, target.record))
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import aiohttp
 
 from licensectl.kube.api import ApiException
+from licensectl.kube.errors import Forbidden, NotFound, Unauthorized
 from licensectl.kube.kubeconfig import KubeconfigError
 
 
@@ -43,12 +44,12 @@ def describe(e: BaseException, where: str | None = None) -> str:
 def api_error(e: ApiException, what: str = "") -> str:
     """An API answer as words: forbidden and not found say what to check."""
     obj = f" {what}" if what else ""
-    if e.status == 401:
+    if isinstance(e, Unauthorized):
         return "unauthorized (HTTP 401): the API server refused the kubeconfig's credentials"
-    if e.status == 403:
+    if isinstance(e, Forbidden):
         return (f"forbidden (HTTP 403){obj}: the kubeconfig's user lacks a permission this command needs "
                 "(docs/operations.md#permissions)")
-    if e.status == 404:
+    if isinstance(e, NotFound):
         return f"not found (HTTP 404){obj}"
     if e.status == 0:
         return f"the request{obj} could not be made ({e.reason or 'no answer'})"

@@ -49,7 +49,7 @@ def holders_report(ring: credentials.KeyRing, holders: credentials.Holders) -> l
 
 async def read_holders(api: Any) -> credentials.Holders:
     """Key holders from a full LIST of VMIs and replicas (a failed LIST raises: never "no holder")."""
-    from licensectl.cli.status import list_all  # the paged LIST the status view uses
+    from licensectl.cli.status_offline import list_all  # the paged LIST the status view uses
 
     core, custom = CoreV1Api(api), CustomObjectsApi(api)
     replicas = await list_all(core.list_secret_for_all_namespaces, projections.replica_secret_from,

@@ -1,4 +1,4 @@
-"""The `licensectl` command: run, status, rollout, keys, demo, config-reference.
+"""The `licensectl` command: run, status, rollout, keys, config-reference.
 
 Subcommands import their machinery lazily so `licensectl --help` stays instant.
 """
@@ -73,13 +73,6 @@ def _parser() -> argparse.ArgumentParser:
     kr.add_argument("--kubeconfig", default=None)
     kr.add_argument("--context", default=None)
     kr.add_argument("--namespace", default=None, help="licensectl's namespace (default: LICENSECTL_NAMESPACE)")
-
-    demo = sub.add_parser("demo", help="run a demo fleet on an embedded local control plane")
-    demo.add_argument("--duration", type=float, default=0.0,
-                      help="stop after this many seconds (0: run until Ctrl-C)")
-    demo.add_argument("--prometheus", action="store_true", help="also start a real Prometheus with the alerts")
-    demo.add_argument("--json", dest="json_out", default=None, help="write a JSON summary to this file")
-    demo.add_argument("--metrics-port", type=int, default=9108)
 
     ref = sub.add_parser("config-reference", help="print the configuration reference (markdown)")
     ref.add_argument("--format", choices=("markdown", "helm-values", "helm-schema"), default="markdown",
@@ -200,14 +193,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return asyncio.run(run(settings))
     if args.command in ("status", "rollout", "keys"):
         return _cluster_command(args)
-    if args.command == "demo":
-        try:
-            from licensectl_dev.demo import demo_main
-        except ImportError:
-            print("licensectl demo: the demo needs a licensectl checkout (it is not installed with the controller); "
-                  "run `make demo` there", file=sys.stderr)
-            return 2
-        return demo_main(args)
     parser.error(f"unknown command {args.command}")
     return 2
 

@@ -1,6 +1,6 @@
 """Build hoster fleets on a dev cluster: Cozystack-shaped tenants, GPU classes, claims, VMs.
 
-Used by the integration tests and by `licensectl demo`, so both exercise the same object shapes
+Used by the integration tests and by the demo (`make demo`), so both exercise the same object shapes
 (docs/design.md#upstream-facts). Tokens made here are *fake* JWTs with a real structure and a dummy signature.
 """
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -16,7 +16,13 @@ from kubernetes_asyncio.client.rest import ApiException
 
 log = structlog.get_logger(__name__)
 
+# The GPUClass/GPUClaim CRDs of the assumed GPU contract. They ship (manifests/components/gpu-crds and
+# the chart carry copies), so their one source lives with the manifests.
+GPU_CRD_DIR = Path(__file__).resolve().parents[2] / "manifests" / "crds"
+# Minimal stand-ins for the KubeVirt, CDI and Cluster API CRDs, whose controllers the dev cluster does not run.
 CRD_DIR = Path(__file__).resolve().parent / "crds"
+# Every CRD the dev cluster installs.
+CRD_DIRS = (GPU_CRD_DIR, CRD_DIR)
 
 
 async def api_client_from_kubeconfig(path: str | os.PathLike[str], context: str | None = None) -> ApiClient:
@@ -26,10 +32,15 @@ async def api_client_from_kubeconfig(path: str | os.PathLike[str], context: str 
     return ApiClient(configuration=cfg)
 
 
-def load_crd_manifests(crd_dir: Path = CRD_DIR) -> list[dict[str, Any]]:
-    """Every CustomResourceDefinition document under `crd_dir`, in file-name order."""
+def crd_files(crd_dirs: Sequence[Path] = CRD_DIRS) -> list[Path]:
+    """Every CRD file under `crd_dirs`, in file-name order."""
+    return sorted((p for d in crd_dirs for p in d.glob("*.yaml")), key=lambda p: p.name)
+
+
+def load_crd_manifests(crd_dirs: Sequence[Path] = CRD_DIRS) -> list[dict[str, Any]]:
+    """Every CustomResourceDefinition document under `crd_dirs`, in file-name order."""
     docs: list[dict[str, Any]] = []
-    for path in sorted(crd_dir.glob("*.yaml")):
+    for path in crd_files(crd_dirs):
         for doc in yaml.safe_load_all(path.read_text()):
             if doc and doc.get("kind") == "CustomResourceDefinition":
                 docs.append(doc)
@@ -56,10 +67,10 @@ async def _apply(ext: client.ApiextensionsV1Api, doc: dict[str, Any]) -> None:
 
 async def install_crds(
     target: ApiClient | str | os.PathLike[str],
-    crd_dir: Path = CRD_DIR,
+    crd_dirs: Sequence[Path] = CRD_DIRS,
     wait_seconds: float = 30.0,
 ) -> list[str]:
-    """Create or replace the CRDs in `crd_dir` and wait until each is Established.
+    """Create or replace the CRDs in `crd_dirs` and wait until each is Established.
 
     `target` is an ApiClient or a kubeconfig path. Returns the CRD names.
     """
@@ -67,7 +78,7 @@ async def install_crds(
     api = await api_client_from_kubeconfig(target) if not isinstance(target, ApiClient) else target
     try:
         ext = client.ApiextensionsV1Api(api)
-        docs = load_crd_manifests(crd_dir)
+        docs = load_crd_manifests(crd_dirs)
         for doc in docs:
             await _apply(ext, doc)
         names = [d["metadata"]["name"] for d in docs]

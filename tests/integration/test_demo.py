@@ -25,7 +25,7 @@ def test_bounded_demo_outcomes(tmp_path: Path, control_plane: object) -> None:
     # at a time) has a wave of its own, the rollout ends about 63 s in: 80 s keeps a margin for a busy machine.
     out = tmp_path / "demo.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "licensectl", "demo", "--duration", "80", "--prometheus", "--metrics-port", "0",
+        [sys.executable, "-m", "licensectl_dev.demo", "--duration", "80", "--prometheus", "--metrics-port", "0",
          "--json", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=360)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -28,7 +28,7 @@ import yaml
 from kubernetes_asyncio.client import AdmissionregistrationV1Api, ApiClient, ApiextensionsV1Api, CustomObjectsApi
 from kubernetes_asyncio.client.rest import ApiException
 
-from licensectl_dev.devcluster.kubeapi import CRD_DIR
+from licensectl_dev.devcluster.kubeapi import GPU_CRD_DIR
 from licensectl_dev.testkit.poll import eventually
 from licensectl_dev.testkit.world import unique
 
@@ -322,7 +322,7 @@ OTHER = ClassResource(group="gpu.policy-test.licensectl.io", plural="testgpuclas
 
 def class_crd_with_description(resource: ClassResource) -> dict[str, Any]:
     """The dev cluster's GPUClass CRD moved to `resource`, with one more spec field, `description`."""
-    crd: dict[str, Any] = yaml.safe_load((CRD_DIR / "gpu.cozystack.io_gpuclasses.yaml").read_text())
+    crd: dict[str, Any] = yaml.safe_load((GPU_CRD_DIR / "gpu.cozystack.io_gpuclasses.yaml").read_text())
     crd["metadata"]["name"] = f"{resource.plural}.{resource.group}"
     crd["spec"]["group"] = resource.group
     crd["spec"]["names"].update(plural=resource.plural, singular=resource.plural.removesuffix("es"))

@@ -23,7 +23,8 @@ import pytest
 import pytest_asyncio
 from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api, DiscoveryV1Api, RbacAuthorizationV1Api
 
-from licensectl.cli.status import STATUS_SERVICE, STATUS_SERVICE_PORT, WatchedCluster
+from licensectl.cli.status_fetch import STATUS_SERVICE, STATUS_SERVICE_PORT
+from licensectl.cli.status_offline import WatchedCluster
 from licensectl.config import Settings
 from licensectl.core.render import replica_name
 from licensectl.kube.client import make_api_client, request_tracing

@@ -4,10 +4,10 @@ Static checks (no cluster) pin the properties the install promises: security con
 downward API, settings that exist in licensectl/config.py, Services and NetworkPolicy that match the
 ports, RBAC that is commented and minimal. The cluster tests apply every rendered object to the
 session control plane (tests/conftest.py) with server-side dry run and strict field validation,
-after installing the KubeVirt + GPU CRDs (licensectl_dev/devcluster/crds) and prometheus-operator's
-ServiceMonitor/PrometheusRule CRDs. Those come from the pinned Go module of prometheus-operator
-(its example/prometheus-operator-crd/ directory, the CRDs it publishes), fetched with
-`go mod download` and checked against the pinned module sum, so no copy of them lives here.
+after installing the GPU CRDs (manifests/crds), the KubeVirt stand-ins (licensectl_dev/devcluster/crds)
+and prometheus-operator's ServiceMonitor/PrometheusRule CRDs. Those come from the pinned Go module
+of prometheus-operator (its example/prometheus-operator-crd/ directory, the CRDs it publishes),
+fetched with `go mod download` and checked against the pinned module sum, so no copy of them lives here.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import yaml
 from licensectl import config
 from licensectl.app import LEADER_LABEL
 from licensectl_dev.devcluster.controlplane import ControlPlane, binaries_dir
-from licensectl_dev.devcluster.kubeapi import CRD_DIR
+from licensectl_dev.devcluster.kubeapi import GPU_CRD_DIR, crd_files
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
@@ -113,12 +113,12 @@ def test_builds_contain_the_expected_objects(rendered: dict[str, list[dict[str, 
                 assert o["metadata"]["namespace"] == NAMESPACE, o["kind"]
 
 
-def test_gpu_crd_component_is_a_copy_of_the_devcluster_crds() -> None:
+def test_gpu_crd_component_is_a_copy_of_the_gpu_crds() -> None:
     component = MANIFESTS / "components" / "gpu-crds"
     copies = sorted(p.name for p in component.glob("*.yaml") if p.name != "kustomization.yaml")
-    assert copies == sorted(p.name for p in CRD_DIR.glob("gpu*.yaml"))
+    assert copies == sorted(p.name for p in GPU_CRD_DIR.glob("gpu*.yaml"))
     for name in copies:
-        assert (component / name).read_bytes() == (CRD_DIR / name).read_bytes(), name
+        assert (component / name).read_bytes() == (GPU_CRD_DIR / name).read_bytes(), name
 
 
 def gpuclass_policy() -> tuple[dict[str, Any], dict[str, Any]]:
@@ -325,7 +325,7 @@ def operator_crds(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 def cluster(control_plane: ControlPlane, kubeconfig_path: Path, operator_crds: list[Path]) -> list[str]:
     """kubectl argv bound to the session cluster, with every CRD the manifests need Established."""
     kubectl = [str(control_plane.kubectl), "--kubeconfig", str(kubeconfig_path)]
-    crds = [*operator_crds, *sorted(CRD_DIR.glob("*.yaml"))]
+    crds = [*operator_crds, *crd_files()]
     res = run([*kubectl, "apply", "--server-side", "--force-conflicts", "--field-manager=licensectl-tests",
                *[a for p in crds for a in ("-f", str(p))]])
     assert res.returncode == 0, res.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import socket
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from licensectl.kube.api import ApiException
 from licensectl.kube.kubeconfig import KubeconfigError
 from licensectl_dev.devcluster.controlplane import render_kubeconfig
 
+CLI = Path(__file__).resolve().parents[3] / "licensectl" / "cli"
 COMMANDS = [["status"], ["rollout", "status"], ["rollout", "pause", "ns/src"], ["rollout", "undo", "ns/src"],
             ["keys", "rotate"]]
 
@@ -92,3 +94,13 @@ async def test_usage_errors_exit_2_and_help_documents_the_codes(tmp_path: Path) 
         assert line in out, out
     code, out, _ = await licensectl("rollout", "undo", "--help", env=bare_env(tmp_path))
     assert code == 0 and "no rollout history found" in out and "is already paused" in out
+
+
+def test_commands_name_api_answers_by_type_not_by_number() -> None:
+    """What an HTTP status means is written once (kube/errors.py): the commands catch `Forbidden`,
+    `NotFound`, `Conflict` ... and never compare `e.status` with a 4xx/5xx number."""
+    number = re.compile(r"status\s*(?:==|!=|in\s*[(\[{])\s*[45]\d\d")
+    found = [f"{p.name}:{i}" for p in sorted(CLI.glob("*.py"))
+             for i, line in enumerate(p.read_text().splitlines(), 1) if number.search(line)]
+    assert found == []
+    assert number.search("if e.status in (403, 404):") and number.search("e.status != 403")

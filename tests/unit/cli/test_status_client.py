@@ -18,17 +18,16 @@ import yaml
 from aiohttp import web
 
 from licensectl.cli.main import _parser
-from licensectl.cli.status import (
+from licensectl.cli.status_fetch import (
     STATUS_SERVICE,
     STATUS_SERVICE_PORT,
-    ClusterView,
     ControllerTarget,
     ControllerUnreachable,
     fetch_controller_status,
     status_from_controller,
-    status_json,
-    status_table,
 )
+from licensectl.cli.status_offline import ClusterView, status_json
+from licensectl.cli.status_render import status_table
 from licensectl.config import Settings
 from licensectl.core.entitlement import TenantSettings
 from licensectl.core.model import KEY_TOKEN, GpuClaim, GpuClass, Namespace, ObjectRef, ReplicaSecret, SourceSecret

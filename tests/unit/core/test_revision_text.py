@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 
-from licensectl.cli.status import status_from_controller, status_table
+from licensectl.cli.status_fetch import status_from_controller
+from licensectl.cli.status_render import status_table
 from licensectl.core.model import ANN_REVISION, ANN_SOURCE_REVISION
 from licensectl.core.revision_text import (
     replica_revision,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from licensectl.cli.status import _valid_cell
+from licensectl.cli.status_render import _valid_cell
 from licensectl.core.model import ANN_TOKEN_OPAQUE
 from licensectl.core.tokeninfo import Readability, TokenFormat, readability, token_info
 
