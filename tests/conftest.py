@@ -206,6 +206,17 @@ async def kubevirt(kubevirt_factory: KubevirtFactory) -> KubevirtEnv:
     return await kubevirt_factory()
 
 
+@pytest_asyncio.fixture(loop_scope="session")
+async def proxied(kubevirt: KubevirtEnv) -> AsyncIterator[ApiClient]:
+    """An admin ApiClient that talks to the cluster through the test's restart proxy (a module that needs
+    other simulator delays overrides `kubevirt`)."""
+    api = await api_client_from_kubeconfig(kubevirt.kubeconfig_path)
+    try:
+        yield api
+    finally:
+        await api.close()
+
+
 @pytest.fixture(scope="session")
 def tenant_control_planes(control_plane: ControlPlane) -> Iterator[dict[str, ControlPlane]]:
     """Tenant control planes (kube-scheduler + tenant controllers) by cluster name, started lazily by

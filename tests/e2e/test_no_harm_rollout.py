@@ -26,14 +26,13 @@ from kubernetes_asyncio.client import ApiClient, ApiException, CustomObjectsApi
 
 from licensectl.core.rotation import RotationPhase, content_revision
 from licensectl_dev.devcluster import fleet as devfleet
-from licensectl_dev.devcluster.guest_fleet import GuestFleet, ProfileFor, always_licensed, licensed_unless
+from licensectl_dev.devcluster.guest_fleet import GuestFleet, always_licensed, licensed_unless
 from licensectl_dev.testkit.controller import ControllerProcess
 from licensectl_dev.testkit.poll import eventually
 from licensectl_dev.testkit.world import token_for
 
 from .support import Rig, controllers
 from .test_rotation_kill import (
-    PODS,
     REPORT_INTERVAL,
     _phase_is,
     assert_no_token_in_logs,
@@ -44,29 +43,10 @@ from .test_rotation_kill import (
     sha,
     source_events,
     source_revisions,
-    start_pod,
+    up,
 )
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.cluster]
-
-
-async def up(rig: Rig, started: list[ControllerProcess], profile_for: ProfileFor, per_tenant: int,
-             **settings: Any) -> tuple[list[ControllerProcess], GuestFleet, list[tuple[str, str]]]:
-    """Leader and standby with `settings`, `per_tenant` VMs per tenant booted through the webhook, every
-    guest reporting licensed to the leader."""
-    fl = rig.fleet
-    a = await start_pod(rig, started, PODS[0], **settings)
-    await a.wait_metric("licensectl_leader", 1)
-    b = await start_pod(rig, started, PODS[1], **settings)
-    guests = GuestFleet(rig.api, rig.service.url, profile_for=profile_for, interval_seconds=REPORT_INTERVAL)
-    for ns in fl.tenants:
-        for i in range(per_tenant):
-            guests.add(ns, f"vm{i}")
-    await guests.start()
-    vms = await fl.boot(per_tenant=per_tenant)
-    await b.wait_metric("licensectl_ready", 1)
-    await a.wait_metric("licensectl_guest_license_state", len(vms), timeout=60, state="licensed")
-    return [a, b], guests, vms
 
 
 def booted(guests: GuestFleet, ns: str, name: str, token: bytes) -> bool:

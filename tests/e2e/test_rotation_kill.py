@@ -281,28 +281,35 @@ async def observing(fl: Fleet) -> Any:
 
 
 # -- setup shared by both scenarios ----------------------------------------------------------------
-async def up_and_reporting(rig: Rig, started: list[ControllerProcess], profile_for: ProfileFor) -> tuple[
-        list[ControllerProcess], GuestFleet, list[tuple[str, str]]]:
-    """Leader and standby, VMs booted with their guests reporting licensed to the leader, the store
-    holding the first revision as stable."""
+async def up(rig: Rig, started: list[ControllerProcess], profile_for: ProfileFor, per_tenant: int,
+             **settings: Any) -> tuple[list[ControllerProcess], GuestFleet, list[tuple[str, str]]]:
+    """Leader and standby with `settings`, `per_tenant` VMs per tenant booted through the webhook, every
+    guest reporting licensed to the leader (so a canary is chosen among guests that give evidence)."""
     fl = rig.fleet
-    a = await start_pod(rig, started, PODS[0])
+    a = await start_pod(rig, started, PODS[0], **settings)
     await a.wait_metric("licensectl_leader", 1)
-    b = await start_pod(rig, started, PODS[1])
+    b = await start_pod(rig, started, PODS[1], **settings)
     guests = GuestFleet(rig.api, rig.service.url, profile_for=profile_for, interval_seconds=REPORT_INTERVAL)
     for ns in fl.tenants:
-        for i in range(PER_TENANT):
+        for i in range(per_tenant):
             guests.add(ns, f"vm{i}")
     await guests.start()
-    vms = await fl.boot(per_tenant=PER_TENANT)
+    vms = await fl.boot(per_tenant=per_tenant)
     await b.wait_metric("licensectl_ready", 1)
-    # Every guest has reported licensed, so the canary is chosen among guests that give evidence.
     await a.wait_metric("licensectl_guest_license_state", len(vms), timeout=60, state="licensed")
+    return [a, b], guests, vms
+
+
+async def up_and_reporting(rig: Rig, started: list[ControllerProcess], profile_for: ProfileFor) -> tuple[
+        list[ControllerProcess], GuestFleet, list[tuple[str, str]]]:
+    """`up` with these tests' settings, the store holding the first revision as stable."""
+    fl = rig.fleet
+    ctls, guests, vms = await up(rig, started, profile_for, PER_TENANT)
     rec = await read_record(fl)
     assert rec is not None and rec.phase is RotationPhase.STABLE, rec
     assert rec.stable == content_revision(fl.token, None)
     assert set((await source_revisions(fl)).values()) == {rec.stable}
-    return [a, b], guests, vms
+    return ctls, guests, vms
 
 
 async def kill_leader(ctls: Sequence[ControllerProcess], *, rng: random.Random, fl: Fleet,

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-import pytest_asyncio
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.api_client import ApiClient
 from kubernetes_asyncio.client.rest import ApiException
@@ -62,16 +60,6 @@ async def _refused_restart_of_ready_vm(admin: ApiClient, caller: ApiClient, ns: 
     with pytest.raises(ApiException) as e:
         await _restart(caller, ns, "vm1")
     return int(e.value.status)
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def proxied(kubevirt: Any) -> AsyncIterator[ApiClient]:
-    """An admin ApiClient that talks to the cluster through the restart proxy."""
-    api = await api_client_from_kubeconfig(kubevirt.kubeconfig_path)
-    try:
-        yield api
-    finally:
-        await api.close()
 
 
 async def test_restart_recreates_the_vmi_with_a_new_uid_and_ready(

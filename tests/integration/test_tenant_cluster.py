@@ -7,7 +7,6 @@ VMI restart reboots the Node (Ready Unknown, then Ready with a new boot ID and i
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -17,7 +16,6 @@ from kubernetes_asyncio.client.api_client import ApiClient
 from kubernetes_asyncio.client.rest import ApiException
 
 from licensectl_dev.devcluster.fleet import create_vm
-from licensectl_dev.devcluster.kubeapi import api_client_from_kubeconfig
 from licensectl_dev.devcluster.tenant_cluster import (
     CLUSTER_NAME_LABEL,
     MACHINE_NAME_LABEL,
@@ -60,24 +58,15 @@ async def _evict(core: Any, pod: Any) -> None:
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def proxied(kubevirt_env: Any) -> AsyncIterator[ApiClient]:
-    api = await api_client_from_kubeconfig(kubevirt_env.kubeconfig_path)
-    try:
-        yield api
-    finally:
-        await api.close()
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def kubevirt_env(kubevirt_factory: Any) -> Any:
+async def kubevirt(kubevirt_factory: Any) -> Any:
     # A 2 s graceful guest stop keeps the restarted worker down long enough to observe it.
     return await kubevirt_factory(ready_delay=0.2, stop_delay=2.0)
 
 
 async def test_tenant_workers_become_nodes_honour_pdb_and_reboot(
-    api_client: ApiClient, namespace: str, kubevirt_env: Any, proxied: ApiClient, tenant_cluster_factory: Any,
+    api_client: ApiClient, namespace: str, kubevirt: Any, proxied: ApiClient, tenant_cluster_factory: Any,
 ) -> None:
-    env = await tenant_cluster_factory(namespace, CLUSTER, kubevirt=kubevirt_env)
+    env = await tenant_cluster_factory(namespace, CLUSTER, kubevirt=kubevirt)
     for vm, machine in WORKERS.items():
         labels = {CLUSTER_NAME_LABEL: CLUSTER, ROLE_LABEL: "worker"}
         if machine:
