@@ -51,12 +51,30 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.tools)
 
 
+# Processes that outlived an xdist worker's session, reported by the controller process at its end.
+_LEAKED_IN_WORKERS: list[str] = []
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """Collect what a worker found still alive (pytest-xdist hook; a worker's exit status is not relayed)."""
+    _LEAKED_IN_WORKERS.extend(getattr(node, "workeroutput", {}).get("leaked_processes", []))
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail the run if a test was skipped, or if a process the suite started (licensectl_dev.testkit.process)
     outlived it.
 
-    Runs after every fixture's teardown; the survivors are killed so they do not linger either.
+    Runs after every fixture's teardown; the survivors are killed so they do not linger either. Under
+    pytest-xdist each worker kills its own survivors and hands their names to the controller process,
+    which holds the terminal and the exit status.
     """
+    leaked = end_leaked_processes()
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["leaked_processes"] = leaked
+        return
+    leaked += _LEAKED_IN_WORKERS
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     skipped = reporter.stats.get("skipped", []) if reporter is not None else []
     if skipped and reporter is not None:
@@ -66,7 +84,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         for rep in skipped[:20]:
             reporter.write_line(f"  {rep.nodeid}", red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
-    leaked = end_leaked_processes()
     if leaked:
         if reporter is not None:
             reporter.ensure_newline()

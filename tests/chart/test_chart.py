@@ -24,7 +24,7 @@ from licensectl import __version__, config
 from licensectl.cli import main as cli
 
 from ..manifests.test_manifests import gpuclass_policy, kustomize, static_kubectl
-from .helm import CHART, NAMESPACE, REQUIRED, ROOT, VALUES, Helm, objects_by_key
+from .helm import CHART, NAMESPACE, REQUIRED, ROOT, VALUES, Helm, documents, objects_by_key
 
 # They need the Go-built helm, helm-unittest and kubectl (the control plane's build): the slow tier.
 pytestmark = pytest.mark.cluster
@@ -286,7 +286,7 @@ def test_no_dead_values(helm: Helm) -> None:
     dead = []
     for path, base, res in zip(paths, against, helm.template_many(variants), strict=True):
         assert res.returncode == 0, f"{path}: {res.stderr}"
-        if objects_by_key([d for d in yaml.safe_load_all(res.stdout) if d]) == references[base]:
+        if objects_by_key(documents(res.stdout)) == references[base]:
             dead.append(path)
     assert not dead, f"values that change nothing: {dead}"
 
@@ -473,7 +473,7 @@ def test_copied_chart_renders_like_the_packaged_chart(helm: Helm, tmp_path: Path
     assert from_archive.returncode == 0, from_archive.stderr
     assert from_copy.stdout == from_archive.stdout
     assert from_copy.stdout == helm.template(EVERYTHING).stdout
-    kinds = {d["kind"] for d in yaml.safe_load_all(from_copy.stdout) if d}
+    kinds = {d["kind"] for d in documents(from_copy.stdout)}
     assert {"GrafanaDashboard", "PrometheusRule", "VMRule", "CustomResourceDefinition", "ConfigMap"} <= kinds
 
 

@@ -34,7 +34,7 @@ from licensectl_dev.testkit.world import unique
 from ..e2e.support import controllers, create_pod, make_fleet, start_controller
 from ..integration.test_gpuclass_policy import wait_gpuclass_policy_lifted
 from ..manifests.test_manifests import cluster, dry_run, kustomize, operator_crds  # noqa: F401 - fixtures
-from .helm import CHART, NAMESPACE, REQUIRED, ROOT, VALUES, Helm, objects_by_key
+from .helm import CHART, NAMESPACE, REQUIRED, ROOT, VALUES, Helm, documents, objects_by_key
 from .test_chart_history import chart_commits
 
 VM_CRDS = sorted((Path(__file__).resolve().parent / "crds").glob("*.yaml"))
@@ -90,7 +90,7 @@ def test_every_valid_toggle_combination_passes_server_dry_run(helm: Helm, kube: 
     unique_objs: dict[str, dict[str, Any]] = {}
     for values, res in zip(combos, helm.template_many(combos), strict=True):
         assert res.returncode == 0, f"{values}: {res.stderr}"
-        for o in yaml.safe_load_all(res.stdout):
+        for o in documents(res.stdout):
             if o:
                 unique_objs[json.dumps(o, sort_keys=True)] = o
     objs = list(unique_objs.values())

@@ -28,6 +28,7 @@ import json
 import shutil
 import subprocess
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ import pytest
 import yaml
 from packaging.version import Version
 
-from .helm import CHART, NAMESPACE, ROOT, Helm, objects_by_key
+from .helm import CHART, NAMESPACE, ROOT, Helm, documents, objects_by_key
 
 CHART_PATH = "charts/licensectl"
 # Chart revisions committed before the versioning rule: all of them said 0.1.0.
@@ -262,42 +263,50 @@ def render(helm: Helm, chart: Path, *files: Path) -> subprocess.CompletedProcess
     return helm.run(*args)
 
 
+def check_upgrades_from(helm: Helm, commit: str, tmp_path: Path) -> list[str]:
+    """Every scenario of one earlier chart version: what was checked, or an AssertionError."""
+    checked = []
+    old = old_chart(commit, tmp_path)
+    version = yaml.safe_load((old / "Chart.yaml").read_text())["version"]
+    required = required_values(old)
+    defaults = release_values(helm, old, required)
+    for scenario, user in scenarios(commit, defaults).items():
+        user = with_required(user, required)
+        reused = release_values(helm, old, user)
+        # The upgrade: the current chart with the old release's values in place of values.yaml.
+        upgraded = tmp_path / f"upgrade-{commit[:12]}-{scenario}"
+        shutil.copytree(CHART, upgraded)
+        (upgraded / "values.yaml").write_text(json.dumps(reused, indent=2))
+        user_file = tmp_path / f"user-{commit[:12]}-{scenario}.yaml"
+        user_file.write_text(yaml.safe_dump(user))
+        res = render(helm, upgraded, user_file)
+        what = f"upgrade from {commit[:12]} (chart {version}, {scenario})"
+        assert res.returncode == 0, f"{what}: {res.stderr}"
+        # A fresh install of the current chart with the same settings (new defaults underneath).
+        settings = tmp_path / f"settings-{commit[:12]}-{scenario}.json"
+        settings.write_text(json.dumps(reused))
+        fresh = render(helm, CHART, settings)
+        assert fresh.returncode == 0, f"{what}, fresh install: {fresh.stderr}"
+        got = objects_by_key(documents(res.stdout))
+        want = objects_by_key(documents(fresh.stdout))
+        assert sorted(got) == sorted(want), what
+        for key, obj in want.items():
+            assert got[key] == obj, f"{what}: {key}"
+        deployment = got[("Deployment", NAMESPACE, "licensectl")]
+        image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+        assert image == f"{reused['image']['repository']}:{NEW_TAG}", what
+        checked.append(what)
+    return checked
+
+
 @pytest.mark.cluster
 def test_reuse_values_upgrade_from_every_earlier_chart_version(helm: Helm, tmp_path: Path) -> None:
     """For each earlier chart version and what a hoster set on it, the current templates render with the
     old release's values (no new defaults) exactly what a fresh install with those settings renders."""
     commits = chart_commits()
     assert len(commits) >= 7
-    checked = []
-    for commit in commits:
-        old = old_chart(commit, tmp_path)
-        version = yaml.safe_load((old / "Chart.yaml").read_text())["version"]
-        required = required_values(old)
-        defaults = release_values(helm, old, required)
-        for scenario, user in scenarios(commit, defaults).items():
-            user = with_required(user, required)
-            reused = release_values(helm, old, user)
-            # The upgrade: the current chart with the old release's values in place of values.yaml.
-            upgraded = tmp_path / f"upgrade-{commit[:12]}-{scenario}"
-            shutil.copytree(CHART, upgraded)
-            (upgraded / "values.yaml").write_text(json.dumps(reused, indent=2))
-            user_file = tmp_path / f"user-{commit[:12]}-{scenario}.yaml"
-            user_file.write_text(yaml.safe_dump(user))
-            res = render(helm, upgraded, user_file)
-            what = f"upgrade from {commit[:12]} (chart {version}, {scenario})"
-            assert res.returncode == 0, f"{what}: {res.stderr}"
-            # A fresh install of the current chart with the same settings (new defaults underneath).
-            settings = tmp_path / f"settings-{commit[:12]}-{scenario}.json"
-            settings.write_text(json.dumps(reused))
-            fresh = render(helm, CHART, settings)
-            assert fresh.returncode == 0, f"{what}, fresh install: {fresh.stderr}"
-            got = objects_by_key([d for d in yaml.safe_load_all(res.stdout) if d])
-            want = objects_by_key([d for d in yaml.safe_load_all(fresh.stdout) if d])
-            assert sorted(got) == sorted(want), what
-            for key, obj in want.items():
-                assert got[key] == obj, f"{what}: {key}"
-            deployment = got[("Deployment", NAMESPACE, "licensectl")]
-            image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
-            assert image == f"{reused['image']['repository']}:{NEW_TAG}", what
-            checked.append(what)
+    # The versions are independent and helm mostly waits: a few at a time (an assertion re-raises here).
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        checked = [what for done in pool.map(lambda c: check_upgrades_from(helm, c, tmp_path), commits)
+                   for what in done]
     assert len(checked) >= 2 * len(commits), checked
