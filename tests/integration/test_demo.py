@@ -22,10 +22,11 @@ def test_bounded_demo_outcomes(tmp_path: Path, control_plane: object) -> None:
     # `control_plane` only guarantees the binaries are built (the demo starts its own control planes).
     # --duration is also the rollout's deadline. The canary and the steps follow the new token's hash, so
     # the wave order varies; when the tenant cluster's namespace (desk1 and the two drained workers, one
-    # at a time) has a wave of its own, the rollout ends about 63 s in: 80 s keeps a margin for a busy machine.
+    # at a time) has a wave of its own, the rollout ends about 63 s in: 120 s keeps a margin for a machine
+    # that also runs the other half of the suite (`make test` runs two processes).
     out = tmp_path / "demo.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "licensectl_dev.demo", "--duration", "80", "--prometheus", "--metrics-port", "0",
+        [sys.executable, "-m", "licensectl_dev.demo", "--duration", "120", "--prometheus", "--metrics-port", "0",
          "--json", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=360)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -765,9 +765,15 @@ class Cluster:
         return out
 
     def failed_at(self, key: tuple[str, str], timeout: dt.timedelta) -> bool:
-        """A restart that took effect fails when no Ready VMI exists timeout after its last call."""
-        m = self.vms.get(key)
-        called = annotation_time(m.annotations, model.ANN_RESTART_ATTEMPTED_AT) if m else None
+        """A restart that took effect fails when no Ready VMI exists timeout after its last call; one
+        that never did (its target VMI still runs untouched: every call was lost) timeout after it was
+        first issued, so lost calls cannot postpone the failure forever."""
+        m, v = self.vms.get(key), self.vmis.get(key)
+        if m is None:
+            return False
+        untouched = v is not None and not v.deleting and m.annotations.get(model.ANN_RESTART_VMI_UID) == v.uid
+        clock = model.ANN_RESTART_ISSUED_AT if untouched else model.ANN_RESTART_ATTEMPTED_AT
+        called = annotation_time(m.annotations, clock)
         return called is not None and self.now >= called + timeout
 
 
