@@ -56,6 +56,9 @@ class BlockReason(StrEnum):
     CLUSTER_UNREACHABLE = "ClusterUnreachable"  # the tenant API did not answer (and no opt-in)
     NODE_MISSING = "NodeMissing"  # no Node with the worker's providerID
     CONTROL_PLANE_MANUAL = "ControlPlaneManual"  # control-plane machines are restarted by hand
+    # The cluster's disrupted workers (licensectl's open records and Nodes down or cordoned for any other
+    # reason) reach its limit: no new cycle starts (Cluster API's MachineDeployment maxUnavailable).
+    BUDGET_SPENT = "DisruptionBudgetSpent"
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,8 +106,19 @@ class DrainIntent:
 
     @property
     def active(self) -> bool:
-        """Holds a disruption slot of its cluster."""
+        """The cycle is open (any step but blocked)."""
         return self.step is not Step.BLOCKED
+
+    @property
+    def down(self) -> bool:
+        """Closed after the restart without the Node's return: the worker is down until its Node is Ready
+        with a new boot ID, whatever the revision (docs/design.md#tenant-worker-drain)."""
+        return self.step is Step.BLOCKED and self.reason is BlockReason.BOOT_TIMEOUT
+
+    @property
+    def holds_budget(self) -> bool:
+        """Counts against its cluster's disruption limit: an open cycle, or a worker restarted and not back."""
+        return self.active or self.down
 
     def render_annotations(self) -> dict[str, str]:
         out = {ANN_DRAIN_STEP: self.step.value, ANN_DRAIN_REVISION: self.revision,

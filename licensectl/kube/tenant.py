@@ -37,6 +37,7 @@ KUBECONFIG_SUFFIX = "-kubeconfig"
 KUBECONFIG_KEY = "value"
 REQUEST_TIMEOUT = 10.0
 MERGE_PATCH = "application/merge-patch+json"
+LABEL_CONTROL_PLANE = "node-role.kubernetes.io/control-plane"  # kubeadm's mark on control-plane Nodes
 
 
 __all__ = ["TenantApi", "TenantClusters", "TenantUnreachable", "open_tenant", "tenant_node", "tenant_pod"]
@@ -128,7 +129,8 @@ def tenant_node(obj: Mapping[str, Any]) -> drain.TenantNode:
     return drain.TenantNode(name=str(meta.get("name") or ""), provider_id=str(spec.get("providerID") or ""),
                             unschedulable=bool(spec.get("unschedulable")), ready=ready,
                             boot_id=str((status.get("nodeInfo") or {}).get("bootID") or ""),
-                            cordoned_by=(meta.get("annotations") or {}).get(drain.ANN_CORDONED_BY))
+                            cordoned_by=(meta.get("annotations") or {}).get(drain.ANN_CORDONED_BY),
+                            control_plane=LABEL_CONTROL_PLANE in (meta.get("labels") or {}))
 
 
 def tenant_pod(obj: Mapping[str, Any], missing_daemonsets: frozenset[tuple[str, str]] = frozenset()) -> drain.TenantPod:

@@ -228,3 +228,42 @@ async def _node_ready(api: ApiClient, name: str) -> bool:
     except Exception:
         return False
     return any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
+
+
+async def test_a_node_cordoned_by_someone_else_spends_the_budget_and_the_next_worker_waits_named(
+        rig: Fleet, tenant_cluster_factory: TenantClusterFactory) -> None:
+    """Cluster API's MachineDeployment maxUnavailable counts a Machine unavailable whatever the cause: a Node
+    cordoned by the tenant holds the cluster's one slot, so the other worker waits with a named hold."""
+    f = rig
+    ns = f.tenants[0]
+    t = await tenant_cluster_factory(ns, "kc", kubevirt=f.kv, fresh=True)
+    async with running_app(f.settings()) as app:
+        await f.boot([(ns, "kc-md-0", worker("kc")), (ns, "kc-md-1", worker("kc"))])
+        for name in ("kc-md-0", "kc-md-1"):
+            await eventually(lambda name=name: _node_ready(t.api, name), timeout=60, what=f"{name}'s Node Ready")
+        await CoreV1Api(t.api).patch_node("kc-md-1", {"spec": {"unschedulable": True}})  # the tenant's cordon
+        revision = await f.rotate_and_wait()
+
+        async def held() -> bool:
+            return (await f.annotations(ns, "kc-md-0")).get(drain.ANN_DRAIN_HELD) == drain.BlockReason.BUDGET_SPENT
+
+        await eventually(held, timeout=60, what="kc-md-0 held: its cluster's budget is spent")
+        assert drain.ANN_DRAIN_STEP not in await f.annotations(ns, "kc-md-0")  # no cycle opened
+        assert f.kv.record.restarts_for(ns, "kc-md-0") == []
+        assert not (await CoreV1Api(t.api).read_node("kc-md-0")).spec.unschedulable
+        events = (await CoreV1Api(f.api).list_namespaced_event(
+            ns, field_selector="involvedObject.name=kc-md-0,reason=WorkerDrainBlocked")).items
+        assert events and "DisruptionBudgetSpent" in events[0].message
+        assert metric(app, "licensectl_worker_drain_blocked",
+                      {"namespace": ns, "vm": "kc-md-0", "reason": "DisruptionBudgetSpent"}) == 1.0
+
+        # The tenant lifts its cordon: kc-md-0 goes through its cycle once its hold has passed.
+        await CoreV1Api(t.api).patch_node("kc-md-1", {"spec": {"unschedulable": False}})
+
+        async def done() -> bool:
+            a = await f.annotations(ns, "kc-md-0")
+            return (a.get(ANN_RESTART_REVISION) == revision and a.get(ANN_RESTART_RESULT) == "done"
+                    and drain.ANN_DRAIN_STEP not in a and drain.ANN_DRAIN_HELD not in a)
+
+        await eventually(done, timeout=90, what="kc-md-0 drained and restarted after the cordon was lifted")
+        assert len(f.kv.record.restarts_for(ns, "kc-md-0")) == 1
