@@ -37,6 +37,7 @@ from licensectl.core.drain_intent import (
     ANN_CORDONED_BY,
     ANN_DRAIN_BOOT_ID,
     ANN_DRAIN_CORDONED,
+    ANN_DRAIN_EVICTED_AT,
     ANN_DRAIN_HELD,
     ANN_DRAIN_HELD_AT,
     ANN_DRAIN_NODE,
@@ -78,6 +79,7 @@ __all__ = [
     "ANN_CORDONED_BY",
     "ANN_DRAIN_BOOT_ID",
     "ANN_DRAIN_CORDONED",
+    "ANN_DRAIN_EVICTED_AT",
     "ANN_DRAIN_HELD",
     "ANN_DRAIN_HELD_AT",
     "ANN_DRAIN_NODE",
@@ -420,10 +422,15 @@ def _advance(intent: DrainIntent, worker: WorkerIdentity, seen: Observed, now: d
     if now >= deadline:
         refused = any(p.key in seen.pdb_refused for p in plan.remaining)
         return _end(draining, BlockReason.PDB_BLOCKED if refused else BlockReason.DRAIN_TIMEOUT, worker, seen, now)
-    recheck = min(now + settings.retry_interval, deadline)
     if plan.evict:
-        return Evict(plan.evict, recheck, draining)
-    return WaitEvictions(plan.terminating + plan.wait_completed, recheck, draining)
+        # One eviction round per retry interval (cluster-api's drainRetryInterval), however often the
+        # rollout passes: the round's time is on the VM, so a new leader keeps the cadence.
+        last = draining.evicted_at
+        if last is not None and last <= now < last + settings.retry_interval:
+            return WaitEvictions(plan.remaining, min(last + settings.retry_interval, deadline), draining)
+        return Evict(plan.evict, min(now + settings.retry_interval, deadline), replace(draining, evicted_at=now))
+    return WaitEvictions(plan.terminating + plan.wait_completed, min(now + settings.retry_interval, deadline),
+                         draining)
 
 
 def _start(worker: WorkerIdentity, seen: Observed, now: dt.datetime, settings: DrainSettings) -> Action:

@@ -312,7 +312,8 @@ def test_after_the_cordon_the_marker_says_who_cordoned(n: TenantNode, cordoned: 
 def test_drain_evicts_then_waits_for_terminating_and_wait_completed_pods() -> None:
     i = intent(Step.DRAIN)
     a = step(i, seen(node=node(**MINE), pods=(pod("web"), pod("ds", controller_kind="DaemonSet"))))
-    assert isinstance(a, Evict) and [p.name for p in a.pods] == ["web"] and a.intent == i
+    assert isinstance(a, Evict) and [p.name for p in a.pods] == ["web"]
+    assert a.intent == dataclasses.replace(i, evicted_at=NOW)  # the round's time, written before it is posted
     assert a.recheck_at == NOW + 20 * S
     gone = pod("web", deletion_timestamp=NOW)
     batch = pod("batch", drain_label="wait-completed")
@@ -775,3 +776,29 @@ def test_a_spent_budget_holds_a_new_cycle_with_a_named_condition_and_an_open_one
     # The hold opens no cycle: nothing to write but the hold, no slot taken.
     assert not Blocked(BlockReason.BUDGET_SPENT, None).closed
 
+
+# -- evictions on the documented cadence ------------------------------------------------------------------
+
+def test_refused_evictions_are_posted_again_only_after_the_retry_interval_read_back_from_the_vm() -> None:
+    protected = seen(node=node(**MINE), pods=(pod("db-0"),), pdb_refused=frozenset({"app/db-0"}))
+    first = step(intent(Step.DRAIN, started_at=NOW), protected)
+    assert isinstance(first, Evict) and first.intent.evicted_at == NOW
+    record = parse_annotations(first.intent.render_annotations())  # what a new leader reads back
+    assert record == first.intent
+    for later in (NOW + S, NOW + 10 * S, NOW + 20 * S - dt.timedelta(microseconds=1)):  # every rollout pass
+        wait = step(record, protected, now=later)
+        assert isinstance(wait, WaitEvictions) and wait.recheck_at == NOW + 20 * S and wait.intent == record
+    again = step(record, protected, now=NOW + 20 * S)
+    assert isinstance(again, Evict) and again.intent.evicted_at == NOW + 20 * S
+    # A round recorded in the future (a clock step back) or unreadable is no reason to wait: post now.
+    ahead = dataclasses.replace(record, evicted_at=NOW + 60 * S)
+    assert isinstance(step(ahead, protected, now=NOW + S), Evict)
+    bad = {**record.render_annotations(), drain.ANN_DRAIN_EVICTED_AT: "yesterday"}
+    unreadable = parse_annotations(bad)
+    assert isinstance(unreadable, DrainIntent) and unreadable.evicted_at is None
+
+
+def test_the_wait_between_rounds_never_passes_the_drain_timeout() -> None:
+    i = dataclasses.replace(intent(Step.DRAIN, started_at=NOW - 15 * 60 * S + 5 * S), evicted_at=NOW)
+    w = step(i, seen(node=node(**MINE), pods=(pod("db-0"),)), now=NOW + S)
+    assert isinstance(w, WaitEvictions) and w.recheck_at == NOW + 5 * S
