@@ -13,6 +13,7 @@ control plane with the node agent:
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -20,10 +21,12 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+import yaml
 from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 
 from licensectl.core import drain
 from licensectl.core.model import ANN_RESTART_RESULT, ANN_RESTART_REVISION, LABEL_CAPI_CLUSTER_NAME, LABEL_CAPI_ROLE
+from licensectl_dev.devcluster.fleet import put_secret
 
 from ..conftest import KubevirtEnv, TenantClusterFactory
 from .support import eventually, make_world, metric, running_app
@@ -267,3 +270,48 @@ async def test_a_node_cordoned_by_someone_else_spends_the_budget_and_the_next_wo
 
         await eventually(done, timeout=90, what="kc-md-0 drained and restarted after the cordon was lifted")
         assert len(f.kv.record.restarts_for(ns, "kc-md-0")) == 1
+
+
+def _kubeconfig_data(cluster: dict[str, Any]) -> dict[str, str]:
+    doc = {"apiVersion": "v1", "kind": "Config", "current-context": "c",
+           "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+           "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:6443", **cluster}}],
+           "users": [{"name": "u", "user": {"token": "t0ken"}}]}
+    return {"value": base64.b64encode(yaml.safe_dump(doc).encode()).decode()}
+
+
+@pytest.mark.parametrize(("secret_data", "field"), [
+    ({"kubeconfig": "eA=="}, "key 'value' is missing"),
+    (_kubeconfig_data({"server": "https://127.0.0.1:99999"}), "server"),
+    (_kubeconfig_data({"tls-server-name": 42}), "tls-server-name"),
+    (_kubeconfig_data({"proxy-url": "not a url"}), "proxy-url"),
+])
+async def test_a_malformed_kubeconfig_is_a_named_hold_and_the_plain_vm_beside_it_restarts(
+        rig: Fleet, secret_data: dict[str, str], field: str) -> None:
+    f = rig
+    ns = f.tenants[0]
+    await put_secret(f.api, {"apiVersion": "v1", "kind": "Secret", "type": "cluster.x-k8s.io/secret",
+                             "metadata": {"name": "kbad-kubeconfig", "namespace": ns}, "data": secret_data})
+    # One namespace, one restart at a time, the worker sorting first: the plain VM restarts only if the
+    # held worker leaves the slot free.
+    async with running_app(f.settings()) as app:
+        await f.boot([(ns, "a-kbad", worker("kbad")), (ns, "b-plain", None)])
+        revision = await f.rotate_and_wait()
+
+        async def held() -> bool:
+            ann = await f.annotations(ns, "a-kbad")
+            return ann.get(drain.ANN_DRAIN_HELD) == drain.BlockReason.CLUSTER_UNREACHABLE
+
+        await eventually(held, timeout=30, what="the worker held: its kubeconfig cannot be used")
+        events = (await CoreV1Api(f.api).list_namespaced_event(
+            ns, field_selector="involvedObject.name=a-kbad,reason=WorkerDrainBlocked")).items
+        assert events and f"Secret {ns}/kbad-kubeconfig: {field}" in events[0].message, [e.message for e in events]
+        assert metric(app, "licensectl_worker_drain_blocked",
+                      {"namespace": ns, "vm": "a-kbad", "reason": "ClusterUnreachable"}) == 1.0
+
+        async def plain_done() -> bool:
+            ann = await f.annotations(ns, "b-plain")
+            return ann.get(ANN_RESTART_REVISION) == revision and ann.get(ANN_RESTART_RESULT) == "done"
+
+        await eventually(plain_done, timeout=60, what="the plain VM restarted beside the held worker")
+        assert f.kv.record.restarts_for(ns, "a-kbad") == []
