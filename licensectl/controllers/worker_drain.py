@@ -22,6 +22,7 @@ from licensectl import config, logs
 from licensectl.controllers.settings import drain_settings
 from licensectl.controllers.vm_restart import restart_vmi, vm_object
 from licensectl.core import drain
+from licensectl.core.defaults import DRAIN_HOLD_RETRIES
 from licensectl.core.model import ANN_RESTART_ATTEMPTED_AT, ObjectRef, Vm, Vmi
 from licensectl.core.ports import (
     ClusterApi,
@@ -266,6 +267,10 @@ class WorkerDrainer:
             await self._restart(vm, action, restart)
         elif isinstance(action, drain.Done):
             self._refused.pop(worker.key, None)
+        elif isinstance(action, drain.Blocked) and not action.closed:
+            # A held cycle changes in no watch of licensectl's either (the tenant comes back, a Node
+            # returns): tried again once per hold, not at the next resync.
+            return [self.clock() + dt.timedelta(seconds=DRAIN_HOLD_RETRIES * self.settings.drain_retry_seconds)]
         return []
 
     async def _patch_node(self, tenant: TenantCluster, name: str, *, unschedulable: bool, marker: str | None,
