@@ -74,7 +74,7 @@ async def test_a_worker_that_never_comes_back_holds_its_cluster_through_a_leader
                             found[ns] = name
                 return found if len(found) == 2 else None
 
-            gone = await eventually(down, timeout=120, interval=0.5, what="one worker of each cluster down")
+            gone = await eventually(down, timeout=180, interval=0.5, what="one worker of each cluster down")
             assert gone is not None
             # The budget is held: kill the leader at this decision point.
             log: list[str] = []
@@ -88,8 +88,11 @@ async def test_a_worker_that_never_comes_back_holds_its_cluster_through_a_leader
                 for ns, names in workers.items():
                     for name in names:
                         if name != gone[ns]:
+                            # No cycle opened (one closed without a restart, a drain that timed out on a
+                            # slow replacement Pod before the first worker went down, is no disruption).
                             ann = await fl.vm_annotations(ns, name)
-                            assert drain.ANN_DRAIN_STEP not in ann, (name, ann)  # no cycle ever opened
+                            assert ann.get(drain.ANN_DRAIN_STEP) in (None, drain.Step.BLOCKED), (name, ann)
+                            assert ann.get(drain.ANN_DRAIN_REASON) != drain.BlockReason.BOOT_TIMEOUT, (name, ann)
                 await asyncio.sleep(0.5)
         finally:
             stop.set()
