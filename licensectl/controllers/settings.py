@@ -42,14 +42,15 @@ def rollout_settings(s: Settings) -> RolloutSettings:
 
 
 def drain_settings(s: Settings, *, machine_drain_timeout: float | None = None, exclude_draining: bool = False,
-                   restart_without_drain: bool = False) -> DrainSettings:
+                   restart_without_drain: bool = False, max_disrupted: int | None = None) -> DrainSettings:
     """The drain planner's knobs for one worker: licensectl's defaults, the Machine's and the Cluster's say."""
     return DrainSettings(
         drain_timeout=drain_timeout_for(machine_drain_timeout, dt.timedelta(seconds=s.drain_timeout_seconds)),
         exclude_draining=exclude_draining, restart_without_drain=restart_without_drain,
         boot_timeout=dt.timedelta(seconds=s.worker_boot_timeout_seconds),
         reissue_after=dt.timedelta(seconds=s.restart_reissue_seconds),
-        retry_interval=dt.timedelta(seconds=s.drain_retry_seconds))
+        retry_interval=dt.timedelta(seconds=s.drain_retry_seconds),
+        max_disrupted=s.max_disrupted_workers if max_disrupted is None else max_disrupted)
 
 
 def rotation_settings(s: Settings) -> RotationSettings:

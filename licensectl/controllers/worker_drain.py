@@ -22,6 +22,7 @@ from licensectl import config, logs
 from licensectl.controllers.settings import drain_settings
 from licensectl.controllers.vm_restart import restart_vmi, vm_object
 from licensectl.core import drain
+from licensectl.core.defaults import DRAIN_HOLD_RETRIES
 from licensectl.core.model import ANN_RESTART_ATTEMPTED_AT, ObjectRef, Vm, Vmi
 from licensectl.core.ports import (
     ClusterApi,
@@ -132,11 +133,14 @@ class WorkerDrainer:
                 by_cluster.setdefault((worker.namespace, worker.cluster), []).append((vm, restart, worker))
         sem = asyncio.Semaphore(CONCURRENCY)
         wakeups: list[dt.datetime] = []
+        records = [(vm.namespace, vm.name, vm.labels, vm.annotations) for vm in vms.values()
+                   if drain.ANN_DRAIN_STEP in vm.annotations]
 
         async def one_cluster(ns: str, cluster: str, items: list[_Item]) -> None:
+            holders = drain.budget_holders(records, f"{ns}/{cluster}")
             async with sem:
                 try:
-                    wakeups.extend(await self._cluster_pass(ns, cluster, items, plan, vmis))
+                    wakeups.extend(await self._cluster_pass(ns, cluster, items, plan, vmis, holders))
                 except Exception as e:  # one tenant's trouble never stops another's drain
                     log.warning("worker drain pass failed", namespace=ns, cluster=cluster, error=type(e).__name__,
                                 status=getattr(e, "status", None))
@@ -145,8 +149,8 @@ class WorkerDrainer:
         return min(wakeups, default=None)
 
     async def _cluster_pass(self, namespace: str, cluster: str,
-                            items: list[_Item], plan: RolloutPlan,
-                            vmis: Mapping[tuple[str, str], Vmi]) -> list[dt.datetime]:
+                            items: list[_Item], plan: RolloutPlan, vmis: Mapping[tuple[str, str], Vmi],
+                            holders: tuple[drain.WorkerIdentity, ...]) -> list[dt.datetime]:
         policy = await self._policy(namespace, cluster)
         if policy is None:
             return [self.clock() + dt.timedelta(seconds=self.settings.drain_retry_seconds)]
@@ -155,15 +159,18 @@ class WorkerDrainer:
             async with self.tenants.open(namespace, cluster) as tenant:
                 nodes = await tenant.nodes()
                 for vm, restart, worker in items:
-                    wakeups.extend(await self._worker(vm, restart, worker, plan, vmis, policy, tenant, nodes, None))
+                    wakeups.extend(await self._worker(vm, restart, worker, plan, vmis, policy, tenant, nodes, None,
+                                                      holders))
         except TenantUnreachable as e:
             for vm, restart, worker in items:
-                wakeups.extend(await self._worker(vm, restart, worker, plan, vmis, policy, None, [], str(e)))
+                wakeups.extend(await self._worker(vm, restart, worker, plan, vmis, policy, None, [], str(e),
+                                                  holders))
         return wakeups
 
     async def _worker(self, vm: Vm, restart: RestartVm | None, worker: drain.WorkerIdentity, plan: RolloutPlan,
                       vmis: Mapping[tuple[str, str], Vmi], policy: drain.ClusterPolicy, tenant: TenantCluster | None,
-                      nodes: list[drain.TenantNode], unreachable: str | None) -> list[dt.datetime]:
+                      nodes: list[drain.TenantNode], unreachable: str | None,
+                      holders: tuple[drain.WorkerIdentity, ...] = ()) -> list[dt.datetime]:
         key = (vm.namespace, vm.name)
         now = self.clock()
         vmi = vmis.get(key)
@@ -185,9 +192,11 @@ class WorkerDrainer:
             return [now + dt.timedelta(seconds=self.settings.drain_retry_seconds)]
         seen = drain.Observed(revision=revision, needed=needed, vmi_uid=vmi.uid if vmi is not None else None,
                               vmi_deleting=bool(vmi is not None and vmi.deleting), reachable=tenant is not None,
-                              node=node, pods=pods, pdb_refused=self._refused.get(worker.key, frozenset()))
+                              node=node, pods=pods, pdb_refused=self._refused.get(worker.key, frozenset()),
+                              disrupted=drain.disrupted_workers(nodes, holders, worker))
         ds = drain_settings(self.settings, machine_drain_timeout=machine.drain_timeout,
-                            exclude_draining=machine.exclude, restart_without_drain=policy.restart_without_drain)
+                            exclude_draining=machine.exclude, restart_without_drain=policy.restart_without_drain,
+                            max_disrupted=policy.max_disrupted)
         action = drain.next_step(intent, worker, seen, now=now, settings=ds)
         return await self._apply(vm, worker, action, restart, tenant, now, unreachable,
                                  state.source if state is not None else None)
@@ -258,6 +267,10 @@ class WorkerDrainer:
             await self._restart(vm, action, restart)
         elif isinstance(action, drain.Done):
             self._refused.pop(worker.key, None)
+        elif isinstance(action, drain.Blocked) and not action.closed:
+            # A held cycle changes in no watch of licensectl's either (the tenant comes back, a Node
+            # returns): tried again once per hold, not at the next resync.
+            return [self.clock() + dt.timedelta(seconds=DRAIN_HOLD_RETRIES * self.settings.drain_retry_seconds)]
         return []
 
     async def _patch_node(self, tenant: TenantCluster, name: str, *, unschedulable: bool, marker: str | None,
@@ -350,7 +363,8 @@ _BLOCK_TEXT = {
                                    "the Node was uncordoned and the VM is not restarted for this revision",
     drain.BlockReason.DRAIN_TIMEOUT: "the drain timed out; the Node was uncordoned and the VM is not restarted "
                                      "for this revision",
-    drain.BlockReason.BOOT_TIMEOUT: "the restarted worker's Node did not come back Ready with a new boot ID",
+    drain.BlockReason.BOOT_TIMEOUT: "the restarted worker's Node did not come back Ready with a new boot ID; it "
+                                    "counts against the cluster's limit of disrupted workers until it does",
     drain.BlockReason.INTENT_UNREADABLE: "the VM's licensectl.io/drain-* annotations cannot be read; nothing is "
                                          "guessed (a Node licensectl cordoned for it is uncordoned)",
     drain.BlockReason.CLUSTER_UNREACHABLE: "the tenant cluster's API cannot be used, so the worker is neither "
@@ -358,4 +372,7 @@ _BLOCK_TEXT = {
                                            f"{drain.ANN_RESTART_WITHOUT_DRAIN}=true to restart without a drain)",
     drain.BlockReason.NODE_MISSING: "no Node of the tenant cluster has this worker's providerID",
     drain.BlockReason.CONTROL_PLANE_MANUAL: "control-plane machines are restarted by hand",
+    drain.BlockReason.BUDGET_SPENT: "the cluster's limit of disrupted workers is reached (licensectl's cycles, "
+                                    "workers it restarted whose Node is not back, and Nodes not Ready or "
+                                    "cordoned for any other reason): the worker waits",
 }

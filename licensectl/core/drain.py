@@ -23,7 +23,7 @@ callers import them all from `licensectl.core.drain`.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
@@ -37,6 +37,7 @@ from licensectl.core.drain_intent import (
     ANN_CORDONED_BY,
     ANN_DRAIN_BOOT_ID,
     ANN_DRAIN_CORDONED,
+    ANN_DRAIN_EVICTED_AT,
     ANN_DRAIN_HELD,
     ANN_DRAIN_HELD_AT,
     ANN_DRAIN_NODE,
@@ -57,23 +58,28 @@ from licensectl.core.drain_intent import (
     parse_annotations,
 )
 from licensectl.core.drain_workers import (
+    ANN_MAX_DISRUPTED_WORKERS,
+    ANN_RESTART_WITHOUT_DRAIN,
     LABEL_CLUSTER_NAME,
     LABEL_ROLE,
     PROVIDER_ID_PREFIX,
     ROLE_WORKER,
+    ClusterPolicy,
     Role,
     WorkerIdentity,
     admit_workers,
+    budget_holders,
+    holds_budget,
     in_progress_by_cluster,
     worker_role,
 )
-from licensectl.core.model import DOMAIN
 from licensectl.core.timecodec import to_utc
 
 __all__ = [
     "ANN_CORDONED_BY",
     "ANN_DRAIN_BOOT_ID",
     "ANN_DRAIN_CORDONED",
+    "ANN_DRAIN_EVICTED_AT",
     "ANN_DRAIN_HELD",
     "ANN_DRAIN_HELD_AT",
     "ANN_DRAIN_NODE",
@@ -119,8 +125,11 @@ __all__ = [
     "WaitEvictions",
     "WorkerIdentity",
     "admit_workers",
+    "budget_holders",
+    "disrupted_workers",
     "drain_timeout_for",
     "held_of",
+    "holds_budget",
     "in_progress_by_cluster",
     "next_step",
     "node_for",
@@ -136,10 +145,6 @@ ANN_MIRROR_POD = "kubernetes.io/config.mirror"  # kubernetes/api core/v1 annotat
 # cluster-api internal/controllers/machine/machine_controller.go drainNode: on an unreachable Node, Pods
 # whose deletionTimestamp is more than this many seconds old are no longer waited for.
 SKIP_DELETED_AFTER_SECONDS = 1
-
-# licensectl's policy names, on the management cluster's CAPI Cluster object.
-ANN_MAX_DISRUPTED_WORKERS = f"{DOMAIN}/max-disrupted-workers"
-ANN_RESTART_WITHOUT_DRAIN = f"{DOMAIN}/restart-without-drain"
 
 _FINISHED = frozenset({"Succeeded", "Failed"})
 
@@ -160,6 +165,7 @@ class TenantNode:
     ready: bool | None = True  # the Ready condition; None: Unknown (kubelet unreachable) or absent
     boot_id: str = ""  # status.nodeInfo.bootID
     cordoned_by: str | None = None  # the ANN_CORDONED_BY marker
+    control_plane: bool = False  # labelled node-role.kubernetes.io/control-plane: not a worker
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +190,28 @@ def node_for(provider_id: str, nodes: Iterable[TenantNode]) -> TenantNode | None
     """The one Node with this providerID; None when there is none or more than one (never a guess)."""
     found = [n for n in nodes if n.provider_id == provider_id]
     return found[0] if len(found) == 1 else None
+
+
+def disrupted_workers(nodes: Sequence[TenantNode], holders: Iterable[WorkerIdentity],
+                      candidate: WorkerIdentity) -> int:
+    """The cluster's workers disrupted now, besides `candidate`, as Cluster API's MachineDeployment
+    `maxUnavailable` counts unavailable Machines whatever the cause: every worker whose record holds the
+    budget (`holders`, with its Node or without), and every other worker Node not Ready or unschedulable
+    (a kubelet down, a cordon by anyone). Control-plane Nodes are not workers and never count."""
+    counted: set[str] = set()
+    disrupted = 0
+    for worker in holders:
+        if worker.key == candidate.key:
+            continue
+        disrupted += 1
+        if (node := node_for(worker.provider_id, nodes)) is not None:
+            counted.add(node.name)
+    for node in nodes:
+        if node.control_plane or node.name in counted or node.provider_id == candidate.provider_id:
+            continue
+        if node.ready is not True or node.unschedulable:
+            disrupted += 1
+    return disrupted
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,6 +285,7 @@ class Observed:
     node: TenantNode | None = None  # node_for(worker.provider_id, ...)
     pods: tuple[TenantPod, ...] = ()  # the Pods bound to `node`
     pdb_refused: frozenset[str] = frozenset()  # Pod keys whose last eviction got a 429
+    disrupted: int = 0  # disrupted_workers(...): the cluster's other workers down, cordoned or in a cycle
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,6 +296,7 @@ class DrainSettings:
     boot_timeout: dt.timedelta = dt.timedelta(seconds=WORKER_BOOT_TIMEOUT_SECONDS)
     reissue_after: dt.timedelta = dt.timedelta(seconds=RESTART_REISSUE_SECONDS)  # a restart unseen: reissued
     retry_interval: dt.timedelta = dt.timedelta(seconds=DRAIN_RETRY_SECONDS)  # cluster-api's drainRetryInterval
+    max_disrupted: int = 1  # the cluster's limit (ClusterPolicy.max_disrupted)
 
 
 def drain_timeout_for(machine_seconds: float | None, default: dt.timedelta) -> dt.timedelta:
@@ -392,10 +422,15 @@ def _advance(intent: DrainIntent, worker: WorkerIdentity, seen: Observed, now: d
     if now >= deadline:
         refused = any(p.key in seen.pdb_refused for p in plan.remaining)
         return _end(draining, BlockReason.PDB_BLOCKED if refused else BlockReason.DRAIN_TIMEOUT, worker, seen, now)
-    recheck = min(now + settings.retry_interval, deadline)
     if plan.evict:
-        return Evict(plan.evict, recheck, draining)
-    return WaitEvictions(plan.terminating + plan.wait_completed, recheck, draining)
+        # One eviction round per retry interval (cluster-api's drainRetryInterval), however often the
+        # rollout passes: the round's time is on the VM, so a new leader keeps the cadence.
+        last = draining.evicted_at
+        if last is not None and last <= now < last + settings.retry_interval:
+            return WaitEvictions(plan.remaining, min(last + settings.retry_interval, deadline), draining)
+        return Evict(plan.evict, min(now + settings.retry_interval, deadline), replace(draining, evicted_at=now))
+    return WaitEvictions(plan.terminating + plan.wait_completed, min(now + settings.retry_interval, deadline),
+                         draining)
 
 
 def _start(worker: WorkerIdentity, seen: Observed, now: dt.datetime, settings: DrainSettings) -> Action:
@@ -410,6 +445,8 @@ def _start(worker: WorkerIdentity, seen: Observed, now: dt.datetime, settings: D
         return Blocked(BlockReason.CLUSTER_UNREACHABLE, None)
     if seen.node is None:
         return Blocked(BlockReason.NODE_MISSING, None)
+    if seen.disrupted >= max(1, settings.max_disrupted):  # a Node down or cordoned counts, whoever did it
+        return Blocked(BlockReason.BUDGET_SPENT, None)
     return _advance(replace(fresh, node=seen.node.name), worker, seen, now, settings)
 
 
@@ -420,7 +457,7 @@ def next_step(intent: DrainIntent | IntentProblem | None, worker: WorkerIdentity
     if isinstance(intent, IntentProblem):  # assume the worst: a restart may be done, a cordon may be ours
         unknown = DrainIntent(Step.BLOCKED, seen.revision, now, now, cordoned=True)
         return _end(unknown, BlockReason.INTENT_UNREADABLE, worker, seen, now)
-    if intent is None or (intent.step is Step.BLOCKED and intent.revision != seen.revision):
+    if intent is None or (intent.step is Step.BLOCKED and intent.revision != seen.revision and not intent.down):
         if _ours(worker, seen):  # a marker no open cycle explains (its record was lost): undo it
             assert seen.node is not None
             lost = DrainIntent(Step.UNCORDON, seen.revision, now, now, node=seen.node.name, cordoned=True)
@@ -447,19 +484,3 @@ def next_step(intent: DrainIntent | IntentProblem | None, worker: WorkerIdentity
     if now >= deadline:
         return _end(intent, BlockReason.BOOT_TIMEOUT, worker, seen, now)
     return WaitBoot(deadline, intent)
-
-
-@dataclass(frozen=True, slots=True)
-class ClusterPolicy:
-    """The hoster's annotations on the CAPI Cluster object."""
-
-    max_disrupted: int = 1
-    restart_without_drain: bool = False
-
-    @classmethod
-    def from_annotations(cls, annotations: Mapping[str, str]) -> ClusterPolicy:
-        """Total: a limit that is not a whole number from 1 to 1000 counts as 1."""
-        raw, opt = annotations.get(ANN_MAX_DISRUPTED_WORKERS), annotations.get(ANN_RESTART_WITHOUT_DRAIN)
-        text = raw.strip() if isinstance(raw, str) else ""
-        limit = int(text) if text.isascii() and text.isdigit() and 1 <= int(text) <= 1000 else 1
-        return cls(limit, isinstance(opt, str) and opt.strip().lower() == "true")

@@ -23,9 +23,10 @@ ANN_DRAIN_CORDONED = f"{DOMAIN}/drain-cordoned"
 ANN_DRAIN_BOOT_ID = f"{DOMAIN}/drain-boot-id"
 ANN_DRAIN_VMI_UID = f"{DOMAIN}/drain-vmi-uid"
 ANN_DRAIN_REASON = f"{DOMAIN}/drain-reason"
+ANN_DRAIN_EVICTED_AT = f"{DOMAIN}/drain-evicted-at"  # the last eviction round: the next one waits the retry interval
 # Every intent key: those absent from `render_annotations()` are to be removed from the VM.
 INTENT_ANNOTATIONS = (ANN_DRAIN_STEP, ANN_DRAIN_REVISION, ANN_DRAIN_STARTED_AT, ANN_DRAIN_STEP_AT, ANN_DRAIN_NODE,
-                      ANN_DRAIN_CORDONED, ANN_DRAIN_BOOT_ID, ANN_DRAIN_VMI_UID, ANN_DRAIN_REASON)
+                      ANN_DRAIN_CORDONED, ANN_DRAIN_BOOT_ID, ANN_DRAIN_VMI_UID, ANN_DRAIN_REASON, ANN_DRAIN_EVICTED_AT)
 # A condition that holds a worker's cycle without closing it (unreachable tenant, no Node yet): the reason
 # and when it was seen. The rollout plans the worker again only after DrainSettings.hold, so one
 # tenant's unreachable cluster never spends another tenant's restart budget pass after pass.
@@ -56,6 +57,9 @@ class BlockReason(StrEnum):
     CLUSTER_UNREACHABLE = "ClusterUnreachable"  # the tenant API did not answer (and no opt-in)
     NODE_MISSING = "NodeMissing"  # no Node with the worker's providerID
     CONTROL_PLANE_MANUAL = "ControlPlaneManual"  # control-plane machines are restarted by hand
+    # The cluster's disrupted workers (licensectl's open records and Nodes down or cordoned for any other
+    # reason) reach its limit: no new cycle starts (Cluster API's MachineDeployment maxUnavailable).
+    BUDGET_SPENT = "DisruptionBudgetSpent"
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,11 +104,23 @@ class DrainIntent:
     boot_id: str = ""  # the Node's bootID before the restart
     vmi_uid: str = ""  # the VMI the restart targets: another UID means it was restarted
     reason: BlockReason | None = None
+    evicted_at: dt.datetime | None = None  # the last eviction round was posted (unreadable: none, post now)
 
     @property
     def active(self) -> bool:
-        """Holds a disruption slot of its cluster."""
+        """The cycle is open (any step but blocked)."""
         return self.step is not Step.BLOCKED
+
+    @property
+    def down(self) -> bool:
+        """Closed after the restart without the Node's return: the worker is down until its Node is Ready
+        with a new boot ID, whatever the revision (docs/design.md#tenant-worker-drain)."""
+        return self.step is Step.BLOCKED and self.reason is BlockReason.BOOT_TIMEOUT
+
+    @property
+    def holds_budget(self) -> bool:
+        """Counts against its cluster's disruption limit: an open cycle, or a worker restarted and not back."""
+        return self.active or self.down
 
     def render_annotations(self) -> dict[str, str]:
         out = {ANN_DRAIN_STEP: self.step.value, ANN_DRAIN_REVISION: self.revision,
@@ -115,6 +131,8 @@ class DrainIntent:
                            (ANN_DRAIN_VMI_UID, self.vmi_uid), (ANN_DRAIN_REASON, self.reason or "")):
             if value:
                 out[key] = value
+        if self.evicted_at is not None:
+            out[ANN_DRAIN_EVICTED_AT] = format_micro_time(self.evicted_at)
         return out
 
 
@@ -149,4 +167,5 @@ def parse_annotations(annotations: Mapping[str, str]) -> DrainIntent | IntentPro
     if step is Step.BLOCKED and reason is None:
         return IntentProblem("missing-field", ANN_DRAIN_REASON)
     return DrainIntent(step, text[ANN_DRAIN_REVISION], started, step_at, text[ANN_DRAIN_NODE], cordoned,
-                       text[ANN_DRAIN_BOOT_ID], text[ANN_DRAIN_VMI_UID], reason)
+                       text[ANN_DRAIN_BOOT_ID], text[ANN_DRAIN_VMI_UID], reason,
+                       annotation_value_time(raw[ANN_DRAIN_EVICTED_AT]))

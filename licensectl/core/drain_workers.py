@@ -9,11 +9,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from licensectl.core.drain_intent import DrainIntent, IntentProblem
-from licensectl.core.model import LABEL_CAPI_CLUSTER_NAME, LABEL_CAPI_ROLE, LABEL_KUBEVIRT_MACHINE
+from licensectl.core.drain_intent import DrainIntent, IntentProblem, parse_annotations
+from licensectl.core.model import DOMAIN, LABEL_CAPI_CLUSTER_NAME, LABEL_CAPI_ROLE, LABEL_KUBEVIRT_MACHINE
 
 # Upstream names. VM labels: kubernetes-sigs/cluster-api-provider-kubevirt pkg/kubevirt/utils.go and
 # api/v1alpha1/kubevirtcluster_types.go; providerID: pkg/kubevirt/machine.go GenerateProviderID.
+# licensectl's policy names, on the management cluster's CAPI Cluster object.
+ANN_MAX_DISRUPTED_WORKERS = f"{DOMAIN}/max-disrupted-workers"
+ANN_RESTART_WITHOUT_DRAIN = f"{DOMAIN}/restart-without-drain"
 LABEL_CLUSTER_NAME = LABEL_CAPI_CLUSTER_NAME
 LABEL_ROLE = LABEL_CAPI_ROLE
 PROVIDER_ID_PREFIX = "kubevirt://"
@@ -65,14 +68,32 @@ class WorkerIdentity:
         return PROVIDER_ID_PREFIX + self.machine
 
 
+def holds_budget(intent: DrainIntent | IntentProblem | None) -> bool:
+    """The record counts against its cluster's limit: an open cycle, a worker restarted whose Node is not
+    back (`BootTimeout`), or an unreadable record (its Node may be cordoned, its VMI restarted)."""
+    return isinstance(intent, IntentProblem) or (intent is not None and intent.holds_budget)
+
+
 def in_progress_by_cluster(
         intents: Iterable[tuple[WorkerIdentity, DrainIntent | IntentProblem | None]]) -> dict[str, int]:
-    """Open cycles per cluster; an unreadable intent counts (its Node may be cordoned)."""
+    """Disrupted workers per cluster, from their records alone (`holds_budget`)."""
     counts: dict[str, int] = {}
     for worker, intent in intents:
-        if isinstance(intent, IntentProblem) or (intent is not None and intent.active):
+        if holds_budget(intent):
             counts[worker.cluster_key] = counts.get(worker.cluster_key, 0) + 1
     return counts
+
+
+def budget_holders(vms: Iterable[tuple[str, str, Mapping[str, str], Mapping[str, str]]],
+                   cluster_key: str) -> tuple[WorkerIdentity, ...]:
+    """The workers of `cluster_key` whose records hold its budget, from (namespace, name, labels,
+    annotations) of every VM: what a new leader reads back."""
+    out = []
+    for ns, name, labels, ann in vms:
+        worker = WorkerIdentity.from_vm(ns, name, labels)
+        if worker is not None and worker.cluster_key == cluster_key and holds_budget(parse_annotations(ann)):
+            out.append(worker)
+    return tuple(sorted(out, key=lambda w: w.key))
 
 
 def admit_workers(candidates: Iterable[WorkerIdentity], in_progress: Mapping[str, int], *,
@@ -91,3 +112,19 @@ def admit_workers(candidates: Iterable[WorkerIdentity], in_progress: Mapping[str
             used[worker.cluster_key] = used.get(worker.cluster_key, 0) + 1
             admitted.append(worker)
     return tuple(admitted)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterPolicy:
+    """The hoster's annotations on the CAPI Cluster object."""
+
+    max_disrupted: int = 1
+    restart_without_drain: bool = False
+
+    @classmethod
+    def from_annotations(cls, annotations: Mapping[str, str]) -> ClusterPolicy:
+        """Total: a limit that is not a whole number from 1 to 1000 counts as 1."""
+        raw, opt = annotations.get(ANN_MAX_DISRUPTED_WORKERS), annotations.get(ANN_RESTART_WITHOUT_DRAIN)
+        text = raw.strip() if isinstance(raw, str) else ""
+        limit = int(text) if text.isascii() and text.isdigit() and 1 <= int(text) <= 1000 else 1
+        return cls(limit, isinstance(opt, str) and opt.strip().lower() == "true")

@@ -67,7 +67,10 @@ class TokenSource:
         return {"Authorization": f"Bearer {token}"} if token else {}
 
 
-def _named(items: Any, name: str, kind: str) -> dict[str, Any]:
+def named_entry(items: Any, name: str, kind: str) -> dict[str, Any]:
+    """The `kind` mapping of the entry named `name` in a kubeconfig list (contexts, clusters, users)."""
+    if items is not None and not isinstance(items, list):
+        raise KubeconfigError(f"kubeconfig's {kind}s are not a list")
     for item in items or []:
         if isinstance(item, dict) and item.get("name") == name and isinstance(item.get(kind), dict):
             return dict(item[kind])
@@ -141,9 +144,9 @@ def endpoint_from_document(doc: object, context: str | None = None, *, base: Pat
     name = context or doc.get("current-context")
     if not name:
         raise KubeconfigError(f"{what} has no current-context")
-    ctx = _named(doc.get("contexts"), str(name), "context")
-    cluster = _named(doc.get("clusters"), str(ctx.get("cluster")), "cluster")
-    user = _named(doc.get("users"), str(ctx.get("user")), "user") if ctx.get("user") else {}
+    ctx = named_entry(doc.get("contexts"), str(name), "context")
+    cluster = named_entry(doc.get("clusters"), str(ctx.get("cluster")), "cluster")
+    user = named_entry(doc.get("users"), str(ctx.get("user")), "user") if ctx.get("user") else {}
     if user.get("exec") or user.get("auth-provider") or user.get("username"):
         return None
     server = cluster.get("server")

@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import base64
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+import re
+import ssl
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 from urllib.parse import quote
 
 import aiohttp
 import yaml
+from yarl import URL
 
 from licensectl import logs
 from licensectl.core import drain
@@ -37,6 +40,7 @@ KUBECONFIG_SUFFIX = "-kubeconfig"
 KUBECONFIG_KEY = "value"
 REQUEST_TIMEOUT = 10.0
 MERGE_PATCH = "application/merge-patch+json"
+LABEL_CONTROL_PLANE = "node-role.kubernetes.io/control-plane"  # kubeadm's mark on control-plane Nodes
 
 
 __all__ = ["TenantApi", "TenantClusters", "TenantUnreachable", "open_tenant", "tenant_node", "tenant_pod"]
@@ -59,6 +63,10 @@ class TenantApi:
             raise TenantUnreachable(f"tenant API did not answer: {type(e).__name__}") from None
         except (Unauthorized, Forbidden) as e:
             raise TenantUnreachable(f"tenant API refused licensectl's credentials (HTTP {e.status})") from None
+        except NotFound:
+            raise
+        except ApiException as e:  # any other answer is no answer: held, named, never a log line only
+            raise TenantUnreachable(f"tenant API answered HTTP {e.status}") from None
 
     async def nodes(self) -> list[drain.TenantNode]:
         return [tenant_node(n) for n in _items(await self._get("/api/v1/nodes"))]
@@ -104,6 +112,8 @@ class TenantApi:
             raise TenantUnreachable(f"tenant API did not answer: {type(e).__name__}") from None
         except (NotFound, Conflict):
             return False
+        except ApiException as e:
+            raise TenantUnreachable(f"tenant API answered HTTP {e.status}") from None
 
     async def evict(self, namespace: str, name: str) -> int:
         """POST an Eviction (policy/v1): the HTTP status (201 evicted, 429 a PodDisruptionBudget refused,
@@ -128,7 +138,8 @@ def tenant_node(obj: Mapping[str, Any]) -> drain.TenantNode:
     return drain.TenantNode(name=str(meta.get("name") or ""), provider_id=str(spec.get("providerID") or ""),
                             unschedulable=bool(spec.get("unschedulable")), ready=ready,
                             boot_id=str((status.get("nodeInfo") or {}).get("bootID") or ""),
-                            cordoned_by=(meta.get("annotations") or {}).get(drain.ANN_CORDONED_BY))
+                            cordoned_by=(meta.get("annotations") or {}).get(drain.ANN_CORDONED_BY),
+                            control_plane=LABEL_CONTROL_PLANE in (meta.get("labels") or {}))
 
 
 def tenant_pod(obj: Mapping[str, Any], missing_daemonsets: frozenset[tuple[str, str]] = frozenset()) -> drain.TenantPod:
@@ -152,8 +163,9 @@ def _items(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [i for i in items if isinstance(i, dict)] if isinstance(items, list) else []
 
 
-async def read_kubeconfig(mgmt: AnyClient, namespace: str, cluster: str) -> Any:
-    """The parsed kubeconfig document of `cluster`; TenantUnreachable when there is none or it is unreadable."""
+async def read_kubeconfig(mgmt: AnyClient, namespace: str, cluster: str) -> kubeconfig.Endpoint:
+    """The client configuration of `cluster`, from its kubeconfig Secret; TenantUnreachable naming the
+    Secret (and the field) when there is none or it cannot be used."""
     name = kubeconfig_secret(cluster)
     try:
         secret = await absent_on_404(RawApi(CoreV1Api(mgmt)).read_namespaced_secret(name, namespace))
@@ -161,28 +173,93 @@ async def read_kubeconfig(mgmt: AnyClient, namespace: str, cluster: str) -> Any:
         raise TenantUnreachable(f"cannot read Secret {namespace}/{name} (HTTP {e.status})") from None
     if secret is None:
         raise TenantUnreachable(f"Secret {namespace}/{name} (Cluster API's kubeconfig of {cluster}) does not exist")
-    raw = (secret.get("data") or {}).get(KUBECONFIG_KEY)
+    return tenant_endpoint(secret.get("data"), f"Secret {namespace}/{name}")
+
+
+def tenant_endpoint(data: object, what: str) -> kubeconfig.Endpoint:
+    """A Secret's `data` -> a client configuration every field of which was checked; else TenantUnreachable
+    whose text names `what` (the Secret) and the field. Total: nothing else ever leaves it. The texts name
+    fields, never values (a kubeconfig holds credentials)."""
     try:
-        return yaml.safe_load(base64.b64decode(str(raw or ""), validate=True))
-    except (ValueError, yaml.YAMLError):
-        raise TenantUnreachable(f"Secret {namespace}/{name} has no readable kubeconfig under key "
-                                f"{KUBECONFIG_KEY!r}") from None
+        return _endpoint(data, what)
+    except TenantUnreachable:
+        raise
+    except Exception as e:  # a shape no check above foresaw: still a named hold, never a log line
+        raise TenantUnreachable(f"{what}: kubeconfig under key {KUBECONFIG_KEY!r} cannot be used "
+                                f"({type(e).__name__})") from None
+
+
+def _endpoint(data: object, what: str) -> kubeconfig.Endpoint:
+    def bad(field: str, why: str) -> TenantUnreachable:
+        return TenantUnreachable(f"{what}: {field} {why}")
+
+    if not isinstance(data, Mapping) or KUBECONFIG_KEY not in data:
+        raise bad(f"key {KUBECONFIG_KEY!r}", "is missing")
+    try:
+        doc = yaml.safe_load(base64.b64decode(str(data[KUBECONFIG_KEY]), validate=True))
+    except ValueError:
+        raise bad(f"key {KUBECONFIG_KEY!r}", "is not base64") from None
+    except yaml.YAMLError:
+        raise bad(f"key {KUBECONFIG_KEY!r}", "is not YAML") from None
+    try:
+        endpoint = kubeconfig.endpoint_from_document(doc, what="the kubeconfig")
+    except kubeconfig.KubeconfigError as e:
+        raise TenantUnreachable(f"{what}: {e}") from None
+    except (OSError, ValueError):  # the TLS material: which field, said below
+        _check_ca(doc, bad)
+        raise bad("client-certificate-data / client-key-data", "cannot be loaded") from None
+    if endpoint is None:
+        raise bad("user", "needs an exec or auth-provider plugin, which licensectl does not run")
+    _check_url(endpoint.host, "server", bad, schemes=("https", "http"))
+    if endpoint.proxy is not None:
+        _check_url(endpoint.proxy, "proxy-url", bad, schemes=("http", "https"))
+    if endpoint.server_hostname is not None and not (
+            isinstance(endpoint.server_hostname, str) and _HOSTNAME.fullmatch(endpoint.server_hostname)):
+        raise bad("tls-server-name", "is not a host name")
+    if endpoint.token is not None and not _TOKEN.fullmatch(endpoint.token):
+        raise bad("token", "is not a bearer token (printable ASCII, no spaces)")
+    return endpoint
+
+
+_HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.\-]{0,252})|\[[0-9A-Fa-f:.]+\]")
+_TOKEN = re.compile(r"[\x21-\x7e]+")
+
+
+def _check_url(value: object, field: str, bad: Callable[[str, str], TenantUnreachable], *,
+               schemes: tuple[str, ...]) -> None:
+    """A URL aiohttp can connect to: a scheme of `schemes`, a host, a port from 1 to 65535."""
+    if not isinstance(value, str) or not value or any(c.isspace() or not c.isprintable() for c in value):
+        raise bad(field, "is not a URL")
+    try:
+        url = URL(value)
+        port = url.port
+    except ValueError:
+        raise bad(field, "is not a URL (or its port is not from 1 to 65535)") from None
+    if url.scheme not in schemes:
+        raise bad(field, f"is not an {' or '.join(schemes)} URL")
+    if not url.host:
+        raise bad(field, "has no host")
+    if port is None or not 1 <= port <= 65535:
+        raise bad(field, "has a port not from 1 to 65535")
+
+
+def _check_ca(doc: Any, bad: Callable[[str, str], TenantUnreachable]) -> None:
+    """Raise naming certificate-authority-data when it alone cannot be loaded (the document passed
+    endpoint_from_document's reads: its current context and cluster exist)."""
+    ctx = kubeconfig.named_entry(doc.get("contexts"), str(doc.get("current-context")), "context")
+    cluster = kubeconfig.named_entry(doc.get("clusters"), str(ctx.get("cluster")), "cluster")
+    try:
+        ca = base64.b64decode("".join(str(cluster.get("certificate-authority-data") or "").split()), validate=True)
+        if ca:
+            ssl.create_default_context(cadata=ca.decode())
+    except (OSError, ValueError):
+        raise bad("certificate-authority-data", "is not a PEM certificate") from None
 
 
 @contextlib.asynccontextmanager
 async def open_tenant(mgmt: AnyClient, namespace: str, cluster: str) -> AsyncIterator[TenantApi]:
     """A tenant client for one drain step, closed after it (the kubeconfig is not kept)."""
-    doc = await read_kubeconfig(mgmt, namespace, cluster)
-    try:
-        endpoint = kubeconfig.endpoint_from_document(doc, what=f"kubeconfig of tenant cluster {namespace}/{cluster}")
-    except (kubeconfig.KubeconfigError, OSError, ValueError) as e:
-        # KubeconfigError texts name fields and files, never values; ssl errors carry no key material.
-        raise TenantUnreachable(str(e) if isinstance(e, kubeconfig.KubeconfigError)
-                                else f"kubeconfig of {cluster} has unusable TLS material: {type(e).__name__}") from None
-    if endpoint is None:
-        raise TenantUnreachable(f"kubeconfig of {cluster} needs an exec or auth-provider plugin, which licensectl "
-                                "does not run")
-    del doc
+    endpoint = await read_kubeconfig(mgmt, namespace, cluster)
     connector = aiohttp.TCPConnector(limit=8, ssl=endpoint.ssl_context)
     session = aiohttp.ClientSession(connector=connector, trust_env=False)
     tokens = kubeconfig.TokenSource(token=endpoint.token, token_file=endpoint.token_file)

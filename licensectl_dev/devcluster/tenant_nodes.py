@@ -114,6 +114,9 @@ class TenantNodeAgent:
         self.ready_delay = ready_delay
         self.termination_delay, self.heartbeat = termination_delay, heartbeat
         self.record = AgentRecord()
+        # A machine that reboots never comes back: its kubelet posts nothing after the first boot it ran,
+        # so its Node stays NotReady (Unknown) with the old boot ID (a broken image, a hung boot).
+        self.fail_reboots = False
         self._core: Any = client.CoreV1Api(tenant_api)  # Any: the stubs lack `_content_type`
         co = client.CustomObjectsApi(mgmt_api)
 
@@ -198,7 +201,7 @@ class TenantNodeAgent:
                     assert vmi is not None
                     await self._register(name, vmi)  # its watch event brings the status pass
                 continue
-            if vmi_up(vmi):
+            if vmi_up(vmi) and not self._hung(name, vmi):
                 assert vmi is not None
                 up[name] = str(vmi["metadata"]["uid"])
             await self._node_status(name, node, vmi if name in up else None)
@@ -206,6 +209,11 @@ class TenantNodeAgent:
             node_name = (pod.get("spec") or {}).get("nodeName")
             if node_name and (node_name in nodes or node_name in up):
                 await self._pod(pod, node_name, up.get(node_name))
+
+    def _hung(self, name: str, vmi: Obj | None) -> bool:
+        """With `fail_reboots`: a VMI other than the first one this Node ran never boots to a kubelet."""
+        booted = self.record.boot_ids.get(name)
+        return bool(self.fail_reboots and vmi is not None and booted and str(vmi["metadata"]["uid"]) != booted[0])
 
     def _node_ip(self, name: str) -> str:
         i = self._index.setdefault(name, len(self._index) + 1)

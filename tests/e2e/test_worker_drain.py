@@ -32,6 +32,7 @@ from licensectl.core import drain
 from licensectl.core.model import ANN_RESTART_RESULT, ANN_RESTART_REVISION, LABEL_CAPI_CLUSTER_NAME, LABEL_CAPI_ROLE
 from licensectl_dev.devcluster import fleet as devfleet
 from licensectl_dev.devcluster import webhook as webhook_registration
+from licensectl_dev.testkit.controller import ControllerProcess
 from licensectl_dev.testkit.poll import EventuallyTimeout, eventually
 
 from ..conftest import TenantClusterFactory, TenantEnv
@@ -104,8 +105,35 @@ async def observe(tenants: list[TenantEnv], seen: Watch, stop: asyncio.Event) ->
             await asyncio.wait_for(stop.wait(), 0.2)
 
 
-async def boot_cluster(rig: Rig, make: TenantClusterFactory, ns: str, cluster: str) -> tuple[TenantEnv, list[str]]:
-    """A tenant cluster: its workers and control-plane machine as vGPU VMs, Nodes Ready, `web` Ready."""
+async def start_pair(rig: Rig, started: list[ControllerProcess], settings: dict[str, Any]) -> ControllerProcess:
+    """A leader and a warm standby, replicas in every tenant and delivery proven there; returns the standby."""
+    fl = rig.fleet
+    a = await start_pod(rig, started, PODS[0], **settings)
+    await a.wait_metric("licensectl_leader", 1)
+    b = await start_pod(rig, started, PODS[1], **settings)
+    await eventually(fl.revision, timeout=30, what="replicas in every tenant")
+    for ns in fl.tenants[:2]:
+        await webhook_registration.wait_delivery(fl.api, namespace=ns, claim="gpu")
+    await asyncio.sleep(1.1)  # one-second revision times: boot after the revision
+    return b
+
+
+async def rotate(fl: Any) -> str:
+    """A new token; returns the new revision once every tenant's replica carries it."""
+    old = await fl.revision()
+    await fl.rotate(1)
+
+    async def new_revision() -> str | None:
+        rev = await fl.revision()
+        return rev if rev != old else None
+
+    return str(await eventually(new_revision, timeout=30, what="the new revision everywhere"))
+
+
+async def boot_cluster(rig: Rig, make: TenantClusterFactory, ns: str, cluster: str,
+                       *, budget: bool = True) -> tuple[TenantEnv, list[str]]:
+    """A tenant cluster: its workers and control-plane machine as vGPU VMs, Nodes Ready, `web` Ready
+    (with its PodDisruptionBudget unless `budget=False`)."""
     t = await make(ns, cluster, kubevirt=rig.kv, fresh=True, ready_delay=0.5)
     names = [f"{cluster}-md-{i}" for i in range(WORKERS)]
     for name in names:
@@ -120,7 +148,8 @@ async def boot_cluster(rig: Rig, make: TenantClusterFactory, ns: str, cluster: s
 
     await eventually(nodes_ready, timeout=60, what=f"{cluster}: every Node Ready")
     await AppsV1Api(t.api).create_namespaced_deployment("default", deployment("web", 3))
-    await PolicyV1Api(t.api).create_namespaced_pod_disruption_budget("default", pdb("web", maxUnavailable=1))
+    if budget:
+        await PolicyV1Api(t.api).create_namespaced_pod_disruption_budget("default", pdb("web", maxUnavailable=1))
 
     async def web_ready() -> bool:
         pods = (await core.list_namespaced_pod("default", label_selector="app=web")).items
@@ -135,13 +164,7 @@ async def test_rotation_drains_each_worker_once_within_budgets_through_a_leader_
     fl = rig.fleet
     ns_a, ns_b = fl.tenants[0], fl.tenants[1]
     async with controllers() as started:
-        a = await start_pod(rig, started, PODS[0], **SETTINGS)
-        await a.wait_metric("licensectl_leader", 1)
-        b = await start_pod(rig, started, PODS[1], **SETTINGS)
-        await eventually(fl.revision, timeout=30, what="replicas in every tenant")
-        for ns in (ns_a, ns_b):
-            await webhook_registration.wait_delivery(fl.api, namespace=ns, claim="gpu")
-        await asyncio.sleep(1.1)  # one-second revision times: boot after the revision
+        b = await start_pair(rig, started, SETTINGS)
         ka, workers_a = await boot_cluster(rig, tenant_cluster_factory, ns_a, "ka")
         kb, workers_b = await boot_cluster(rig, tenant_cluster_factory, ns_b, "kb")
         # A Pod on kb's last worker whose budget never allows an eviction.
@@ -157,14 +180,7 @@ async def test_rotation_drains_each_worker_once_within_budgets_through_a_leader_
         watcher = asyncio.create_task(observe([ka, kb], seen, stop))
         restarts_before = len(rig.kv.record.restarts)
         try:
-            old = await fl.revision()
-            await fl.rotate(1)
-
-            async def new_revision() -> str | None:
-                rev = await fl.revision()
-                return rev if rev != old else None
-
-            revision = await eventually(new_revision, timeout=30, what="the new revision everywhere")
+            revision = await rotate(fl)
 
             async def draining() -> bool:
                 for ns, names in ((ns_a, workers_a), (ns_b, workers_b)):

@@ -13,6 +13,7 @@ control plane with the node agent:
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -20,10 +21,12 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+import yaml
 from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 
 from licensectl.core import drain
 from licensectl.core.model import ANN_RESTART_RESULT, ANN_RESTART_REVISION, LABEL_CAPI_CLUSTER_NAME, LABEL_CAPI_ROLE
+from licensectl_dev.devcluster.fleet import put_secret
 
 from ..conftest import KubevirtEnv, TenantClusterFactory
 from .support import eventually, make_world, metric, running_app
@@ -228,3 +231,87 @@ async def _node_ready(api: ApiClient, name: str) -> bool:
     except Exception:
         return False
     return any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
+
+
+async def test_a_node_cordoned_by_someone_else_spends_the_budget_and_the_next_worker_waits_named(
+        rig: Fleet, tenant_cluster_factory: TenantClusterFactory) -> None:
+    """Cluster API's MachineDeployment maxUnavailable counts a Machine unavailable whatever the cause: a Node
+    cordoned by the tenant holds the cluster's one slot, so the other worker waits with a named hold."""
+    f = rig
+    ns = f.tenants[0]
+    t = await tenant_cluster_factory(ns, "kc", kubevirt=f.kv, fresh=True)
+    async with running_app(f.settings()) as app:
+        await f.boot([(ns, "kc-md-0", worker("kc")), (ns, "kc-md-1", worker("kc"))])
+        for name in ("kc-md-0", "kc-md-1"):
+            await eventually(lambda name=name: _node_ready(t.api, name), timeout=60, what=f"{name}'s Node Ready")
+        await CoreV1Api(t.api).patch_node("kc-md-1", {"spec": {"unschedulable": True}})  # the tenant's cordon
+        revision = await f.rotate_and_wait()
+
+        async def held() -> bool:
+            return (await f.annotations(ns, "kc-md-0")).get(drain.ANN_DRAIN_HELD) == drain.BlockReason.BUDGET_SPENT
+
+        await eventually(held, timeout=60, what="kc-md-0 held: its cluster's budget is spent")
+        assert drain.ANN_DRAIN_STEP not in await f.annotations(ns, "kc-md-0")  # no cycle opened
+        assert f.kv.record.restarts_for(ns, "kc-md-0") == []
+        assert not (await CoreV1Api(t.api).read_node("kc-md-0")).spec.unschedulable
+        events = (await CoreV1Api(f.api).list_namespaced_event(
+            ns, field_selector="involvedObject.name=kc-md-0,reason=WorkerDrainBlocked")).items
+        assert events and "DisruptionBudgetSpent" in events[0].message
+        assert metric(app, "licensectl_worker_drain_blocked",
+                      {"namespace": ns, "vm": "kc-md-0", "reason": "DisruptionBudgetSpent"}) == 1.0
+
+        # The tenant lifts its cordon: kc-md-0 goes through its cycle once its hold has passed.
+        await CoreV1Api(t.api).patch_node("kc-md-1", {"spec": {"unschedulable": False}})
+
+        async def done() -> bool:
+            a = await f.annotations(ns, "kc-md-0")
+            return (a.get(ANN_RESTART_REVISION) == revision and a.get(ANN_RESTART_RESULT) == "done"
+                    and drain.ANN_DRAIN_STEP not in a and drain.ANN_DRAIN_HELD not in a)
+
+        await eventually(done, timeout=90, what="kc-md-0 drained and restarted after the cordon was lifted")
+        assert len(f.kv.record.restarts_for(ns, "kc-md-0")) == 1
+
+
+def _kubeconfig_data(cluster: dict[str, Any]) -> dict[str, str]:
+    doc = {"apiVersion": "v1", "kind": "Config", "current-context": "c",
+           "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+           "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:6443", **cluster}}],
+           "users": [{"name": "u", "user": {"token": "t0ken"}}]}
+    return {"value": base64.b64encode(yaml.safe_dump(doc).encode()).decode()}
+
+
+@pytest.mark.parametrize(("secret_data", "field"), [
+    ({"kubeconfig": "eA=="}, "key 'value' is missing"),
+    (_kubeconfig_data({"server": "https://127.0.0.1:99999"}), "server"),
+    (_kubeconfig_data({"tls-server-name": 42}), "tls-server-name"),
+    (_kubeconfig_data({"proxy-url": "not a url"}), "proxy-url"),
+])
+async def test_a_malformed_kubeconfig_is_a_named_hold_and_the_plain_vm_beside_it_restarts(
+        rig: Fleet, secret_data: dict[str, str], field: str) -> None:
+    f = rig
+    ns = f.tenants[0]
+    await put_secret(f.api, {"apiVersion": "v1", "kind": "Secret", "type": "cluster.x-k8s.io/secret",
+                             "metadata": {"name": "kbad-kubeconfig", "namespace": ns}, "data": secret_data})
+    # One namespace, one restart at a time, the worker sorting first: the plain VM restarts only if the
+    # held worker leaves the slot free.
+    async with running_app(f.settings()) as app:
+        await f.boot([(ns, "a-kbad", worker("kbad")), (ns, "b-plain", None)])
+        revision = await f.rotate_and_wait()
+
+        async def held() -> bool:
+            ann = await f.annotations(ns, "a-kbad")
+            return ann.get(drain.ANN_DRAIN_HELD) == drain.BlockReason.CLUSTER_UNREACHABLE
+
+        await eventually(held, timeout=60, what="the worker held: its kubeconfig cannot be used")
+        events = (await CoreV1Api(f.api).list_namespaced_event(
+            ns, field_selector="involvedObject.name=a-kbad,reason=WorkerDrainBlocked")).items
+        assert any(f"Secret {ns}/kbad-kubeconfig: {field}" in e.message for e in events), [e.message for e in events]
+        assert metric(app, "licensectl_worker_drain_blocked",
+                      {"namespace": ns, "vm": "a-kbad", "reason": "ClusterUnreachable"}) == 1.0
+
+        async def plain_done() -> bool:
+            ann = await f.annotations(ns, "b-plain")
+            return ann.get(ANN_RESTART_REVISION) == revision and ann.get(ANN_RESTART_RESULT) == "done"
+
+        await eventually(plain_done, timeout=60, what="the plain VM restarted beside the held worker")
+        assert f.kv.record.restarts_for(ns, "a-kbad") == []

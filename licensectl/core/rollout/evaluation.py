@@ -42,6 +42,7 @@ class _Eval:
     rule: Rule | None = None  # which rule judged current/stale/awaiting
     retry: int = 0  # backstop restarts that came back without the volume (next one is retry + 1)
     drain_held: bool = False  # draining, but held by a condition (its tenant unreachable): no slot held
+    down: bool = False  # a worker restarted whose Node is not back (BootTimeout): the source is not complete
 
     @property
     def unavailable(self) -> bool:
@@ -253,6 +254,11 @@ def _evaluate(slot: _Slot, st: RolloutSettings, guests: Mapping[tuple[str, str],
         return _Eval(slot, VmiState.UNDELIVERABLE, rev,
                      f"license volume cannot be delivered to this VM's spec ({slot.blocker}): fix the VM template",
                      rule=Rule.VOLUME)
+    if vm is not None and vmi is not None and _worker_down(vm):
+        # Restarted by its drain, its Node not back: blocked, whatever the VMI's revision says, so no view
+        # calls the rollout complete while it is down (docs/design.md#tenant-worker-drain).
+        return _Eval(slot, VmiState.BLOCKED, rev, "worker restarted, its Node not back Ready with a new boot ID "
+                     "(BootTimeout): it holds its cluster's disruption budget", down=True)
     if intent is not None and _applies(intent, slot, st):
         tracked = _track(slot, intent, st, guests, now)
         forgiven = control.resumed_at is not None and intent.issued_at < control.resumed_at
@@ -318,6 +324,13 @@ def _evaluate(slot: _Slot, st: RolloutSettings, guests: Mapping[tuple[str, str],
     elif reason.endswith("pending restart") and not now.reached(eligible):
         reason = "waiting for the revision to settle"
     return _Eval(slot, VmiState.STALE, rev, reason, eligible_at=eligible, failed_vmi=failed_vmi, rule=rule)
+
+
+def _worker_down(vm: model.Vm) -> bool:
+    if drain.ANN_DRAIN_STEP not in vm.annotations or drain.worker_role(vm.labels) is not drain.Role.WORKER:
+        return False
+    intent = drain.parse_annotations(vm.annotations)
+    return isinstance(intent, drain.DrainIntent) and intent.down
 
 
 def _worker_state(slot: _Slot, vm: model.Vm, rev: str, st: RolloutSettings, now: _Now, failed_vmi: bool,

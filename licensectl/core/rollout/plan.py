@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from licensectl.core import drain, model
@@ -115,6 +115,9 @@ def plan_rollout(
                 for src in all_sources}
 
     vmi_states = _vmi_states(evals, memo)
+    for key, why in fleet.workers.waiting.items():  # refused by its cluster's budget this pass: say so
+        if (state := vmi_states.get(key)) is not None and state.state is VmiState.STALE:
+            vmi_states[key] = replace(state, reason=why)
     results.sort(key=lambda a: (a.namespace, a.vm))
     # The restart each draining worker's cycle makes once its Node is drained (the shell decides when).
     drains = {(e.slot.namespace, e.slot.name): _restart_for(e, now, guests, evidence_at)
@@ -283,7 +286,8 @@ def _phase(group: list[_Eval], counts: Mapping[VmiState, int], pause: PauseReaso
     all wait for the hoster is paused on tenant failures; one with nothing to restart does not wait for
     the webhook."""
     stale = [e for e in group if e.state is VmiState.STALE and e.slot.namespace not in held]
-    restarting = counts[VmiState.RESTARTING] + counts[VmiState.DRAINING] > 0
+    # A worker licensectl restarted whose Node is not back keeps the source progressing: never complete.
+    restarting = counts[VmiState.RESTARTING] + counts[VmiState.DRAINING] > 0 or any(e.down for e in group)
     settles_at: dt.datetime | None = None
     if pause is None and held and not stale and not restarting:
         pause = PauseReason.TENANT_FAILURES  # all that is left waits for the hoster
@@ -317,13 +321,20 @@ class _Workers:
         self._used = dict(open_cycles)
         self._limits = limits
         self._default = max(1, default)
+        self.waiting: dict[tuple[str, str], str] = {}  # workers refused this pass -> the reason shown
 
     def admits(self, vm: model.Vm) -> bool:
         worker = drain.WorkerIdentity.from_vm(vm.namespace, vm.name, vm.labels)
         if worker is None:
             return True
         key = worker.cluster_key
-        return self._used.get(key, 0) < max(1, self._limits.get(key, self._default))
+        used, limit = self._used.get(key, 0), max(1, self._limits.get(key, self._default))
+        if used < limit:
+            return True
+        self.waiting[(vm.namespace, vm.name)] = (
+            f"worker waits ({drain.BlockReason.BUDGET_SPENT.value}): tenant cluster {worker.cluster} has {used} of "
+            f"{limit} workers disrupted")
+        return False
 
     def spend(self, vm: model.Vm) -> None:
         worker = drain.WorkerIdentity.from_vm(vm.namespace, vm.name, vm.labels)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from typing import Any
 
 from licensectl import config
 from licensectl.controllers.worker_drain import WorkerDrainer
 from licensectl.core import drain
+from licensectl.core.defaults import DRAIN_HOLD_RETRIES
+from licensectl.core.model import Vm
 from licensectl.core.ports import MachineSays
 from licensectl.kube.api import ApiException, KubeClient
 from licensectl.kube.cluster_api import ClusterApiReader
@@ -64,3 +67,17 @@ async def test_a_failed_cluster_read_keeps_the_policy_last_read_or_gives_none() 
     d.cluster_api = ClusterApiReader(_CustomObjects({("clusters", "kx"): ApiException(status=500)}))
     assert (await d._policy("t", "kx")) == drain.ClusterPolicy(3, False)
     assert d.worker_limits() == {"t/kx": 3}
+
+
+async def test_a_held_cycle_is_tried_again_once_per_hold_not_at_the_next_resync() -> None:
+    assert WORKER is not None
+    d = _drainer({})
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    vm = Vm("t", "kx-md-0", "Always", resource_version="1")
+    cycle = drain.DrainIntent(drain.Step.DRAIN, "r1", now, now, node="kx-md-0", cordoned=True)
+    held = drain.Blocked(drain.BlockReason.CLUSTER_UNREACHABLE, cycle)
+    hold = dt.timedelta(seconds=DRAIN_HOLD_RETRIES * d.settings.drain_retry_seconds)
+    assert await d._act(vm, WORKER, held, None, None) == [now + hold]
+    closed = drain.Blocked(drain.BlockReason.PDB_BLOCKED, dataclasses.replace(cycle, step=drain.Step.BLOCKED,
+                                                                              reason=drain.BlockReason.PDB_BLOCKED))
+    assert await d._act(vm, WORKER, closed, None, None) == []  # closed for its revision: nothing to retry

@@ -312,7 +312,8 @@ def test_after_the_cordon_the_marker_says_who_cordoned(n: TenantNode, cordoned: 
 def test_drain_evicts_then_waits_for_terminating_and_wait_completed_pods() -> None:
     i = intent(Step.DRAIN)
     a = step(i, seen(node=node(**MINE), pods=(pod("web"), pod("ds", controller_kind="DaemonSet"))))
-    assert isinstance(a, Evict) and [p.name for p in a.pods] == ["web"] and a.intent == i
+    assert isinstance(a, Evict) and [p.name for p in a.pods] == ["web"]
+    assert a.intent == dataclasses.replace(i, evicted_at=NOW)  # the round's time, written before it is posted
     assert a.recheck_at == NOW + 20 * S
     gone = pod("web", deletion_timestamp=NOW)
     batch = pod("batch", drain_label="wait-completed")
@@ -709,7 +710,7 @@ def _imports(module: object) -> set[str | None]:
 
 def test_drain_imports_only_the_standard_library_and_pure_core_modules() -> None:
     assert _imports(drain) == {"__future__", "datetime", "collections.abc", "dataclasses", "enum",
-                               "licensectl.core.defaults", "licensectl.core.model", "licensectl.core.timecodec",
+                               "licensectl.core.defaults", "licensectl.core.timecodec",
                                "licensectl.core.drain_intent", "licensectl.core.drain_workers"}
     assert _imports(drain_intent) == {"__future__", "datetime", "collections.abc", "dataclasses", "enum",
                                       "licensectl.core.model", "licensectl.core.timecodec"}
@@ -721,3 +722,83 @@ def test_intent_annotations_use_the_licensectl_prefix() -> None:
     assert all(k.startswith("licensectl.io/drain-") for k in INTENT_ANNOTATIONS)
     assert ANN_CORDONED_BY.startswith("licensectl.io/")
     assert {ANN_DRAIN_STEP, ANN_DRAIN_STEP_AT, ANN_DRAIN_CORDONED} <= set(INTENT_ANNOTATIONS)
+
+
+# -- health-gated budgets: a worker restarted and not back, and Nodes down for any reason, count ----------
+
+def test_a_boot_timeout_holds_its_cluster_until_the_node_is_back() -> None:
+    down = intent(Step.BLOCKED, reason=BlockReason.BOOT_TIMEOUT, cordoned=False)
+    assert down.down and down.holds_budget and not down.active
+    pdb = intent(Step.BLOCKED, reason=BlockReason.PDB_BLOCKED, cordoned=False)
+    assert not pdb.down and not pdb.holds_budget
+    counts = in_progress_by_cluster([(worker("a1"), down), (worker("a2"), pdb), (worker("b1", "k8s-b"), None)])
+    assert counts == {"tenant-a/k8s-a": 1}
+
+
+def test_a_worker_down_after_its_restart_is_never_started_over_by_a_new_revision() -> None:
+    down = intent(Step.BLOCKED, reason=BlockReason.BOOT_TIMEOUT, cordoned=False)
+    for s in (seen(revision="r2"), seen(revision="r2", node=node(ready=None))):
+        assert step(down, s) == Blocked(BlockReason.BOOT_TIMEOUT, down)
+
+
+def test_budget_holders_are_read_back_from_the_vms_annotations() -> None:
+    down = intent(Step.BLOCKED, reason=BlockReason.BOOT_TIMEOUT, cordoned=False).render_annotations()
+    pdb = intent(Step.BLOCKED, reason=BlockReason.PDB_BLOCKED).render_annotations()
+    vms = [("tenant-a", "w1", CAPK_WORKER, down), ("tenant-a", "w2", CAPK_WORKER, pdb),
+           ("tenant-a", "w3", CAPK_WORKER, {ANN_DRAIN_STEP: "sideways"}), ("tenant-a", "w4", CAPK_WORKER, {}),
+           ("tenant-a", "plain", {}, down), ("tenant-b", "w1", CAPK_WORKER, down)]
+    assert [w.vm for w in drain.budget_holders(vms, "tenant-a/k8s-a")] == ["w1", "w3"]
+
+
+def _worker_node(name: str, **kw: object) -> TenantNode:
+    return dataclasses.replace(TenantNode(name, f"kubevirt://{name}", boot_id="b"), **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("nodes", "holders", "expected"), [
+    ([_worker_node("w1"), _worker_node("w2")], [], 0),
+    ([_worker_node("w1", ready=False), _worker_node("w2")], [], 1),  # a kubelet down, whoever's fault
+    ([_worker_node("w1", ready=None), _worker_node("w2", unschedulable=True)], [], 2),  # Unknown; a cordon
+    ([_worker_node("w1", ready=False)], ["w1"], 1),  # a record and its down Node: one worker
+    ([_worker_node("w1")], ["w1", "gone"], 2),  # a record counts with or without its Node
+    ([_worker_node("cp", ready=False, control_plane=True)], [], 0),  # not a worker
+    ([_worker_node(NODE, ready=False)], [W.vm], 0),  # the candidate itself never counts
+])
+def test_disrupted_workers_counts_records_and_nodes_down_for_any_reason(
+        nodes: list[TenantNode], holders: list[str], expected: int) -> None:
+    assert drain.disrupted_workers(nodes, [worker(h) for h in holders], W) == expected
+
+
+def test_a_spent_budget_holds_a_new_cycle_with_a_named_condition_and_an_open_one_goes_on() -> None:
+    spent = seen(disrupted=1)
+    assert step(None, spent) == Blocked(BlockReason.BUDGET_SPENT, None)
+    assert isinstance(step(None, spent, settings=DrainSettings(max_disrupted=2)), Cordon)
+    assert isinstance(step(intent(Step.DRAIN), seen(disrupted=1, node=node(**MINE), pods=(pod("p"),))), Evict)
+    # The hold opens no cycle: nothing to write but the hold, no slot taken.
+    assert not Blocked(BlockReason.BUDGET_SPENT, None).closed
+
+
+# -- evictions on the documented cadence ------------------------------------------------------------------
+
+def test_refused_evictions_are_posted_again_only_after_the_retry_interval_read_back_from_the_vm() -> None:
+    protected = seen(node=node(**MINE), pods=(pod("db-0"),), pdb_refused=frozenset({"app/db-0"}))
+    first = step(intent(Step.DRAIN, started_at=NOW), protected)
+    assert isinstance(first, Evict) and first.intent.evicted_at == NOW
+    record = parse_annotations(first.intent.render_annotations())  # what a new leader reads back
+    assert record == first.intent
+    for later in (NOW + S, NOW + 10 * S, NOW + 20 * S - dt.timedelta(microseconds=1)):  # every rollout pass
+        wait = step(record, protected, now=later)
+        assert isinstance(wait, WaitEvictions) and wait.recheck_at == NOW + 20 * S and wait.intent == record
+    again = step(record, protected, now=NOW + 20 * S)
+    assert isinstance(again, Evict) and again.intent.evicted_at == NOW + 20 * S
+    # A round recorded in the future (a clock step back) or unreadable is no reason to wait: post now.
+    ahead = dataclasses.replace(record, evicted_at=NOW + 60 * S)
+    assert isinstance(step(ahead, protected, now=NOW + S), Evict)
+    bad = {**record.render_annotations(), drain.ANN_DRAIN_EVICTED_AT: "yesterday"}
+    unreadable = parse_annotations(bad)
+    assert isinstance(unreadable, DrainIntent) and unreadable.evicted_at is None
+
+
+def test_the_wait_between_rounds_never_passes_the_drain_timeout() -> None:
+    i = dataclasses.replace(intent(Step.DRAIN, started_at=NOW - 15 * 60 * S + 5 * S), evicted_at=NOW)
+    w = step(i, seen(node=node(**MINE), pods=(pod("db-0"),)), now=NOW + S)
+    assert isinstance(w, WaitEvictions) and w.recheck_at == NOW + 5 * S

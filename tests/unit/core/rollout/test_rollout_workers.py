@@ -189,3 +189,48 @@ def test_a_plain_fleet_plans_as_before() -> None:
     vms = [Vm("t-a", f"vm{i}", "Always", resource_version="7") for i in range(3)]
     p = plan(vms, st=ST)
     assert picked(p) == ["vm0", "vm1", "vm2"] and not p.drains
+
+
+def down(rev: str = "r2") -> dict[str, str]:
+    """A worker restarted by its drain whose Node never came back Ready with a new boot ID."""
+    return drain.DrainIntent(drain.Step.BLOCKED, rev, at(100), at(200), boot_id="b1",
+                             reason=drain.BlockReason.BOOT_TIMEOUT).render_annotations()
+
+
+def test_a_worker_down_after_its_restart_is_blocked_holds_its_cluster_and_the_source_is_not_complete() -> None:
+    # Its VMI was restarted (started after the revision): current by every rule, but its Node is not back.
+    w1 = machine("t-a", "w1", "k1", ann=down())
+    vms = [w1, machine("t-a", "w2", "k1"), machine("t-a", "w3", "k1"), machine("t-a", "v1", "k2")]
+    vmis = [vmi("t-a", "w1", started=250), *(vmi(v.namespace, v.name) for v in vms[1:])]
+    p = plan_rollout(replicas=[rep("t-a", rev="r2")], vmis=vmis, vms=vms, guests={}, sources={}, settings=WIDE,
+                     now=at(300))
+    st = p.vmi_states[("t-a", "w1")]
+    assert st.state is VmiState.BLOCKED and "BootTimeout" in st.reason
+    assert picked(p) == ["v1"]  # no other worker of k1, whatever the revision
+    for name in ("w2", "w3"):
+        waiting = p.vmi_states[("t-a", name)]
+        assert waiting.state is VmiState.STALE and "DisruptionBudgetSpent" in waiting.reason
+        assert "k1 has 1 of 1 workers disrupted" in waiting.reason
+    # Everything else done: still not complete while w1 is down.
+    done = plan_rollout(replicas=[rep("t-a", rev="r2")], vmis=[vmi("t-a", "w1", started=250)], vms=[w1],
+                        guests={}, sources={}, settings=WIDE, now=at(300))
+    assert done.vmi_states[("t-a", "w1")].state is VmiState.BLOCKED
+    assert done.sources[rep().source].phase.value == "progressing"
+    assert done.sources[rep().source].counts[VmiState.BLOCKED] == 1
+
+
+def test_a_worker_down_for_an_older_revision_still_holds_its_cluster() -> None:
+    p = plan([machine("t-a", "w1", "k1", ann=down("r1")), machine("t-a", "w2", "k1")])
+    assert p.vmi_states[("t-a", "w1")].state is VmiState.BLOCKED
+    assert picked(p) == []
+
+
+def test_the_memo_changes_nothing_for_a_worker_down() -> None:
+    vms = [machine("t-a", "w1", "k1", ann=down()), machine("t-a", "w2", "k1")]
+    memo = PlanMemo()
+    vmis, vm_list = fleet(vms)
+    for now in (100, 300, 4000):
+        kw = {"replicas": [rep("t-a", rev="r2")], "vmis": vmis, "vms": vm_list, "guests": {}, "sources": {},
+              "settings": WIDE, "now": at(now)}
+        with_memo, without = plan_rollout(**kw, memo=memo), plan_rollout(**kw)  # type: ignore[arg-type]
+        assert with_memo.vmi_states == without.vmi_states and with_memo.restarts == without.restarts
