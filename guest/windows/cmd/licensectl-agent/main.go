@@ -1,9 +1,10 @@
 // Command licensectl-agent is licensectl's Windows guest agent: it installs the NVIDIA vGPU license
 // from the licensectl license volume and reports the license state (docs/guest.md, "Windows guests").
 //
-//	licensectl-agent install [flags]   register as a Windows service (runs `run` with the same flags)
+//	licensectl-agent install [flags]   register as a Windows service (runs `service` with the same flags)
 //	licensectl-agent uninstall [flags] remove the service, the tokens it placed, restore the registry
-//	licensectl-agent run [flags]       the service loop: one pass at start, then every --interval
+//	licensectl-agent service [flags]   what the service runs: one pass at start, then every --interval
+//	licensectl-agent run [flags]       the same loop in the foreground, until Ctrl-C
 //	licensectl-agent once [flags]      one install pass and one report, then exit (exit codes below)
 //	licensectl-agent version
 //
@@ -90,7 +91,7 @@ func exitCode(err error) int {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: licensectl-agent install|uninstall|run|once|version [flags]")
+	fmt.Fprintln(os.Stderr, "usage: licensectl-agent install|uninstall|service|run|once|version [flags]")
 	os.Exit(1)
 }
 

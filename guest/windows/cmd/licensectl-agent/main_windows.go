@@ -58,17 +58,13 @@ func dispatch(cmd string, cfg *agent.Config, args []string) int {
 		log.Info("uninstalled")
 		return 0
 	case "run":
-		isService, err := svc.IsWindowsService()
-		if err != nil {
-			log.Error(err.Error())
-			return 1
-		}
-		if !isService {
-			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-			defer stop()
-			loop(ctx, cfg, log)
-			return 0
-		}
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+		defer stop()
+		loop(ctx, cfg, log)
+		return 0
+	case "service":
+		// What `install` registers: always the service protocol (no guessing whether the SCM started
+		// us, a guess Wine's service manager does not pass).
 		var l agent.Logger = log
 		if el, err := eventlog.Open(winsys.AgentService); err == nil {
 			defer el.Close()

@@ -202,8 +202,11 @@ func Uninstall(ctx context.Context, cfg *Config, sys System, log Logger) error {
 		changed = true
 		log.Info("restored FeatureType under HKLM\\" + key)
 	}
-	if err := os.RemoveAll(cfg.StateDir); err != nil {
-		return err
+	// Only what the agent wrote, file by file (os.RemoveAll's handle-based deletion also fails under Wine).
+	for _, p := range []string{filepath.Join(cfg.StateDir, "state.json"), cfg.StateDir} {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("removing %s: %w", p, err)
+		}
 	}
 	if changed {
 		if err := sys.RestartService(ctx, cfg.Service); err != nil {

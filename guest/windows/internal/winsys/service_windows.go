@@ -16,7 +16,7 @@ import (
 // AgentService is the agent's own service name (and its Event Log source).
 const AgentService = "licensectl-agent"
 
-// InstallService registers exe as an automatic service running `run` with args. It stores no
+// InstallService registers exe as an automatic service running `service` with args. It stores no
 // machine identity, so an image generalised with Sysprep after `install` keeps working.
 func InstallService(exe string, args []string) error {
 	m, err := mgr.Connect()
@@ -33,7 +33,7 @@ func InstallService(exe string, args []string) error {
 		Description:      "Installs the NVIDIA vGPU license from the licensectl license volume and reports the license state.",
 		StartType:        mgr.StartAutomatic,
 		DelayedAutoStart: false,
-	}, append([]string{"run"}, args...)...)
+	}, append([]string{"service"}, args...)...)
 	if err != nil {
 		return err
 	}
