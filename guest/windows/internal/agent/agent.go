@@ -228,7 +228,7 @@ func OpenVolume(path string) (*Volume, error) {
 		return nil, err
 	}
 	defer f.Close()
-	return ReadVolume(f)
+	return ReadVolume(alignedReader{f})
 }
 
 func readFolder(dir string) (*Volume, error) {
@@ -296,10 +296,11 @@ func volumeWithLabel(dev, label string) *Volume {
 		return nil
 	}
 	defer f.Close()
-	if l, err := LabelOf(f); err != nil || !strings.EqualFold(l, label) {
+	r := alignedReader{f}
+	if l, err := LabelOf(r); err != nil || !strings.EqualFold(l, label) {
 		return nil
 	}
-	v, err := ReadVolume(f)
+	v, err := ReadVolume(r)
 	if err != nil {
 		return nil
 	}

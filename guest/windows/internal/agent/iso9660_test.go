@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"errors"
+	"io"
 	"os"
 	"strings"
 	"testing"
@@ -105,5 +106,48 @@ func TestOpenVolumeFromImageAndFolder(t *testing.T) {
 	}
 	if volumeWithLabel(img, "LICENSECTL") != nil || volumeWithLabel(img, "other") == nil {
 		t.Fatal("the label decides (case-insensitively)")
+	}
+}
+
+// sectorDevice behaves like a raw Windows device: it refuses reads not aligned to its sector size.
+type sectorDevice struct {
+	data   []byte
+	sector int64
+	reads  int
+}
+
+func (d *sectorDevice) ReadAt(p []byte, off int64) (int, error) {
+	d.reads++
+	if off%d.sector != 0 || int64(len(p))%d.sector != 0 {
+		return 0, errors.New("The parameter is incorrect.")
+	}
+	if off >= int64(len(d.data)) {
+		return 0, io.EOF
+	}
+	n := copy(p, d.data[off:])
+	if n < len(p) {
+		return n, io.EOF
+	}
+	return n, nil
+}
+
+func TestReadVolumeFromARawDeviceReadsWholeSectors(t *testing.T) {
+	img, err := os.ReadFile(buildISO(t, "LICENSECTL", volumeFiles(), "-joliet", "-rock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sector := range []int64{512, 2048} {
+		dev := &sectorDevice{data: img, sector: sector}
+		if _, err := ReadVolume(dev); err == nil {
+			t.Fatalf("sector %d: unaligned reads must fail on the fake device", sector)
+		}
+		v, err := ReadVolume(alignedReader{dev})
+		if err != nil || string(v.Files[KeyGriddConf]) != "FeatureType=1\n" || len(v.Files[KeyToken]) == 0 {
+			t.Fatalf("sector %d: %v %v", sector, v, err)
+		}
+	}
+	// A read past the end of the device still says EOF.
+	if n, err := (alignedReader{&sectorDevice{data: img, sector: 2048}}).ReadAt(make([]byte, 10), int64(len(img))-4); n != 4 || err != io.EOF {
+		t.Fatalf("%d %v", n, err)
 	}
 }
