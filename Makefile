@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup system-deps controlplane go-tools lock test lint demo bench reliability reliability-long config-reference chart-files clean
+.PHONY: setup system-deps controlplane go-tools windows-agent lock test lint demo bench reliability reliability-long config-reference chart-files clean
 
 # The dev and test tooling (licensectl_dev/) is not part of the licensectl package: this venv, and
 # only this one, sees it through a .pth file naming the checkout.
@@ -22,9 +22,14 @@ system-deps:
 controlplane: $(VENV)/.installed
 	$(BIN)/python -m licensectl_dev.devcluster build
 
-# Builds helm, the helm-unittest plugin and vmalert-tool from pinned Go modules once (cached).
+# Builds helm, the helm-unittest plugin and vmalert-tool from pinned Go modules, and the Windows guest
+# agent from guest/windows, once (cached).
 go-tools: $(VENV)/.installed
 	$(BIN)/python -m licensectl_dev.devcluster build-tools
+
+# The Windows guest agent alone (docs/guest.md, "Windows guests"): prints where licensectl-agent.exe is.
+windows-agent: $(VENV)/.installed
+	$(BIN)/python -m licensectl_dev.devcluster build-tools licensectl-agent
 
 setup: $(VENV)/.installed system-deps controlplane go-tools
 

@@ -98,6 +98,10 @@ VMS: tuple[tuple[str, str, str, str], ...] = (
     ("tenant-acme-render", "ws3", GRAPHICS, "licensed"),
     ("tenant-acme-render-farm", "node1", GRAPHICS, "licensed"),
     ("tenant-acme-render-farm", "node2", GRAPHICS, "silent"),
+    # A Windows desktop: its reports are the Windows agent's (os, UTC offset, Windows-format log). In a
+    # tenant of its own size class, so the rotation's longest wave (one restart at a time per tenant)
+    # stays as long as it was.
+    ("tenant-acme-render-farm", "win1", GRAPHICS, "windows"),
     ("tenant-globex", "desk1", GRAPHICS, "expiring"),
     ("tenant-globex-ml", "train1", COMPUTE, "licensed"),
     ("tenant-globex-ml", "train2", COMPUTE, "unlicensed"),
@@ -124,6 +128,8 @@ def profile(name: str) -> GuestProfile:
         return GuestProfile.quiet()
     if name == "expiring":
         return GuestProfile.expiring(dt.datetime.now(dt.UTC) + dt.timedelta(days=3))
+    if name == "windows":
+        return GuestProfile.windows_licensed()
     return GuestProfile.licensed()
 
 
@@ -596,12 +602,15 @@ class Demo:
     async def wait_guests(self, app: App) -> None:
         deadline = time.monotonic() + 60
         reporting = sum(1 for *_, p in VMS if p != "silent")
+        known: list[dict[str, Any]] = []
         while time.monotonic() < deadline:
             known = [g for g in app.status()["guests"]["list"] if g["state"] != "unknown"]
             if len(known) >= reporting:
                 return
             await asyncio.sleep(0.5)
-        raise RuntimeError("guests did not report within 60 s")
+        heard = {f"{g['namespace']}/{g['vmi']}" for g in known}
+        missing = sorted(f"{ns}/{name}" for ns, name, _, p in VMS if p != "silent" and f"{ns}/{name}" not in heard)
+        raise RuntimeError(f"guests did not report within 60 s: {', '.join(missing)}")
 
     async def wait_silent_judged(self, app: App) -> None:
         """A silent guest restarted by the rollout gets a new VMI's patience (boot allowance plus three

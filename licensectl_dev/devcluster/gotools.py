@@ -1,5 +1,6 @@
-"""Cached builds of the Go command-line tools the tests run for real (helm, helm-unittest, vmalert-tool)
-and of the benchmarks' Go replicator peer (built on demand).
+"""Cached builds of the Go command-line tools the tests run for real (helm, helm-unittest, vmalert-tool),
+of the benchmarks' Go replicator peer (built on demand), and of the Windows guest agent (guest/windows,
+cross-built for windows/amd64) with its Wine test's fakes (on demand).
 
 Like the control plane, each tool is built once from a pinned wrapper module in go/<name>/ (its
 go.mod/go.sum fix every dependency) and cached under the licensectl cache dir, so a fresh clone
@@ -49,10 +50,14 @@ class GoTool:
     extra_files: Mapping[str, str] = field(default_factory=dict)
     # Built only when asked for by name (a benchmark's own program), never by `build-tools` / `make setup`.
     on_demand: bool = False
+    # A module of this repository outside go/ (the Windows agent's guest/windows), and a cross-build target.
+    source_dir: Path | None = None
+    goos: str | None = None
+    goarch: str | None = None
 
     @property
     def module_dir(self) -> Path:
-        return GO_DIR / self.name
+        return self.source_dir if self.source_dir is not None else GO_DIR / self.name
 
 
 # helm-unittest is a helm plugin: `helm plugin install <dir>` needs a plugin.yaml beside the binary.
@@ -66,6 +71,17 @@ description: "Unit test for helm chart in YAML (built from source by licensectl'
 ignoreFlags: false
 command: "$HELM_PLUGIN_DIR/helm-unittest"
 """
+
+# The Windows guest agent's module (docs/guest.md, "Windows guests"): the agent, and two programs the Wine
+# end-to-end test runs in its place of nvidia-smi.exe and the NVIDIA display container service.
+WINDOWS_AGENT_DIR = Path(__file__).resolve().parents[2] / "guest" / "windows"
+WINDOWS_AGENT_MODULE = "licensectl.dev/guest/windows"
+
+
+def _windows_program(name: str, package: str, *, on_demand: bool) -> GoTool:
+    return GoTool(name=name, module=WINDOWS_AGENT_MODULE, version="local", package=package, binary=f"{name}.exe",
+                  on_demand=on_demand, source_dir=WINDOWS_AGENT_DIR, goos="windows", goarch="amd64")
+
 
 TOOLS: Mapping[str, GoTool] = {
     t.name: t
@@ -108,6 +124,9 @@ TOOLS: Mapping[str, GoTool] = {
             ldflags=("-X main.clientGoVersion=v0.35.4",),
             on_demand=True,
         ),
+        _windows_program("licensectl-agent", "./cmd/licensectl-agent", on_demand=False),
+        _windows_program("fake-nvidia-smi", "./testtools/fake-nvidia-smi", on_demand=True),
+        _windows_program("fake-display-container", "./testtools/fake-display-container", on_demand=True),
     )
 }
 
@@ -155,10 +174,15 @@ def build_command(tool: GoTool, out_dir: Path) -> list[str]:
     return ["go", "build", "-v", "-trimpath", "-ldflags", ldflags, "-o", str(out_dir / tool.binary), tool.package]
 
 
-def build_env(env: Mapping[str, str]) -> dict[str, str]:
-    """Pure-Go static builds: no C toolchain needed, and the binary runs on any Linux of the arch."""
+def build_env(env: Mapping[str, str], tool: GoTool | None = None) -> dict[str, str]:
+    """Pure-Go static builds: no C toolchain needed, and the binary runs on any Linux of the arch (or, for a
+    cross-built tool, on any system of its GOOS/GOARCH)."""
     e = dict(env)
     e["CGO_ENABLED"] = "0"
+    if tool is not None and tool.goos is not None:
+        e["GOOS"] = tool.goos
+    if tool is not None and tool.goarch is not None:
+        e["GOARCH"] = tool.goarch
     return e
 
 
@@ -194,7 +218,7 @@ def ensure_tool(name: str, log: Logger = _stderr, env: Mapping[str, str] | None 
         log(f"go tools: cache miss, building {tool.name} {tool.version} into {d} (first time only)")
         started = time.monotonic()
         with built_into(d, prefix=tool.name) as tmp:
-            run_go_build(build_command(tool, tmp), cwd=tool.module_dir, log_fn=log, env=build_env(e),
+            run_go_build(build_command(tool, tmp), cwd=tool.module_dir, log_fn=log, env=build_env(e, tool),
                          prefix="go tools")
             for fname, text in tool.extra_files.items():
                 (tmp / fname).write_text(text)

@@ -6,6 +6,10 @@ real under `dash`, with the license disk filled from the VMI's replica Secret (w
 would hold), the SMBIOS UUID set to the VMI's firmware UUID, and a fake `nvidia-smi` that prints
 recorded real output from tests/fixtures/nvidia/. Derived variants (a different expiry date in the
 XML, say) are built here and named as derived; recorded fixtures are never edited.
+
+A Windows guest (`GuestProfile.windows`) cannot run its agent here: its license disk is installed the
+same way, and its probe sends the report the Windows agent (guest/windows) would send -- `os: windows`,
+the guest's UTC offset and the licensing log in Windows format and local time -- to the same endpoint.
 """
 
 from __future__ import annotations
@@ -13,16 +17,20 @@ from __future__ import annotations
 import asyncio
 import base64
 import datetime as dt
+import hashlib
 import re
 import shutil
+import ssl
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio.client import ApiClient, CoreV1Api, CustomObjectsApi
 
+from licensectl.core.guest_report import render_report
 from licensectl.kube.raw import RawApi
 
 REPO = Path(__file__).resolve().parents[2]
@@ -62,6 +70,7 @@ class GuestProfile:
     gridd_log: str = GRIDD_LOG  # recorded nvidia-gridd log the guest's journal holds
     driver: bool = True  # False: an image without the guest driver (no nvidia-smi on PATH)
     clock_offset: dt.timedelta = dt.timedelta(0)  # guest clock minus true time
+    windows: bool = False  # reports as the Windows agent would (see the module docstring)
 
     @classmethod
     def licensed(cls, lease: dt.timedelta = dt.timedelta(days=1)) -> GuestProfile:
@@ -99,6 +108,13 @@ class GuestProfile:
         """Licensed output (renewing lease), but the guest clock is off by `offset`."""
         p = cls.licensed(lease)
         p.name, p.clock_offset = "skewed", offset
+        return p
+
+    @classmethod
+    def windows_licensed(cls, lease: dt.timedelta = dt.timedelta(days=1)) -> GuestProfile:
+        """A licensed Windows guest: the renewing licensed output, reported the Windows agent's way."""
+        p = cls.licensed(lease)
+        p.name, p.windows = "windows", True
         return p
 
     @classmethod
@@ -242,9 +258,51 @@ class SimulatedGuest:
         if xml is not None:
             (self.base / "smi.xml").write_text(xml)
         try:
+            if self.profile.windows:
+                return await self._probe_windows(xml)
             return await self._run("licensectl-probe.sh")
         finally:
             self.last_probe_second = int(time.time())
+
+    async def _probe_windows(self, xml: str | None) -> int:
+        """One report as the Windows agent sends it, with the settings licensectl-install put in place;
+        returns the probe's exit code for the outcome (0 accepted, 2 not configured, 4 refused, 5 failed)."""
+        state = self.root / "etc" / "licensectl"
+        try:
+            url, ns, cred = ((state / k).read_text().strip()
+                             for k in ("report-url", "report-namespace", "report-credential"))
+        except OSError:
+            self.last_rc = 2
+            return 2
+        tokens = sorted((self.root / "etc" / "nvidia" / "ClientConfigToken").glob("licensectl_*.tok"))
+        sha = hashlib.sha256(tokens[0].read_bytes()).hexdigest() if len(tokens) == 1 else None
+        uuid = (self.root / "sys/class/dmi/id/product_uuid").read_text().strip().lower()
+        offset = dt.timedelta(hours=1)  # the guest runs at UTC+01:00
+        now = dt.datetime.now(dt.UTC)
+        sections = []
+        if xml is not None:
+            sections.append(("nvidia-smi-xml", xml))
+            expiry = now + (self.profile.lease or dt.timedelta(days=1))
+            local = (now - dt.timedelta(minutes=1) + offset).strftime("%a %b %d %H:%M:%S %Y")
+            sections.append(("gridd-log", f"{local}:<1>:License acquired successfully. (Info: 127.0.0.1, NVIDIA RTX "
+                                          f"Virtual Workstation; Expiry: {expiry.year}-{expiry.month}-{expiry.day} "
+                                          f"{expiry.hour}:{expiry.minute}:{expiry.second} GMT)"))
+        body = render_report(uuid=uuid, hostname=self.vmi, clock=int(time.time()), token_sha256=sha,
+                             probe_version="1.0.0", sections=sections, guest_os="windows", utc_offset="+01:00")
+        headers = {"Authorization": f"Bearer {cred}", "X-Licensectl-Namespace": ns,
+                   "Content-Type": "text/plain; charset=utf-8"}
+        # As the agent does: an https URL is verified against the CA from the license disk.
+        ca = state / "report-ca.crt"
+        tls = ssl.create_default_context(cafile=str(ca)) if url.startswith("https://") and ca.is_file() else None
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as session, \
+                    session.post(url, data=body, headers=headers, ssl=tls if tls is not None else True) as resp:
+                status = resp.status
+                self.last_stderr = "" if status == 202 else f"HTTP {status}: {(await resp.text())[:200]}"
+        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+            status, self.last_stderr = 0, f"HTTP 000; {type(e).__name__}"
+        self.last_rc = 0 if status == 202 else 4 if 400 <= status < 500 and status not in (408, 429) else 5
+        return self.last_rc
 
     def cleanup(self) -> None:
         shutil.rmtree(self.base, ignore_errors=True)

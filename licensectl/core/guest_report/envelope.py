@@ -19,12 +19,15 @@ from licensectl.core.guest_report.limits import (
     DEFAULT_LIMITS,
     FORMAT_VERSION,
     MAGIC_KEY,
+    OS_HEADER,
+    OS_VALUES,
     SMI_FAILED,
     SMI_HEADER,
     SMI_OK,
     SMI_STATUSES,
     SUPPORTED_FORMAT_VERSIONS,
     TOO_LARGE,
+    UTC_OFFSET_HEADER,
     ReportError,
     ReportLimits,
 )
@@ -40,12 +43,13 @@ SECTIONS: Final = frozenset({SECTION_SMI_XML, SECTION_SMI_TEXT, SECTION_GRIDD_LO
 SECTION_MARKER: Final = "--- "
 
 HEADER_KEYS: Final = frozenset({MAGIC_KEY, "uuid", "hostname", "clock", "token-sha256", "probe-version",
-                                SMI_HEADER})
+                                SMI_HEADER, OS_HEADER, UTC_OFFSET_HEADER})
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _HOSTNAME = re.compile(r"[A-Za-z0-9._-]{0,253}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _PROBE_VERSION = re.compile(r"[0-9A-Za-z.+_-]{1,32}")
 _HEADER_KEY = re.compile(r"[a-z0-9-]{1,32}")
+_UTC_OFFSET = re.compile(r"([+-])(0\d|1[0-4]):([0-5]\d)")
 MAX_CLOCK: Final = 253402300799  # 9999-12-31T23:59:59Z
 _VERSIONS: Final = {str(v): v for v in SUPPORTED_FORMAT_VERSIONS}
 
@@ -102,9 +106,11 @@ _PROBE_HEADER = re.compile(
     r"token-sha256: (none|[0-9a-f]{64})\n"
     r"probe-version: ([0-9A-Za-z.+_-]{1,32})\n"
     r"(?:nvidia-smi: (ok|missing|failed)\n)?"
+    r"(?:os: (linux|windows)\n)?"
+    r"(?:utc-offset: ([+-](?:0\d|1[0-4]):[0-5]\d)\n)?"
     r"(?=--- )"
 )
-_PROBE_HEADER_LINES: Final = 7
+_PROBE_HEADER_LINES: Final = 9
 _PROBE_HEADER_LONGEST: Final = len("hostname: ") + 253
 
 
@@ -113,11 +119,12 @@ def _headers(text: str, limits: ReportLimits) -> tuple[dict[str, str], int]:
     if limits.max_header_lines >= _PROBE_HEADER_LINES and limits.max_field_chars + 34 >= _PROBE_HEADER_LONGEST:
         m = _PROBE_HEADER.match(text)
         if m is not None:
-            version, uuid, hostname, clock, sha, probe_version, smi = m.groups()
+            version, uuid, hostname, clock, sha, probe_version, smi, guest_os, offset = m.groups()
             fast = {MAGIC_KEY: version, "uuid": uuid, "hostname": hostname, "clock": clock, "token-sha256": sha,
                     "probe-version": probe_version}
-            if smi is not None:
-                fast[SMI_HEADER] = smi
+            for key, value in ((SMI_HEADER, smi), (OS_HEADER, guest_os), (UTC_OFFSET_HEADER, offset)):
+                if value is not None:
+                    fast[key] = value
             return fast, m.end()
     return _header_lines(text, limits)
 
@@ -160,6 +167,23 @@ def _log_section(text: str, limits: ReportLimits) -> ScannedLog:
     if any(len(ln) > limits.max_line_chars for ln in log):
         raise ReportError(BAD_FIELD, "gridd log line too long")
     return scan_gridd_log(log)
+
+
+def _os_fields(headers: dict[str, str], version: int) -> tuple[str | None, dt.timedelta | None]:
+    """The optional `os` and `utc-offset` headers (format version 2 only)."""
+    guest_os = headers.get(OS_HEADER)
+    offset_s = headers.get(UTC_OFFSET_HEADER)
+    if version == 1 and (guest_os is not None or offset_s is not None):
+        raise ReportError(BAD_FIELD, "header fields 'os' and 'utc-offset' need format version 2")
+    if guest_os is not None and guest_os not in OS_VALUES:
+        raise _bad(OS_HEADER)
+    if offset_s is None:
+        return guest_os, None
+    m = _UTC_OFFSET.fullmatch(offset_s)
+    if m is None:
+        raise _bad(UTC_OFFSET_HEADER)
+    offset = dt.timedelta(hours=int(m.group(2)), minutes=int(m.group(3)))
+    return guest_os, -offset if m.group(1) == "-" else offset
 
 
 def parse_report(body: bytes, limits: ReportLimits = DEFAULT_LIMITS) -> GuestReport:
@@ -212,6 +236,8 @@ def parse_report(body: bytes, limits: ReportLimits = DEFAULT_LIMITS) -> GuestRep
     if smi_status is not None and has_smi != (smi_status == SMI_OK):
         raise ReportError(BAD_FORMAT, "nvidia-smi status and sections disagree")
 
+    guest_os, utc_offset = _os_fields(headers, version)
+
     smi_format: str | None = None
     gpus: tuple[GpuLicense, ...] = ()
     if SECTION_SMI_XML in sections:
@@ -231,18 +257,22 @@ def parse_report(body: bytes, limits: ReportLimits = DEFAULT_LIMITS) -> GuestRep
         probe_version=probe_version,
         smi_format=smi_format,
         gpus=gpus,
-        events=log.resolve(clock),
+        events=log.resolve(clock, utc_offset),
         smi_status=smi_status,
+        guest_os=guest_os,
+        utc_offset=utc_offset,
     )
 
 
 def render_report(*, uuid: str, hostname: str, clock: int, token_sha256: str | None,
                   probe_version: str, sections: Sequence[tuple[str, str]] = (),
-                  smi_status: str | None = None, format_version: int = FORMAT_VERSION) -> bytes:
+                  smi_status: str | None = None, format_version: int = FORMAT_VERSION,
+                  guest_os: str | None = None, utc_offset: str | None = None) -> bytes:
     """The body the probe would send: the format's reference producer, for tests and tooling.
 
     `smi_status` defaults to what the sections imply (ok with an nvidia-smi section, else failed);
-    `format_version=1` renders what an old probe sends (no nvidia-smi header)."""
+    `format_version=1` renders what an old probe sends (no nvidia-smi header); `guest_os` and
+    `utc_offset` (e.g. "+01:00") what the Windows agent adds."""
     out = [f"{MAGIC_KEY}: {format_version}", f"uuid: {uuid}", f"hostname: {hostname}", f"clock: {clock}",
            f"token-sha256: {token_sha256 or 'none'}", f"probe-version: {probe_version}"]
     if format_version >= 2:
@@ -250,6 +280,10 @@ def render_report(*, uuid: str, hostname: str, clock: int, token_sha256: str | N
             has_smi = any(name in (SECTION_SMI_XML, SECTION_SMI_TEXT) for name, _ in sections)
             smi_status = SMI_OK if has_smi else SMI_FAILED
         out.append(f"{SMI_HEADER}: {smi_status}")
+        if guest_os is not None:
+            out.append(f"{OS_HEADER}: {guest_os}")
+        if utc_offset is not None:
+            out.append(f"{UTC_OFFSET_HEADER}: {utc_offset}")
     for name, content in sections:
         out.append(SECTION_MARKER + name)
         out.extend(content.splitlines())

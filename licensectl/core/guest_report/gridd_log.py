@@ -62,26 +62,29 @@ _ONE_DAY: Final = dt.timedelta(days=1)
 _YearlessTime = tuple[str, str, str, str, str]
 
 
-def _split_line(line: str) -> tuple[dt.datetime | None, _YearlessTime | None, str] | None:
-    """(timestamp, yearless syslog time, message) of an nvidia-gridd line; None for other daemons'
-    lines. The yearless time is left unresolved so the result depends on the line alone."""
+def _split_line(line: str) -> tuple[dt.datetime | None, _YearlessTime | None, str, bool] | None:
+    """(timestamp, yearless syslog time, message, zoneless) of an nvidia-gridd line; None for other
+    daemons' lines. The yearless time is left unresolved so the result depends on the line alone;
+    `zoneless` marks a Windows-format time (local, no zone), taken as UTC until resolved."""
     if _GRIDD_IDENT not in line:  # only the Windows format names no daemon: skip three regexes
         w = _windows_line(line)
-        return None if w is None else (w[0], None, w[1])
+        return None if w is None else (w[0], None, w[1], True)
     m = _ISO.fullmatch(line)
     if m:
-        return (parse_time(m.group(1), assume_utc=True), None, m.group(3)) if m.group(2) == _GRIDD_IDENT else None
+        if m.group(2) != _GRIDD_IDENT:
+            return None
+        return parse_time(m.group(1), assume_utc=True), None, m.group(3), False
     m = _SYSLOG.fullmatch(line)
     if m:
         if m.group(6) != _GRIDD_IDENT:
             return None
-        return None, (m.group(1), m.group(2), m.group(3), m.group(4), m.group(5)), m.group(7)
+        return None, (m.group(1), m.group(2), m.group(3), m.group(4), m.group(5)), m.group(7), False
     w = _windows_line(line)
     if w is not None:
-        return w[0], None, w[1]
+        return w[0], None, w[1], True
     m = _BARE.fullmatch(line)
     if m:
-        return (None, None, m.group(2)) if m.group(1) == _GRIDD_IDENT else None
+        return (None, None, m.group(2), False) if m.group(1) == _GRIDD_IDENT else None
     return None
 
 
@@ -156,6 +159,14 @@ _EVENT_HINT: Final = re.compile(
 )
 
 
+def _shifted(local: dt.datetime, utc_offset: dt.timedelta) -> dt.datetime | None:
+    """A local time read as UTC, moved to real UTC; None past the range datetime holds."""
+    try:
+        return local - utc_offset
+    except OverflowError:
+        return None
+
+
 @dataclass(frozen=True, slots=True)
 class ScannedLog:
     """Recognised gridd events before the guest clock is known: events whose syslog timestamp has no
@@ -164,10 +175,14 @@ class ScannedLog:
 
     events: tuple[GriddEvent, ...]
     yearless: tuple[tuple[int, _YearlessTime], ...] = ()
+    zoneless: tuple[int, ...] = ()  # events whose time was logged without a zone (Windows format)
 
-    def resolve(self, reference: dt.datetime | None) -> tuple[GriddEvent, ...]:
-        """The events with yearless times placed in the year `reference` (the guest clock) implies."""
-        if not self.yearless:
+    def resolve(self, reference: dt.datetime | None, utc_offset: dt.timedelta | None = None
+                ) -> tuple[GriddEvent, ...]:
+        """The events with yearless times placed in the year `reference` (the guest clock) implies, and
+        times logged without a zone moved from the guest's local time to UTC by `utc_offset`."""
+        shift = utc_offset and self.zoneless
+        if not self.yearless and not shift:
             return self.events
         if reference is not None and reference.tzinfo is not dt.UTC:
             reference = reference.astimezone(dt.UTC)  # once, not per line
@@ -176,6 +191,12 @@ class ScannedLog:
             e = out[i]
             out[i] = GriddEvent(kind=e.kind, at=_yearless(mon, day, hh, mm, ss, reference), message=e.message,
                                 server=e.server, product=e.product, expiry=e.expiry)
+        if shift and utc_offset is not None:
+            for i in self.zoneless:
+                e = out[i]
+                if e.at is not None:
+                    out[i] = GriddEvent(kind=e.kind, at=_shifted(e.at, utc_offset), message=e.message,
+                                        server=e.server, product=e.product, expiry=e.expiry)
         return tuple(out)
 
 
@@ -183,6 +204,7 @@ def scan_gridd_log(lines: Iterable[str]) -> ScannedLog:
     """Recognised nvidia-gridd events, in input order, other lines ignored; yearless times unresolved."""
     out: list[GriddEvent] = []
     yearless: list[tuple[int, _YearlessTime]] = []
+    zoneless: list[int] = []
     for raw in lines:
         line = raw.rstrip("\r\n").strip()
         if _EVENT_HINT.search(line) is None:
@@ -190,7 +212,7 @@ def scan_gridd_log(lines: Iterable[str]) -> ScannedLog:
         split = _split_line(line)
         if split is None:
             continue
-        at, when, msg = split
+        at, when, msg, no_zone = split
         msg = msg.strip()
         c = _classify(msg)
         if c is None:
@@ -198,9 +220,11 @@ def scan_gridd_log(lines: Iterable[str]) -> ScannedLog:
         kind, server, product, expiry = c
         if when is not None:
             yearless.append((len(out), when))
+        if no_zone:
+            zoneless.append(len(out))
         out.append(GriddEvent(kind=kind, at=at, message=clean_text(msg, MAX_MESSAGE_CHARS),
                               server=server, product=product, expiry=expiry))
-    return ScannedLog(tuple(out), tuple(yearless))
+    return ScannedLog(tuple(out), tuple(yearless), tuple(zoneless))
 
 
 def parse_gridd_log(lines: Iterable[str], reference: dt.datetime | None = None) -> tuple[GriddEvent, ...]:

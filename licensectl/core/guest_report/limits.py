@@ -54,6 +54,11 @@ SMI_OK: Final = "ok"
 SMI_MISSING: Final = "missing"  # no nvidia-smi on PATH: the image has no vGPU guest driver
 SMI_FAILED: Final = "failed"  # nvidia-smi present but gave no usable output
 SMI_STATUSES: Final = frozenset({SMI_OK, SMI_MISSING, SMI_FAILED})
+# Optional version 2 headers: the guest OS (the Windows agent sends `windows`), and its UTC offset,
+# which places log times written without a zone (the Windows licensing log's) on the UTC axis.
+OS_HEADER: Final = "os"
+OS_VALUES: Final = frozenset({"linux", "windows"})
+UTC_OFFSET_HEADER: Final = "utc-offset"
 
 # Bounds on stored strings (independent of limits: they shape what downstream code may assume).
 MAX_PRODUCT_CHARS: Final = 96

@@ -117,6 +117,8 @@ class GuestReport:
     gpus: tuple[GpuLicense, ...]
     events: tuple[GriddEvent, ...]
     smi_status: str | None = None  # one of SMI_STATUSES; None: a version 1 probe did not say
+    guest_os: str | None = None  # one of OS_VALUES; None: the probe did not say (the Linux probe)
+    utc_offset: dt.timedelta | None = None  # the guest's UTC offset, when it sent one
 
 
 @dataclass(frozen=True, slots=True)

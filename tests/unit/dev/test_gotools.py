@@ -19,7 +19,7 @@ from licensectl_dev.devcluster.controlplane import BuildError
 FAKE_GO = """#!/bin/sh
 # Fake `go build`: counts calls, records the environment it saw, writes the -o target.
 echo call >> "$FAKE_GO_CALLS"
-echo "CGO_ENABLED=$CGO_ENABLED" > "$FAKE_GO_CALLS.env"
+echo "CGO_ENABLED=$CGO_ENABLED${GOOS:+ GOOS=$GOOS}${GOARCH:+ GOARCH=$GOARCH}" > "$FAKE_GO_CALLS.env"
 echo "compiling example.com/pkg" >&2
 [ -n "$FAKE_GO_SLEEP" ] && sleep "$FAKE_GO_SLEEP"
 if [ -n "$FAKE_GO_FAIL" ]; then echo "undefined: Frobnicate" >&2; exit 2; fi
@@ -108,7 +108,8 @@ def test_go_missing_is_a_clear_error(fake_env: dict[str, str], tmp_path: Path) -
 
 
 def test_unknown_tool() -> None:
-    known = "helm, helm-unittest, replicator-peer, vmalert-tool"
+    known = ("fake-display-container, fake-nvidia-smi, helm, helm-unittest, licensectl-agent, replicator-peer, "
+             "vmalert-tool")
     with pytest.raises(BuildError, match=f"unknown Go tool 'kubectx'; known: {known}"):
         gotools.ensure_tool("kubectx", log=lambda _: None)
 
@@ -166,9 +167,9 @@ def test_editing_a_wrapper_program_changes_the_cache_dir_but_tools_go_does_not(
 def test_build_tools_without_names_skips_the_on_demand_ones(monkeypatch: pytest.MonkeyPatch) -> None:
     built: list[str] = []
     monkeypatch.setattr(gotools, "ensure_tool", lambda name, **_: built.append(name) or Path(name))
-    assert set(gotools.ensure_tools()) == {"helm", "helm-unittest", "vmalert-tool"}
+    assert set(gotools.ensure_tools()) == {"helm", "helm-unittest", "vmalert-tool", "licensectl-agent"}
     assert gotools.ensure_tools(["replicator-peer"]) == {"replicator-peer": Path("replicator-peer")}
-    assert built == ["helm", "helm-unittest", "vmalert-tool", "replicator-peer"]
+    assert built == ["helm", "helm-unittest", "vmalert-tool", "licensectl-agent", "replicator-peer"]
 
 
 def test_build_command_stamps_version_and_targets_out_dir(tmp_path: Path) -> None:
@@ -180,7 +181,19 @@ def test_build_command_stamps_version_and_targets_out_dir(tmp_path: Path) -> Non
     assert "helm.sh/helm/v4/internal/version.version=v4.3.2" in argv[argv.index("-ldflags") + 1]
 
 
-@pytest.mark.parametrize("name", sorted(gotools.TOOLS))
+def test_the_windows_agent_is_cross_built_from_its_own_module(fake_env: dict[str, str]) -> None:
+    path = gotools.ensure_tool("licensectl-agent", log=lambda _: None, env=fake_env)
+    assert path.name == "licensectl-agent.exe"
+    assert Path(fake_env["FAKE_GO_CALLS"] + ".env").read_text().split() == ["CGO_ENABLED=0", "GOOS=windows",
+                                                                          "GOARCH=amd64"]
+    tool = gotools.TOOLS["licensectl-agent"]
+    assert tool.module_dir == gotools.WINDOWS_AGENT_DIR
+    assert (tool.module_dir / tool.package / "main.go").is_file()
+    assert f"module {tool.module}\n" in (tool.module_dir / "go.mod").read_text()
+    assert gotools.build_env({"GOOS": "linux"}) == {"GOOS": "linux", "CGO_ENABLED": "0"}
+
+
+@pytest.mark.parametrize("name", sorted(n for n, t in gotools.TOOLS.items() if t.source_dir is None))
 def test_wrapper_module_pins_the_registered_version(name: str) -> None:
     """go.mod, tools.go and the registry agree, so the cache key names what is really built."""
     tool = gotools.TOOLS[name]

@@ -97,14 +97,17 @@ ODD_LINES = [
     "hostname: ", "hostname: " + "h" * 253, "hostname: " + "h" * 254, "hostname: a b", "clock: 0", "clock: ",
     "clock: 1234567890123", "token-sha256: none", "token-sha256: NONE", "probe-version: ", "nvidia-smi: missing",
     "nvidia-smi: failed", "nvidia-smi: maybe", "unknown: x", "hostname:vm", "--- end", "--- gridd-log", "",
-    "licensectl-report: 2\r", "hostname: vm-1\r",
+    "licensectl-report: 2\r", "hostname: vm-1\r", "os: windows", "os: linux", "os: Windows", "utc-offset: +01:00",
+    "utc-offset: -05:30", "utc-offset: +15:00", "utc-offset: 01:00", "utc-offset: +1:00",
 ]
+# What the Windows agent sends: the probe header and its two optional fields.
+WINDOWS_LINES = [*PROBE_LINES, "os: windows", "utc-offset: -05:30"]
 LINE_VARIANTS = st.sampled_from(ODD_LINES)
 
 
 # The limits at which the one-step match starts being tried (a 263-character line allowed), around it.
 LIMITS_AROUND = [DEFAULT_LIMITS, LINE_BY_LINE, ReportLimits(max_field_chars=229), ReportLimits(max_header_lines=6),
-                 ReportLimits(max_header_lines=7)]
+                 ReportLimits(max_header_lines=7), ReportLimits(max_header_lines=8), ReportLimits(max_header_lines=9)]
 HEADER_LIMITS = st.sampled_from(LIMITS_AROUND)
 
 
@@ -118,21 +121,23 @@ def test_probe_header_match_agrees_with_the_line_loop(lines: list[str], limits: 
 def test_probe_header_match_agrees_with_the_line_loop_one_line_off(limits: ReportLimits) -> None:
     """Every probe header with one line replaced, inserted or dropped: all of them, not a sample."""
     texts = []
-    for at in range(len(PROBE_LINES) + 1):
-        for line in ODD_LINES:
-            for how in ("replace", "insert", "drop"):
-                lines = list(PROBE_LINES)
-                if how == "insert":
-                    lines.insert(at, line)
-                elif at < len(lines):
-                    lines[at:at + 1] = [line] if how == "replace" else []
-                texts.append("\n".join([*lines, "--- end", ""]))
+    for base in (PROBE_LINES, WINDOWS_LINES):
+        for at in range(len(base) + 1):
+            for line in ODD_LINES:
+                for how in ("replace", "insert", "drop"):
+                    lines = list(base)
+                    if how == "insert":
+                        lines.insert(at, line)
+                    elif at < len(lines):
+                        lines[at:at + 1] = [line] if how == "replace" else []
+                    texts.append("\n".join([*lines, "--- end", ""]))
     for text in texts:
         assert outcome(envelope._headers, text, limits) == outcome(envelope._header_lines, text, limits), text
 
 
-def test_probe_header_match_is_taken_for_probe_output() -> None:
-    text = "\n".join([*PROBE_LINES, "--- end", ""])
+@pytest.mark.parametrize("lines", [PROBE_LINES, WINDOWS_LINES], ids=["linux", "windows"])
+def test_probe_header_match_is_taken_for_probe_output(lines: list[str]) -> None:
+    text = "\n".join([*lines, "--- end", ""])
     assert envelope._PROBE_HEADER.match(text) is not None
     assert envelope._headers(text, DEFAULT_LIMITS) == envelope._header_lines(text, DEFAULT_LIMITS)
 

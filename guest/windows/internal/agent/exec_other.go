@@ -1,0 +1,7 @@
+//go:build !windows
+
+package agent
+
+import "os/exec"
+
+func hideWindow(*exec.Cmd) {}
