@@ -50,6 +50,14 @@ async def replicas_on(api: ApiClient, fl: Any, key: str) -> bool:
     return True
 
 
+def locked_out(out: str) -> set[str]:
+    """The VMIs a `--revoke-older` run says it locks out (its first line after the key line)."""
+    for line in out.splitlines():
+        if "hold a revoked credential" in line:
+            return set(line.rsplit(": ", 1)[1].split(", "))
+    return set()
+
+
 async def test_two_rotations_keep_running_guests_reporting_and_revoke_names_the_holders(
         api_client: ApiClient, rig: Rig) -> None:
     fl = rig.fleet
@@ -91,9 +99,7 @@ async def test_two_rotations_keep_running_guests_reporting_and_revoke_names_the_
             r = await run_licensectl("keys", "rotate", "--revoke-older", "--namespace", fl.controller_ns,
                                      kubeconfig=rig.cp.kubeconfig_path)
             assert r.code == 0, r.err
-            assert f"{len(vms)} running VMI(s) hold an older credential" in r.out, r.out
-            for ns, name in vms:
-                assert f"{ns}/{name}" in r.out, r.out
+            assert locked_out(r.out) == {f"{ns}/{name}" for ns, name in vms}, r.out
             (new_key,) = await key_ids(api_client, fl.controller_ns)
             assert await guests[0].probe() == 4 and "unauthorized" in guests[0].last_stderr
             revision = await eventually(fl.revision, timeout=30, what="replicas on one revision")
@@ -109,6 +115,22 @@ async def test_two_rotations_keep_running_guests_reporting_and_revoke_names_the_
             for g in guests:  # the restarted guests boot with the new credential and report again
                 assert await g.boot(api_client) == 0, g.last_stderr
                 assert await g.probe() == 0, g.last_stderr
+
+            # Every VM now holds the current key; revoking again ends that key too. The command's list
+            # is exactly the set of guests whose next report gets 401 (counted both ways).
+            r = await run_licensectl("keys", "rotate", "--revoke-older", "--namespace", fl.controller_ns,
+                                     kubeconfig=rig.cp.kubeconfig_path)
+            assert r.code == 0, r.err
+            named = locked_out(r.out)
+            rejected: set[str] = set()
+            for g in guests:
+                code = await g.probe()
+                if code == 4 and "unauthorized" in g.last_stderr:
+                    rejected.add(f"{g.namespace}/{g.vmi}")
+                else:
+                    assert code == 0, g.last_stderr
+            assert named == rejected and len(named) == len(vms), (r.out, rejected)
+            assert f"{len(vms)} of them are restarted automatically by the rollout" in r.out, r.out
         finally:
             for g in guests:
                 g.cleanup()
