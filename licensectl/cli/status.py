@@ -32,10 +32,16 @@ import aiohttp
 from licensectl import config
 from licensectl.cli.errors import api_error
 from licensectl.cli.status_fetch import (
+    DECISIVE_VIEWS,
+    VIEW_LEADER,
+    VIEW_OFFLINE,
     ControllerUnreachable,
+    controller_view,
     fetch_controller_status,
+    snake_rotation,
     status_from_controller,
     target_from,
+    view_marker,
 )
 from licensectl.cli.status_offline import (
     WatchedCluster,
@@ -48,6 +54,7 @@ from licensectl.cli.status_render import (
     attention_vmis,
     offline_note,
     rollout_document,
+    status_document,
     status_table,
     vms_table,
 )
@@ -89,23 +96,54 @@ async def status_main(args: Any, settings: config.Settings) -> int:
                       file=sys.stderr)
                 return 1
             doc["from"], doc["offline_reason"], doc["partial"] = "offline", reason, True
+            doc["view"], doc["authoritative"] = VIEW_OFFLINE, False
     finally:
         if api is not None:
             await api.close()
-    sys.stdout.write(json.dumps(doc, indent=2) + "\n" if args.output == "json" else status_table(doc))
+    sys.stdout.write(json.dumps(status_document(doc), indent=2) + "\n" if args.output == "json"
+                     else status_table(doc))
     return 0
 
 
 @dataclass
 class RolloutSnapshot:
-    """One look at the selected sources: per source the rollout with its `rotation`, and the VMIs."""
+    """One look at the selected sources: per source the rollout with its `rotation`, and the VMIs;
+    `view` says who answered (status_fetch.VIEW_*): only a decisive one ends `rollout status`."""
 
     rollouts: dict[str, Any]
     vmis: list[dict[str, Any]]
+    view: str = VIEW_LEADER
+    identity: str | None = None
 
 
 def _with_rotations(rollouts: Mapping[str, Any], rotations: Mapping[str, Any]) -> dict[str, Any]:
-    return {src: {**r, "rotation": rotations.get(src)} for src, r in rollouts.items()}
+    return {src: {**r, "rotation": snake_rotation(rotations.get(src))} for src, r in rollouts.items()}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What one snapshot says for `rollout status` (pure, `rollout_verdict`): the selected sources,
+    the exit code it ends with (None: go on watching) and an error line (exit 1)."""
+
+    found: dict[str, Any]
+    code: RolloutExit | None
+    error: str | None = None
+
+
+def rollout_verdict(snap: RolloutSnapshot, source: str | None, *, watch: bool) -> Verdict:
+    """A standby's or a starting replica's answer is unknown: never "no rollout found", never final;
+    without --watch it ends with UNKNOWN. Otherwise the rollout's own exit (kubectl-like), and
+    PROGRESSING without --watch while it goes on."""
+    found = {src: r for src, r in snap.rollouts.items() if not source or src == source}
+    if snap.view not in DECISIVE_VIEWS:
+        return Verdict(found, None if watch else RolloutExit.UNKNOWN)
+    if source and not found:
+        return Verdict(found, RolloutExit.ERROR, f"no rollout found for source {source} (no GPUClass names it, "
+                                                 f"or it licenses no VMI)")
+    code = rollout_exit(found)
+    if code is None and not watch:
+        code = RolloutExit.PROGRESSING
+    return Verdict(found, code)
 
 
 async def rollout_status_main(args: Any, settings: config.Settings) -> int:
@@ -136,18 +174,18 @@ async def rollout_status_main(args: Any, settings: config.Settings) -> int:
                 doc = await fetch_controller_status(api, target)
                 rollout = doc.get("rollout") or {}
                 return RolloutSnapshot(_with_rotations(rollout.get("sources") or {}, doc.get("rotation") or {}),
-                                       list(rollout.get("vmis") or []))
+                                       list(rollout.get("vmis") or []), controller_view(doc), doc.get("identity"))
             if watched is not None:
                 got = watched.rollouts()
                 rotations = offline_rotations(watched.records(), settings)
                 return RolloutSnapshot(_with_rotations(got, rotations),
-                                       vmis_json(watched.plan) if watched.plan else [])
+                                       vmis_json(watched.plan) if watched.plan else [], VIEW_OFFLINE)
             assert api is not None
             view = await read_cluster(api, settings, now=clock.now())
             return RolloutSnapshot(_with_rotations(
                 {str(ref): rollout_json(st, offline_source_revision((view.records or {}).get(ref)))
                  for ref, st in view.rollout.sources.items()}, offline_rotations(view.records, settings)),
-                vmis_json(view.rollout))
+                vmis_json(view.rollout), VIEW_OFFLINE)
 
         return await _rollout_status(args, snapshot)
     finally:
@@ -171,36 +209,43 @@ async def _rollout_status(args: Any, snapshot: Callable[[], Awaitable[RolloutSna
             print(f"controller unreachable: {e}", file=sys.stderr)
             snap = None
         if snap is not None:
-            found = {src: r for src, r in snap.rollouts.items() if not args.source or src == args.source}
-            if args.source and not found:
-                print(f"licensectl rollout status: no rollout found for source {args.source} (no GPUClass names "
-                      f"it, or it licenses no VMI)", file=sys.stderr)
+            verdict = rollout_verdict(snap, args.source, watch=args.watch)
+            if verdict.error is not None:
+                print(f"licensectl rollout status: {verdict.error}", file=sys.stderr)
                 return RolloutExit.ERROR
-            code = rollout_exit(found)
-            vmis = attention_vmis(snap.vmis, set(found)) if args.vms else None
-            if output == "text":
-                text = "\n".join(progress_line(src, r, tty) for src, r in sorted(found.items()))
-                if vmis is not None:
-                    text += "\n" + vms_table(vmis)
-            else:
-                text = rollout_document(found, vmis, code)
-                if output == "yaml":
-                    import yaml
-
-                    text = "---\n" + yaml.safe_dump(json.loads(text), sort_keys=False).rstrip("\n")
+            vmis = attention_vmis(snap.vmis, set(verdict.found)) if args.vms else None
+            text = rollout_text(snap, verdict, vmis, output=output, tty=tty, watch=args.watch)
             if text != last:
                 print(("\r" if tty and "\n" not in text else "") + text, flush=True)
                 last = text
-            if code is not None:
-                if output == "text":
-                    for src, r in sorted(found.items()):
+            if verdict.code is not None:
+                if output == "text" and snap.view in DECISIVE_VIEWS:
+                    for src, r in sorted(verdict.found.items()):
                         if r["message"]:
                             print(f"{src}: {r['message']}")
-                return code
+                return verdict.code
         if not args.watch:
-            return RolloutExit.PROGRESSING if snap is not None else RolloutExit.ERROR
+            return RolloutExit.ERROR
         if deadline is not None and time.monotonic() > deadline:
             print("licensectl rollout status: timed out waiting for the rollout", file=sys.stderr)
             return RolloutExit.TIMEOUT
         await asyncio.sleep(WATCH_INTERVAL)
 
+
+def rollout_text(snap: RolloutSnapshot, verdict: Verdict, vmis: list[Mapping[str, Any]] | None, *,
+                 output: str, tty: bool, watch: bool) -> str:
+    """One look as printed (pure): progress lines under a STANDBY/UNSYNCED marker when the answer is
+    not authoritative; `-o json` one document, on one line with --watch (JSON Lines); `-o yaml` one
+    document of a YAML stream."""
+    if output == "text":
+        marker = view_marker(snap.view, snap.identity)
+        lines = [marker] if marker else []
+        lines += [progress_line(src, r, tty) for src, r in sorted(verdict.found.items())]
+        text = "\n".join(lines)
+        return text + "\n" + vms_table(vmis) if vmis is not None else text
+    doc = rollout_document(verdict.found, vmis, verdict.code, view=snap.view)
+    if output == "yaml":
+        import yaml
+
+        return "---\n" + yaml.safe_dump(doc, sort_keys=False).rstrip("\n")
+    return json.dumps(doc) if watch else json.dumps(doc, indent=2)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 from urllib.parse import quote
 
 import aiohttp
@@ -27,6 +27,39 @@ STATUS_PATH = "/v1/status"
 # Proxied requests land on a random ready endpoint: ask this often before settling for a standby.
 LEADER_ATTEMPTS = 8
 HTTP_TIMEOUT = 10.0
+
+
+# Where a status answer came from (`view` in every `-o json|yaml` document). Only the leader with synced
+# caches is authoritative; a standby (no guest reports; its rollout view waits on a webhook it does not
+# probe) or a starting leader (`{"synced": false}`) says nothing final, so every reader keeps waiting.
+# The offline recomputation is partial but complete as far as it goes (every object LISTed), and says
+# so (docs/operations.md#status-from-the-controller).
+VIEW_LEADER: Final = "leader"
+VIEW_STANDBY: Final = "standby"
+VIEW_UNSYNCED: Final = "unsynced"
+VIEW_OFFLINE: Final = "offline"
+DECISIVE_VIEWS: Final = frozenset({VIEW_LEADER, VIEW_OFFLINE})
+
+
+def controller_view(doc: Mapping[str, Any]) -> str:
+    """Which kind of answer a controller's /v1/status is: leader, standby or unsynced (pure). A part
+    without `synced` (a controller of an older release) counts as synced."""
+    if not doc.get("leader"):
+        return VIEW_STANDBY
+    if any((doc.get(part) or {}).get("synced") is False for part in ("replication", "rollout")):
+        return VIEW_UNSYNCED
+    return VIEW_LEADER
+
+
+def view_marker(view: str, identity: str | None = None) -> str | None:
+    """The line a reader prints above a non-authoritative answer; None for the leader's or offline."""
+    who = identity or "?"
+    if view == VIEW_STANDBY:
+        return (f"STANDBY: {who} answered, not the leader; it holds no guest reports and its rollout view is "
+                f"not the leader's: unknown")
+    if view == VIEW_UNSYNCED:
+        return f"UNSYNCED: {who} is starting and has not read the cluster yet: unknown"
+    return None
 
 
 class ControllerUnreachable(Exception):
@@ -120,8 +153,11 @@ def status_from_controller(doc: Mapping[str, Any]) -> dict[str, Any]:
     srcs = repl.get("sources") or {}
     classes = repl.get("classes") or {}  # absent from a controller of an older release
     guests = doc.get("guests")
+    view = controller_view(doc)
     return {
         "from": "controller",
+        "view": view,
+        "authoritative": view == VIEW_LEADER,
         "controller": {"identity": doc.get("identity"), "leader": bool(doc.get("leader")),
                        "version": doc.get("version"), "ready": bool(doc.get("ready"))},
         "sources": [{
@@ -136,11 +172,22 @@ def status_from_controller(doc: Mapping[str, Any]) -> dict[str, Any]:
         "replicas": dict(repl.get("replica_counts") or {}),
         "tenant_problems": list(repl.get("tenant_problems") or []),
         "rollouts": dict((doc.get("rollout") or {}).get("sources") or {}),
-        "rotations": dict(doc.get("rotation") or {}),
+        "rotations": {src: snake_rotation(r) for src, r in (doc.get("rotation") or {}).items()},
         "guests": guests if doc.get("leader") else None,
         # Delivery readiness (docs/operations.md#delivery-readiness); None from a release without it.
         "delivery": doc.get("delivery"),
     }
+
+
+def snake_rotation(rot: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A rotation as the CLI prints it: `waveStartedAt` from a controller of an earlier release is
+    `wave_started_at` (one snake_case schema in every output)."""
+    if rot is None:
+        return None
+    out = dict(rot)
+    if "waveStartedAt" in out:
+        out.setdefault("wave_started_at", out.pop("waveStartedAt"))
+    return out
 
 
 def class_fields(cls: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -37,7 +36,10 @@ def table(rows: list[list[str]]) -> str:
 def _origin(doc: Mapping[str, Any]) -> list[str]:
     if doc.get("from") == "controller":
         c = doc.get("controller") or {}
-        role = "leader" if c.get("leader") else "STANDBY (no guest states; the leader did not answer)"
+        view = str(doc.get("view") or ("leader" if c.get("leader") else "standby"))
+        role = {"leader": "leader",
+                "unsynced": "leader, UNSYNCED (starting: it has not read the cluster yet): not authoritative"
+                }.get(view, "STANDBY (no guest states; the leader did not answer): not authoritative")
         return [f"FROM CONTROLLER {c.get('identity') or '?'} ({role}, licensectl {c.get('version') or '?'})", ""]
     if doc.get("from") == "offline":
         out = [offline_note(doc.get("offline_reason") or "not asked")]
@@ -172,9 +174,27 @@ def vms_table(vmis: list[Mapping[str, Any]]) -> str:
     return table(rows)
 
 
-def rollout_document(found: Mapping[str, Any], vmis: list[Mapping[str, Any]] | None, code: RolloutExit | None) -> str:
-    """`-o json|yaml`: the sources with their rotation, the listed VMIs, the exit code (null: going on)."""
-    return json.dumps({"sources": dict(sorted(found.items())), **({"vmis": vmis} if vmis is not None else {}),
-                       "exit_code": None if code is None else int(code)}, indent=2, sort_keys=False)
+def consistent_rollout(r: Mapping[str, Any], rotation: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A source's rollout as every JSON output prints it: `phase` is what the progress line says (a
+    running or ended rotation's phase wins over restarts that are all done between two waves), the
+    planner's own in `rollout_phase`."""
+    return {**r, "phase": shown_phase({**r, "rotation": rotation}), "rollout_phase": r["phase"]}
 
 
+def status_document(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """`licensectl status -o json` (docs/operations.md#json-output): where it came from and whether it
+    is authoritative, and each rollout's phase consistent with its rotation's."""
+    rotations = doc.get("rotations") or {}
+    view = doc.get("view") or ("offline" if doc.get("from") == "offline" else "leader")
+    rollouts = doc.get("rollouts") or {}
+    return {**doc, "view": view, "authoritative": bool(doc.get("authoritative", view == "leader")),
+            "rollouts": {src: consistent_rollout(r, rotations.get(src)) for src, r in rollouts.items()}}
+
+
+def rollout_document(found: Mapping[str, Any], vmis: list[Mapping[str, Any]] | None, code: RolloutExit | None, *,
+                     view: str = "leader") -> dict[str, Any]:
+    """`rollout status -o json|yaml`: who answered (`view`, `authoritative`), the sources with their
+    rotation, the listed VMIs, and `exit_code`: the code the command exits with, null while --watch goes on."""
+    sources = {src: consistent_rollout(r, r.get("rotation")) for src, r in sorted(found.items())}
+    return {"view": view, "authoritative": view == "leader", "sources": sources,
+            **({"vmis": vmis} if vmis is not None else {}), "exit_code": None if code is None else int(code)}

@@ -27,6 +27,7 @@ class RolloutExit(IntEnum):
     PROGRESSING = 3  # without --watch: still in progress
     PAUSED = 4  # a selected source's rollout is paused (by hand, or its failure budget is spent)
     ABORTED = 5  # a selected source's rotation was aborted or undone: back on stable, waiting for the hoster
+    UNKNOWN = 6  # without --watch: only a standby or a starting (unsynced) replica answered; ask again
 
 
 def rollout_json(st: RolloutStatus, source_rev: str | None = None) -> dict[str, Any]:
@@ -55,7 +56,7 @@ def rotation_json(rec: RotationRecord, *, steps: Sequence[float], canary: bool,
     return {"phase": rec.phase.value, "wave": rec.wave, "wave_number": min(max(number, 1), max(waves, 1)),
             "waves": waves, "stable": short(rec.stable), "candidate": short(rec.candidate) if rec.candidate else None,
             "canary": list(rec.canary), "evidence": rec.evidence, "reason": rec.reason,
-            "waveStartedAt": rec.wave_started_at.isoformat() if rec.wave_started_at else None,
+            "wave_started_at": rec.wave_started_at.isoformat() if rec.wave_started_at else None,
             "wave_progress": list(progress) if progress is not None else None}
 
 

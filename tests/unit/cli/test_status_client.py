@@ -173,7 +173,7 @@ async def test_an_answer_that_is_not_a_status_document_is_refused(tmp_path: Path
 def test_the_status_table_shows_each_rotation() -> None:
     rotation = {"licensectl-system/vws-token": {
         "phase": "aborted", "wave": 0, "stable": "aaaaaaaaaaaa", "candidate": "bbbbbbbbbbbb", "canary": ["tenant-a"],
-        "evidence": True, "reason": "canary: 1 guest(s) failed", "waveStartedAt": None},
+        "evidence": True, "reason": "canary: 1 guest(s) failed", "wave_started_at": None},
         "licensectl-system/vcs-token": {"phase": "invalid"}}
     doc = status_from_controller({**CONTROLLER_DOC, "rotation": rotation})
     assert doc["rotations"] == rotation

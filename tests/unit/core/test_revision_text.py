@@ -64,7 +64,7 @@ def test_metric_labels_carry_a_hash_only_as_the_source_revision() -> None:
 def test_the_status_table_labels_every_hash() -> None:
     rotation = {"licensectl-system/vws-token": {
         "phase": "aborted", "wave": 0, "wave_number": 1, "waves": 3, "stable": SRC[:12], "candidate": REP[:12],
-        "canary": ["tenant-a"], "evidence": True, "waveStartedAt": None, "wave_progress": None,
+        "canary": ["tenant-a"], "evidence": True, "wave_started_at": None, "wave_progress": None,
         "reason": f"canary: 1 guest(s) failed to license with candidate {source_revision(REP)} (t/vm: not_found)"}}
     doc = status_from_controller({**CONTROLLER_DOC, "rotation": rotation})
     table = status_table(doc)
