@@ -15,6 +15,7 @@ from urllib.parse import quote
 import aiohttp
 
 from licensectl import config
+from licensectl.core.tokeninfo import Readability
 from licensectl.kube.api import AnyClient, ApiException, as_kube
 from licensectl.kube.errors import Forbidden, NotFound, ServiceUnavailable
 from licensectl.kube.raw import checked
@@ -165,7 +166,7 @@ def status_from_controller(doc: Mapping[str, Any]) -> dict[str, Any]:
             # An older controller sent the replica revision as "revision": not shown as a source revision.
             "source_revision": (srcs.get(cls) or {}).get("source_revision"),
             "token": (srcs.get(cls) or {}).get("token"),
-            "problem": (srcs.get(cls) or {}).get("message"),
+            "problem": (srcs.get(cls) or {}).get("message") or token_problem((srcs.get(cls) or {}).get("token")),
             "entitled_namespaces": counts[cls],
             **class_fields(classes.get(cls)),
         } for cls, src in sorted(per_class.items())],
@@ -177,6 +178,17 @@ def status_from_controller(doc: Mapping[str, Any]) -> dict[str, Any]:
         # Delivery readiness (docs/operations.md#delivery-readiness); None from a release without it.
         "delivery": doc.get("delivery"),
     }
+
+
+# A token that is not a JWT is delivered (`valid`, licensectl_source_valid 1: the source is usable) but
+# most likely the wrong file: every view says so as a problem (docs/operations.md#opaque-tokens).
+UNREADABLE_TOKEN_PROBLEM: Final = ("the token is not a JWT (probably the wrong file): delivered, but its expiry is "
+                                   "unknown; if it is right, annotate the source licensectl.io/token-opaque=true")
+
+
+def token_problem(token: object) -> str | None:
+    """The problem a source's token readability is (None for a readable or a knowingly opaque token)."""
+    return UNREADABLE_TOKEN_PROBLEM if token == Readability.UNREADABLE.value else None
 
 
 def snake_rotation(rot: Mapping[str, Any] | None) -> dict[str, Any] | None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from licensectl import config
-from licensectl.cli.status_fetch import ControllerUnreachable, class_fields
+from licensectl.cli.status_fetch import ControllerUnreachable, class_fields, token_problem
 from licensectl.controllers.replication_loop import class_status
 from licensectl.controllers.settings import rollout_settings, rotation_settings, tenant_settings
 from licensectl.core import tokeninfo
@@ -175,7 +175,8 @@ def status_json(view: ClusterView, guests: Mapping[str, Any] | None) -> dict[str
             "class": cls, "source": str(lic_src), "valid": cls in rep.licenses,
             "source_revision": short(rep.licenses[cls].source_revision) if cls in rep.licenses else None,
             "token": _readability(view, lic_src, rep.licenses[cls].token) if cls in rep.licenses else None,
-            "problem": rep.source_problems[cls].message if cls in rep.source_problems else None,
+            "problem": rep.source_problems[cls].message if cls in rep.source_problems else
+            token_problem(_readability(view, lic_src, rep.licenses[cls].token)) if cls in rep.licenses else None,
             "entitled_namespaces": sum(1 for (_, c) in ent if c == cls),
             **class_fields(classes.get(cls)),
         } for cls, lic_src in sorted({c: r for (_, c), r in ent.items()}.items())],

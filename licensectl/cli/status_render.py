@@ -22,10 +22,11 @@ def offline_note(reason: str) -> str:
 
 
 def _valid_cell(s: Mapping[str, Any]) -> str:
-    """VALID: "NO" for a source problem, "unreadable" for a token that is no JWT (unless marked opaque)."""
+    """VALID: "NO" for a source problem; "yes, unreadable" for a token that is no JWT (unless marked
+    opaque): usable and delivered, as `valid` and licensectl_source_valid say, with its problem beside it."""
     if not s["valid"]:
         return "NO"
-    return "unreadable" if s.get("token") == tokeninfo.Readability.UNREADABLE.value else "yes"
+    return "yes, unreadable" if s.get("token") == tokeninfo.Readability.UNREADABLE.value else "yes"
 
 
 def table(rows: list[list[str]]) -> str:

@@ -21,6 +21,7 @@ from licensectl.cli.main import _parser
 from licensectl.cli.status_fetch import (
     STATUS_SERVICE,
     STATUS_SERVICE_PORT,
+    UNREADABLE_TOKEN_PROBLEM,
     ControllerTarget,
     ControllerUnreachable,
     fetch_controller_status,
@@ -278,3 +279,5 @@ def test_the_offline_view_computes_the_same_class_fields() -> None:
     assert line["license_change"] == {"from": ["licensing/nls-token:4"], "to": "licensing/nls-token:1", "held": 1,
                                       "accept": "licensectl.io/accept-license-change=licensing/nls-token:1"}
     assert status_json(view, None)["replicas"]["held"] == 1
+    # b"t" is not a JWT: delivered (valid), its problem said as the controller's view says it.
+    assert (line["valid"], line["token"], line["problem"]) == (True, "unreadable", UNREADABLE_TOKEN_PROBLEM)

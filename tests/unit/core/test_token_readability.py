@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from licensectl.cli.status_render import _valid_cell
+from licensectl.cli.status_fetch import UNREADABLE_TOKEN_PROBLEM, status_from_controller
+from licensectl.cli.status_render import _valid_cell, status_table
 from licensectl.core.model import ANN_TOKEN_OPAQUE
 from licensectl.core.tokeninfo import Readability, TokenFormat, readability, token_info
+from tests.unit.cli.test_status_client import CONTROLLER_DOC
 
 JWT = b"eyJhbGciOiJSUzI1NiJ9.eyJleHAiOjE4MDAwMDAwMDB9.c2ln"
 
@@ -37,7 +39,7 @@ def test_from_token_bytes() -> None:
     ("source", "cell"),
     [
         ({"valid": True, "token": "readable"}, "yes"),
-        ({"valid": True, "token": "unreadable"}, "unreadable"),
+        ({"valid": True, "token": "unreadable"}, "yes, unreadable"),
         ({"valid": True, "token": "opaque"}, "yes"),
         ({"valid": True}, "yes"),  # an older controller does not say
         ({"valid": False, "token": "unreadable"}, "NO"),
@@ -45,3 +47,18 @@ def test_from_token_bytes() -> None:
 )
 def test_status_valid_cell(source: dict[str, object], cell: str) -> None:
     assert _valid_cell(source) == cell
+
+
+def test_every_view_of_a_non_jwt_token_says_the_same() -> None:
+    """Usable and delivered (`valid`, VALID, licensectl_source_valid 1), with the unreadable token as its
+    problem in the table and in JSON (and licensectl_source_token_unreadable 1 beside the metric)."""
+    raw = {**CONTROLLER_DOC, "replication": {**CONTROLLER_DOC["replication"], "sources": {
+        "vws": {"source_revision": "abcdefabcdef", "valid": True, "token": "unreadable"},
+        "vcs": {"source_revision": "bcdefabcdefa", "valid": True, "token": "opaque"}}}}
+    doc = status_from_controller(raw)
+    vws = next(s for s in doc["sources"] if s["class"] == "vws")
+    vcs = next(s for s in doc["sources"] if s["class"] == "vcs")
+    assert (vws["valid"], vws["token"], vws["problem"]) == (True, "unreadable", UNREADABLE_TOKEN_PROBLEM)
+    assert (vcs["valid"], vcs["problem"]) == (True, None)  # knowingly opaque: no problem
+    row = next(line for line in status_table(doc).splitlines() if line.startswith("vws "))
+    assert "yes, unreadable" in row and UNREADABLE_TOKEN_PROBLEM in row
