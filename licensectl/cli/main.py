@@ -55,7 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     for verb, text in helps.items():
         v = rsub.add_parser(verb, help=text, epilog=ACTION_EXIT_CODES,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-        v.add_argument("source", help="NAMESPACE/NAME of the source Secret")
+        v.add_argument("source", type=source_ref, help="NAMESPACE/NAME of the source Secret")
         v.add_argument("--namespace", default=None,
                        help="licensectl's namespace, where the rotation records live (default: LICENSECTL_NAMESPACE)")
     for r in rsub.choices.values():
@@ -63,7 +63,8 @@ def _parser() -> argparse.ArgumentParser:
         r.add_argument("--context", default=None)
         _debug_argument(r)
     _debug_argument(status)
-    rs.add_argument("source", nargs="?", help="NAMESPACE/NAME of the source Secret (default: all)")
+    rs.add_argument("source", nargs="?", type=source_ref,
+                    help="NAMESPACE/NAME of the source Secret (default: all)")
 
     keys = sub.add_parser("keys", help="the guest-report signing key")
     ksub = keys.add_subparsers(dest="keys_command", metavar="VERB", required=True)
@@ -75,10 +76,24 @@ def _parser() -> argparse.ArgumentParser:
     kr.add_argument("--context", default=None)
     kr.add_argument("--namespace", default=None, help="licensectl's namespace (default: LICENSECTL_NAMESPACE)")
 
+    for leaf in (run, status, *rsub.choices.values(), kr):
+        leaf.set_defaults(usage_parser=leaf)
+
     ref = sub.add_parser("config-reference", help="print the configuration reference (markdown)")
     ref.add_argument("--format", choices=("markdown", "helm-values", "helm-schema"), default="markdown",
                      help="markdown: the README table; helm-values / helm-schema: the chart's config block")
+    ref.set_defaults(usage_parser=ref)
     return p
+
+
+def source_ref(text: str) -> str:
+    """SOURCE of every verb: NAMESPACE/NAME, checked while parsing, so a bad one is a usage error
+    (exit 2, the verb's usage) before any cluster is needed."""
+    ns, _, name = text.partition("/")
+    if not ns or not name or "/" in name:
+        raise argparse.ArgumentTypeError(f"SOURCE must be NAMESPACE/NAME (e.g. licensectl-system/vws-token), "
+                                          f"not {text!r}")
+    return text
 
 
 def _debug_argument(p: argparse.ArgumentParser) -> None:
@@ -173,7 +188,9 @@ def _cluster_command(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # the usage of the (sub)command they were given to, not the top level's
+        getattr(args, "usage_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command is None:
         parser.print_help()
         return 0

@@ -7,6 +7,7 @@ with two replicas this asks again until the leader answers (only it holds guest 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -97,6 +98,19 @@ def _proxy_error(e: ApiException, target: ControllerTarget) -> str:
     return f"HTTP {e.status} {e.reason} from {target.describe()}"
 
 
+def url_failure(e: BaseException, url: str) -> str:
+    """Why a direct --url gave no status, as a sentence (never an exception's class name alone)."""
+    if isinstance(e, aiohttp.ClientConnectorError):
+        errno = e.os_error.errno or 0
+        why = os.strerror(errno) if errno > 0 else "its host name does not resolve" if errno < 0 else "no connection"
+        return f"nothing answers at {url} ({why}); is the port-forward running and the URL right?"
+    if isinstance(e, TimeoutError):
+        return f"{url} did not answer within {HTTP_TIMEOUT:g} s"
+    if isinstance(e, ValueError):
+        return f"{url} did not answer with JSON: is it licensectl's internal listener (the metrics port)?"
+    return f"{url} could not be read ({e or type(e).__name__})"
+
+
 async def _get_once(api: AnyClient | None, target: ControllerTarget) -> dict[str, Any]:
     """One GET of /v1/status. An API server that cannot be reached at all is raised as is (no offline
     view can be computed either); a proxy that cannot reach the controller is ControllerUnreachable."""
@@ -108,7 +122,7 @@ async def _get_once(api: AnyClient | None, target: ControllerTarget) -> dict[str
                     raise ControllerUnreachable(f"HTTP {resp.status} from {target.url}")
                 doc = await resp.json(content_type=None)
         except (aiohttp.ClientError, TimeoutError, ValueError) as e:
-            raise ControllerUnreachable(f"{type(e).__name__} from {target.url}") from None
+            raise ControllerUnreachable(url_failure(e, target.url)) from None
     else:
         if api is None:
             raise ControllerUnreachable("no API client for the service proxy")
