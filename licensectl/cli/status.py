@@ -45,6 +45,7 @@ from licensectl.cli.status_fetch import (
 )
 from licensectl.cli.status_offline import (
     WatchedCluster,
+    labelled_offline,
     offline_rotations,
     offline_source_revision,
     read_cluster,
@@ -88,15 +89,14 @@ async def status_main(args: Any, settings: config.Settings) -> int:
         if doc is None:
             assert api is not None
             try:
-                doc = status_json(await read_cluster(api, settings, now=clock.now()), None)
+                doc = labelled_offline(status_json(await read_cluster(api, settings, now=clock.now()), None),
+                                       reason)
             except ApiException as e:
                 why = api_error(e) if isinstance(e, Forbidden) else f"HTTP {e.status} {e.reason}"
                 print("licensectl status: " + (f"the offline recomputation failed: {why}" if args.offline else
                       f"controller unreachable ({reason}), and the offline recomputation failed too: {why}"),
                       file=sys.stderr)
                 return 1
-            doc["from"], doc["offline_reason"], doc["partial"] = "offline", reason, True
-            doc["view"], doc["authoritative"] = VIEW_OFFLINE, False
     finally:
         if api is not None:
             await api.close()

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from licensectl import config
-from licensectl.cli.status_fetch import ControllerUnreachable, class_fields, token_problem
+from licensectl.cli.status_fetch import VIEW_OFFLINE, ControllerUnreachable, class_fields, token_problem
 from licensectl.controllers.replication_loop import class_status
 from licensectl.controllers.settings import rollout_settings, rotation_settings, tenant_settings
 from licensectl.core import tokeninfo
@@ -189,6 +189,12 @@ def status_json(view: ClusterView, guests: Mapping[str, Any] | None) -> dict[str
         "rotation_records_read": view.records is not None,
         "guests": guests,
     }
+
+
+def labelled_offline(doc: Mapping[str, Any], reason: str) -> dict[str, Any]:
+    """The offline view as `status` prints it: labelled partial, not authoritative, and why."""
+    return {**doc, "from": "offline", "offline_reason": reason, "partial": True, "view": VIEW_OFFLINE,
+            "authoritative": False}
 
 
 def offline_replica_counts(rep: ReplicationPlan) -> dict[str, int]:

@@ -188,7 +188,10 @@ def status_document(doc: Mapping[str, Any]) -> dict[str, Any]:
     rotations = doc.get("rotations") or {}
     view = doc.get("view") or ("offline" if doc.get("from") == "offline" else "leader")
     rollouts = doc.get("rollouts") or {}
-    return {**doc, "view": view, "authoritative": bool(doc.get("authoritative", view == "leader")),
+    # The same keys from the controller and offline: what one of them does not know is null or its default.
+    return {"controller": None, "delivery": None, "partial": False, "offline_reason": None,
+            "rotation_records_read": True, **doc, "view": view,
+            "authoritative": bool(doc.get("authoritative", view == "leader")),
             "rollouts": {src: consistent_rollout(r, rotations.get(src)) for src, r in rollouts.items()}}
 
 

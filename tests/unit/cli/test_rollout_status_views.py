@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import datetime as dt
 import json
 import re
 from collections.abc import Iterator
@@ -19,7 +20,12 @@ from aiohttp import web
 from licensectl.cli import status as status_mod
 from licensectl.cli.status import RolloutSnapshot, _rollout_status, _with_rotations, rollout_verdict
 from licensectl.cli.status_fetch import controller_view, status_from_controller
+from licensectl.cli.status_offline import ClusterView, labelled_offline, status_json
 from licensectl.cli.status_render import status_document, status_table
+from licensectl.core.entitlement import TenantSettings
+from licensectl.core.model import KEY_TOKEN
+from licensectl.core.replication import ReplicationInputs, plan_replication
+from licensectl.core.rollout import RolloutPlan
 from licensectl.core.rollout.view import RolloutExit
 from licensectl_dev.testkit.local_http import serve
 from licensectl_dev.testkit.process import run_licensectl
@@ -199,3 +205,17 @@ async def test_the_real_command_waits_through_unsynced_and_standby_answers(tmp_p
     assert r.code == RolloutExit.COMPLETE, r
     assert [d["view"] for d in docs] == ["unsynced", "standby", "leader", "leader"]
     assert [d["exit_code"] for d in docs] == [None, None, None, 0]
+
+
+def test_status_json_has_one_set_of_keys_from_the_controller_and_offline() -> None:
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    rep = plan_replication(ReplicationInputs(
+        namespaces={}, classes={}, claims=[], sources={}, replicas={}, conflicts=frozenset(),
+        credential_for=lambda ns: "", report_url="http://r.invalid", token_key=KEY_TOKEN, tenant=TenantSettings(),
+        now=now))
+    view = ClusterView(replication=rep, rollout=RolloutPlan(actions=(), vmi_states={}, next_wakeup=None, sources={}),
+                       sources={}, now=now)
+    offline = labelled_offline(status_json(view, None), "--offline given")
+    online = status_document(status_from_controller(CONTROLLER_DOC))
+    assert set(status_document(offline)) == set(online)
+    assert (online["partial"], online["offline_reason"], online["rotation_records_read"]) == (False, None, True)
