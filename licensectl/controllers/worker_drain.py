@@ -133,11 +133,12 @@ class WorkerDrainer:
                 by_cluster.setdefault((worker.namespace, worker.cluster), []).append((vm, restart, worker))
         sem = asyncio.Semaphore(CONCURRENCY)
         wakeups: list[dt.datetime] = []
-        records = [(vm.namespace, vm.name, vm.labels, vm.annotations) for vm in vms.values()
-                   if drain.ANN_DRAIN_STEP in vm.annotations]
+        holders_by_cluster = drain.budget_holders_by_cluster(
+            (vm.namespace, vm.name, vm.labels, vm.annotations) for vm in vms.values()
+            if drain.ANN_DRAIN_STEP in vm.annotations)
 
         async def one_cluster(ns: str, cluster: str, items: list[_Item]) -> None:
-            holders = drain.budget_holders(records, f"{ns}/{cluster}")
+            holders = holders_by_cluster.get(f"{ns}/{cluster}", ())
             async with sem:
                 try:
                     wakeups.extend(await self._cluster_pass(ns, cluster, items, plan, vmis, holders))

@@ -84,16 +84,22 @@ def in_progress_by_cluster(
     return counts
 
 
-def budget_holders(vms: Iterable[tuple[str, str, Mapping[str, str], Mapping[str, str]]],
-                   cluster_key: str) -> tuple[WorkerIdentity, ...]:
-    """The workers of `cluster_key` whose records hold its budget, from (namespace, name, labels,
-    annotations) of every VM: what a new leader reads back."""
-    out = []
+def budget_holders_by_cluster(vms: Iterable[tuple[str, str, Mapping[str, str], Mapping[str, str]]]
+                              ) -> dict[str, tuple[WorkerIdentity, ...]]:
+    """Per cluster key, the workers whose records hold its budget, from (namespace, name, labels,
+    annotations) of every VM: what a new leader reads back. One pass over the records for all clusters."""
+    out: dict[str, list[WorkerIdentity]] = {}
     for ns, name, labels, ann in vms:
         worker = WorkerIdentity.from_vm(ns, name, labels)
-        if worker is not None and worker.cluster_key == cluster_key and holds_budget(parse_annotations(ann)):
-            out.append(worker)
-    return tuple(sorted(out, key=lambda w: w.key))
+        if worker is not None and holds_budget(parse_annotations(ann)):
+            out.setdefault(worker.cluster_key, []).append(worker)
+    return {key: tuple(sorted(workers, key=lambda w: w.key)) for key, workers in out.items()}
+
+
+def budget_holders(vms: Iterable[tuple[str, str, Mapping[str, str], Mapping[str, str]]],
+                   cluster_key: str) -> tuple[WorkerIdentity, ...]:
+    """The workers of `cluster_key` whose records hold its budget."""
+    return budget_holders_by_cluster(vms).get(cluster_key, ())
 
 
 def admit_workers(candidates: Iterable[WorkerIdentity], in_progress: Mapping[str, int], *,
