@@ -182,9 +182,12 @@ class App:
             caches=self.caches, kubevirt=kubevirt,
             events=self.events, metrics=self.metrics, settings=s, guests=self.guests, clock=self.clock,
             wanted=fleet.wanted_volumes, token_sha_for=fleet.token_sha, delivery_ready=fleet.delivery_ready,
-            drainer=WorkerDrainer(cluster_api=ClusterApiReader.for_client(self.api), tenants=TenantClusters(self.api),
-                                  kubevirt=kubevirt, events=self.events, metrics=self.metrics, settings=s,
-                                  clock=self.clock))
+            drainer=(drainer := WorkerDrainer(
+                cluster_api=ClusterApiReader.for_client(self.api), tenants=TenantClusters(self.api), kubevirt=kubevirt,
+                events=self.events, metrics=self.metrics, settings=s, clock=self.clock,
+                wake_rollout=self._roll_trigger.set, watch_kubeconfigs=self.caches.ensure_kubeconfigs,
+                active=lambda: self.is_leader)))
+        self.caches.on_kubeconfig = drainer.kick
         self.rotation = RotationController(
             caches=self.caches, stores=ApiRevisionStores(CoreV1Api(self.api), namespace=s.namespace,
                                                          token_key=s.token_key),
@@ -259,6 +262,8 @@ class App:
         self._repl_trigger.set()
         self._roll_trigger.set()
         await self.tasks.stop()  # the passes finish (and the pod label lands), then the elector is cancelled
+        if self.rollout.drainer is not None:
+            await self.rollout.drainer.stop()  # no tenant cluster task outlives the passes (nor the Lease)
         self.rollout.close()
         self.replication.close()
         if self.elector is not None:
@@ -319,6 +324,8 @@ class App:
             self.guests.start_receiving(self.clock())
         else:
             self.guests.stop_receiving()
+            if self.rollout.drainer is not None and not self._stopping:
+                self.tasks.spawn("drain-stop", self.rollout.drainer.stop())  # tenant cluster tasks are the leader's
         self._repl_trigger.set()
         self._roll_trigger.set()
         self.tls.wake()  # a new leader renews the certificate and the webhook caBundle if due

@@ -77,6 +77,7 @@ class PlanInputs:
     evidence_at: dt.datetime | None
     delivery_ready: bool
     worker_limits: Mapping[str, int] | None
+    busy_clusters: frozenset[str] = frozenset()
 
 
 EXPECTATION_TIMEOUT = 15.0
@@ -167,7 +168,8 @@ class RolloutController:
             vmis=self._copies.of(c.vmis, objects_of), vms=self._copies.of(c.vms, objects_of),
             guest_states=self.guests.states(), now=self.clock(), evidence_at=self.guests.evidence_complete_at(),
             delivery_ready=self._delivery_ready(),
-            worker_limits=self.drainer.worker_limits() if self.drainer else None)
+            worker_limits=self.drainer.worker_limits() if self.drainer else None,
+            busy_clusters=self.drainer.busy_clusters() if self.drainer else frozenset())
 
     def plan_from(self, inputs: PlanInputs) -> RolloutPlan:
         """The pure plan over gathered inputs; runs in the planner thread (one at a time: it owns the memo).
@@ -178,7 +180,8 @@ class RolloutController:
                             guests=gates_of(inputs.guest_states, self._token_sha_for), sources=inputs.sources,
                             settings=self.rollout_settings, now=inputs.now, wanted=self._wanted(inputs.vmis),
                             memo=self._memo, evidence_at=inputs.evidence_at,
-                            delivery_ready=inputs.delivery_ready, worker_limits=inputs.worker_limits)
+                            delivery_ready=inputs.delivery_ready, worker_limits=inputs.worker_limits,
+                            busy_clusters=inputs.busy_clusters)
 
     def observe(self) -> RolloutPlan | None:
         """gather + plan_from in the caller's thread (tests, tools); `reconcile` plans off the loop."""

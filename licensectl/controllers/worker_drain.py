@@ -7,18 +7,21 @@ policy read live), ask `drain.next_step`, write the intent it returns onto the V
 resourceVersion) and only then act. Nothing that matters is kept in memory: a new leader reads the
 intent, the Node's marker and the Pods, and carries on or undoes (docs/design.md#tenant-worker-drain).
 
-The tenant kubeconfig is read per pass and per cluster and dropped after it (kube/tenant.py). Every
+The pass does no tenant I/O: each tenant cluster has its own task (controllers/cluster_tasks.py), handed
+the latest plan's workers and its own timeouts, so a hung tenant API slows no other tenant and no plain VM
+(docs/design.md#failure-domains). The tenant kubeconfig is read per run and dropped after it. Every
 read and write goes through a port (core/ports.py: `TenantClusters`, `ClusterApi`, `KubevirtApi`): the
 wire formats of Nodes, Pods, Machines and Clusters are the adapters' (kube/tenant.py, kube/cluster_api.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass
 
 from licensectl import config, logs
+from licensectl.controllers.cluster_tasks import ClusterTask, ClusterTasks
 from licensectl.controllers.settings import drain_settings
 from licensectl.controllers.vm_restart import restart_vmi, vm_object
 from licensectl.core import drain
@@ -43,9 +46,39 @@ from licensectl.metrics import GaugeSample, Metrics
 log = logs.get(__name__)
 
 BOOT_POLL_SECONDS = 5.0
-CONCURRENCY = 8
 
 _Item = tuple[Vm, RestartVm | None, drain.WorkerIdentity]
+_Key = tuple[str, str]
+# Holds a changed kubeconfig Secret may lift: they are released at once when it changes.
+_KUBECONFIG_HOLDS = (drain.BlockReason.CLUSTER_UNREACHABLE, drain.BlockReason.NODE_MISSING)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ClusterWork:
+    """What one pass hands a tenant cluster's task: its workers to drive (with the restart planned), its
+    workers held without a cycle, the plan, and the live caches the task reads each VM from afresh."""
+
+    namespace: str
+    cluster: str
+    items: tuple[tuple[_Key, RestartVm | None], ...]
+    held: tuple[_Key, ...]
+    plan: RolloutPlan
+    vms: Mapping[_Key, Vm]
+    vmis: Mapping[_Key, Vmi]
+    holders: tuple[drain.WorkerIdentity, ...]
+
+    def signature(self) -> Hashable:
+        """What makes a run due at once: the workers, their VMs' versions, what the plan says of them."""
+        def state(key: _Key) -> str:
+            st = self.plan.vmi_states.get(key)
+            return st.state.value if st is not None else ""
+
+        def rv(key: _Key) -> str:
+            vm = self.vms.get(key)
+            return vm.resource_version if vm is not None else ""
+
+        return (tuple((k, rv(k), r.revision if r is not None else None, state(k)) for k, r in self.items),
+                tuple((k, rv(k)) for k in self.held), tuple(h.key for h in self.holders))
 
 
 class WorkerDrainer:
@@ -53,7 +86,10 @@ class WorkerDrainer:
 
     def __init__(self, *, cluster_api: ClusterApi, tenants: TenantClusters, kubevirt: KubevirtApi,
                  events: EventSink, metrics: Metrics, settings: config.Settings, clock: Callable[[], dt.datetime],
-                 expect: Callable[[str, str, str], None] = lambda _ns, _vm, _rv: None) -> None:
+                 expect: Callable[[str, str, str], None] = lambda _ns, _vm, _rv: None,
+                 wake_rollout: Callable[[], None] = lambda: None,
+                 watch_kubeconfigs: Callable[[Iterable[tuple[str, str]]], None] = lambda _clusters: None,
+                 active: Callable[[], bool] = lambda: True) -> None:
         self.cluster_api = cluster_api
         self.tenants = tenants
         self.kubevirt = kubevirt
@@ -67,6 +103,13 @@ class WorkerDrainer:
         # Pods whose last eviction got a 429, per worker: only says PDBBlocked vs DrainTimeout at the timeout.
         self._refused: dict[str, frozenset[str]] = {}
         self.conditions: dict[tuple[str, str], tuple[str, drain.BlockReason]] = {}  # (ns, vm) -> (cluster, why)
+        self._wake_rollout = wake_rollout
+        self._active = active  # leading: cluster tasks run only then (a pass begun as leader may end after)
+        self._watch = watch_kubeconfigs  # the `<cluster>-kubeconfig` Secrets of the clusters with a task
+        # VM -> the resourceVersion a task wrote over: that VM waits for the cache to show the write.
+        self._written: dict[_Key, str] = {}
+        self._tasks: ClusterTasks[ClusterWork] = ClusterTasks(
+            self._run_cluster, clock=clock, retry_seconds=settings.drain_retry_seconds, after_run=self._after_run)
 
     def set_expect(self, expect: Callable[[str, str, str], None]) -> None:
         self._expect = expect
@@ -121,33 +164,95 @@ class WorkerDrainer:
 
     async def reconcile(self, plan: RolloutPlan, vms: Mapping[tuple[str, str], Vm],
                         vmis: Mapping[tuple[str, str], Vmi]) -> dt.datetime | None:
-        """Drive every worker one step; returns when the next pass is due (None: on the next event)."""
+        """Hand each tenant cluster's task the workers this plan gives it; no tenant I/O here, so a hung
+        tenant API slows neither the pass nor another cluster. The tasks keep their own time: None."""
+        if not self._active():
+            return None
         work = self.workers_to_drive(plan, vms)
         seen_keys = {(vm.namespace, vm.name) for vm, _ in work}
         for key in [k for k in self.conditions if k not in seen_keys]:
             del self.conditions[key]
-        by_cluster: dict[tuple[str, str], list[_Item]] = {}
+        by_cluster: dict[str, list[tuple[tuple[str, str], RestartVm | None]]] = {}
+        held: dict[str, list[tuple[str, str]]] = {}
         for vm, restart in work:
             worker = drain.WorkerIdentity.from_vm(vm.namespace, vm.name, vm.labels)
             if worker is not None:
-                by_cluster.setdefault((worker.namespace, worker.cluster), []).append((vm, restart, worker))
-        sem = asyncio.Semaphore(CONCURRENCY)
-        wakeups: list[dt.datetime] = []
+                by_cluster.setdefault(worker.cluster_key, []).append(((vm.namespace, vm.name), restart))
+        for key, vm in vms.items():
+            if drain.ANN_DRAIN_HELD in vm.annotations and drain.ANN_DRAIN_STEP not in vm.annotations and (
+                    worker := drain.WorkerIdentity.from_vm(vm.namespace, vm.name, vm.labels)) is not None:
+                held.setdefault(worker.cluster_key, []).append(key)
         holders_by_cluster = drain.budget_holders_by_cluster(
             (vm.namespace, vm.name, vm.labels, vm.annotations) for vm in vms.values()
             if drain.ANN_DRAIN_STEP in vm.annotations)
+        tasks: dict[str, tuple[ClusterWork, Hashable]] = {}
+        for ck in sorted(by_cluster.keys() | held.keys()):
+            ns, cluster = ck.split("/", 1)
+            items = tuple(by_cluster.get(ck, ()))
+            cw = ClusterWork(ns, cluster, items, tuple(held.get(ck, ())), plan, vms, vmis,
+                             holders_by_cluster.get(ck, ()))
+            tasks[ck] = (cw, cw.signature())
+        self._tasks.sync(tasks)
+        self._watch(sorted((cw.namespace, cw.cluster) for cw, _ in tasks.values()))
+        return None
 
-        async def one_cluster(ns: str, cluster: str, items: list[_Item]) -> None:
-            holders = holders_by_cluster.get(f"{ns}/{cluster}", ())
-            async with sem:
-                try:
-                    wakeups.extend(await self._cluster_pass(ns, cluster, items, plan, vmis, holders))
-                except Exception as e:  # one tenant's trouble never stops another's drain
-                    log.warning("worker drain pass failed", namespace=ns, cluster=cluster, error=type(e).__name__,
-                                status=getattr(e, "status", None))
+    def busy_clusters(self) -> frozenset[str]:
+        """Tenant clusters (`namespace/cluster`) whose task has not answered the work it was handed: the
+        planner picks none of their workers meanwhile, so a worker of a hung tenant never takes a restart
+        slot from the VMs beside it (docs/design.md#failure-domains)."""
+        return self._tasks.busy()
 
-        await asyncio.gather(*(one_cluster(ns, c, items) for (ns, c), items in sorted(by_cluster.items())))
+    def kick(self, namespace: str, cluster: str) -> None:
+        """The cluster's kubeconfig Secret changed: its held workers are tried again at once."""
+        self._tasks.kick(f"{namespace}/{cluster}")
+
+    async def stop(self) -> None:
+        """Leadership lost or shutting down: every cluster task ends, and the kubeconfig watches."""
+        await self._tasks.stop()
+        self._watch(())
+
+    def _after_run(self, task: ClusterTask[ClusterWork]) -> None:
+        if task.asked_while_busy:  # a pass held this cluster's picks back: plan again now it has answered
+            task.asked_while_busy = False
+            self._wake_rollout()
+
+    async def _run_cluster(self, work: ClusterWork, fresh: bool, kicked: bool) -> dt.datetime | None:
+        """One run of one cluster's task, over the live VM and VMI caches. A pick is acted on only in the run
+        that follows the plan that made it; runs on the task's own time drive the open cycles alone."""
+        if not self._active():
+            return None
+        if kicked:
+            await self._release_holds(work)
+        items: list[_Item] = []
+        for key, restart in work.items:
+            vm = work.vms.get(key)
+            if vm is None or self._written.get(key) == vm.resource_version:
+                continue  # gone, or the cache does not show our last write yet: its watch event brings new work
+            self._written.pop(key, None)
+            if not (fresh or kicked) and drain.ANN_DRAIN_STEP not in vm.annotations:
+                continue
+            worker = drain.WorkerIdentity.from_vm(vm.namespace, vm.name, vm.labels)
+            if worker is not None:
+                items.append((vm, restart, worker))
+        if not items:
+            return None
+        wakeups = await self._cluster_pass(work.namespace, work.cluster, items, work.plan, work.vmis, work.holders)
         return min(wakeups, default=None)
+
+    async def _release_holds(self, work: ClusterWork) -> None:
+        """Holds a new kubeconfig may lift (the API could not be used, or showed no Node for the worker):
+        dropped from the VMs, so the rollout plans those workers again at once (guarded by resourceVersion)."""
+        for key in work.held:
+            vm = work.vms.get(key)
+            held = drain.held_of(vm.annotations) if vm is not None else None
+            if vm is None or held is None or held.reason not in _KUBECONFIG_HOLDS:
+                continue
+            if await self.kubevirt.annotate_vm(namespace=vm.namespace, name=vm.name,
+                                               resource_version=vm.resource_version,
+                                               annotations={k: None for k in drain.HELD_ANNOTATIONS}):
+                self._written[key] = vm.resource_version
+                self._expect(vm.namespace, vm.name, vm.resource_version)
+                log.info("worker hold released: the kubeconfig Secret changed", namespace=vm.namespace, vm=vm.name)
 
     async def _cluster_pass(self, namespace: str, cluster: str,
                             items: list[_Item], plan: RolloutPlan, vmis: Mapping[tuple[str, str], Vmi],
@@ -230,6 +335,7 @@ class WorkerDrainer:
                                                    resource_version=vm.resource_version, annotations=changed):
                 log.info("drain step dropped: VM changed since it was read", namespace=vm.namespace, vm=vm.name)
                 return []
+            self._written[key] = vm.resource_version
             self._expect(vm.namespace, vm.name, vm.resource_version)
         if isinstance(action, drain.Blocked):
             self.conditions[key] = (worker.cluster, action.reason)

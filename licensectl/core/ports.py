@@ -393,7 +393,16 @@ class WorkerDrain(Protocol):
 
     async def reconcile(self, plan: RolloutPlan, vms: Mapping[Key, Vm],
                         vmis: Mapping[Key, Vmi]) -> dt.datetime | None:
-        """Drive every worker one step; when the next pass is due (None: on the next event)."""
+        """Hand every worker to its tenant cluster's task (no tenant I/O); when the next pass is due (None:
+        on the next event)."""
+        ...
+
+    def busy_clusters(self) -> frozenset[str]:
+        """Tenant clusters (`namespace/cluster`) whose task has not yet answered the work it was handed."""
+        ...
+
+    async def stop(self) -> None:
+        """End every tenant cluster's task (leadership lost, shutdown)."""
         ...
 
     def samples(self, vms: Iterable[Vm]) -> Iterable[Any]:

@@ -34,6 +34,7 @@ from licensectl.core.ports import CacheView
 from licensectl.kube import contract, projections
 from licensectl.kube.api import AnyClient, CoreV1Api, CustomObjectsApi
 from licensectl.kube.tasks import cancel_and_wait
+from licensectl.kube.tenant import KUBECONFIG_SUFFIX
 from licensectl.kube.watch import Informer, InformerHooks, InformerOptions, shared_name_key
 
 log = logs.get(__name__)
@@ -128,6 +129,11 @@ class Caches(CacheHealth):
         self.sources: dict[ObjectRef, Informer[SourceSecret]] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._source_tasks: dict[ObjectRef, asyncio.Task[None]] = {}
+        # Tenant clusters' kubeconfig Secrets: (namespace, cluster) -> their watch; `on_kubeconfig` is told of
+        # a change after the first LIST (never of the LIST itself).
+        self.kubeconfigs: dict[tuple[str, str], Informer[str]] = {}
+        self._kubeconfig_tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self.on_kubeconfig: Callable[[str, str], None] = lambda _ns, _cluster: None
 
     @property
     def core(self) -> list[Informer[Any]]:
@@ -146,9 +152,12 @@ class Caches(CacheHealth):
             self._tasks[inf.name] = asyncio.create_task(inf.run(), name=f"informer-{inf.name}")
 
     async def stop(self) -> None:
-        await cancel_and_wait([*self._tasks.values(), *self._source_tasks.values()])
+        await cancel_and_wait([*self._tasks.values(), *self._source_tasks.values(),
+                               *self._kubeconfig_tasks.values()])
         self._tasks.clear()
         self._source_tasks.clear()
+        self._kubeconfig_tasks.clear()
+        self.kubeconfigs.clear()
 
     def ensure_sources(self, wanted: Iterable[ObjectRef]) -> None:
         """Start a field-selected watch for every wanted source; stop the ones no class names now."""
@@ -166,6 +175,29 @@ class Caches(CacheHealth):
             self._source_tasks.pop(ref).cancel()
             del self.sources[ref]
             log.info("stopped watching source secret", source=str(ref))
+
+    def ensure_kubeconfigs(self, clusters: Iterable[tuple[str, str]]) -> None:
+        """Watch `<cluster>-kubeconfig` by name (field-selected, its resourceVersion only) for each
+        (namespace, cluster) given; stop the others."""
+        want = set(clusters)
+        for ns, cluster in want - set(self.kubeconfigs):
+            listed = [False]
+
+            def changed(_k: Any, old: str | None, new: str | None, ns: str = ns, cluster: str = cluster,
+                        listed: list[bool] = listed) -> None:
+                if listed[0] and new is not None and old != new:
+                    self.on_kubeconfig(ns, cluster)
+
+            name = cluster + KUBECONFIG_SUFFIX
+            inf: Informer[str] = Informer(
+                f"kubeconfig:{ns}/{name}", functools.partial(self._core.list_namespaced_secret, ns),
+                projections.secret_version_from, field_selector=f"metadata.name={name}", on_change=changed,
+                on_synced=functools.partial(listed.__setitem__, 0, True), hooks=self._hooks)
+            self.kubeconfigs[(ns, cluster)] = inf
+            self._kubeconfig_tasks[(ns, cluster)] = asyncio.create_task(inf.run(), name=f"informer-{inf.name}")
+        for key in set(self.kubeconfigs) - want:
+            self._kubeconfig_tasks.pop(key).cancel()
+            del self.kubeconfigs[key]
 
     def source_states(self) -> dict[ObjectRef, SourceSecret | None]:
         """Sources whose cache is synced: the Secret, or None when it is confirmed absent."""

@@ -246,6 +246,12 @@ def source_secret_from(obj: object) -> model.SourceSecret | None:
                                                      data=MappingProxyType(_decode_data(_path(obj, "data"))))
 
 
+def secret_version_from(obj: object) -> str | None:
+    """Only a Secret's resourceVersion: what a watch needs to tell that it changed, never its data."""
+    m = _common(obj)
+    return None if m is None else m["resource_version"] or None
+
+
 def replica_secret_from(obj: object) -> model.ReplicaSecret | None:
     """Keeps a digest of the data, never the bytes."""
     m = _common(obj)

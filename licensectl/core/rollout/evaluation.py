@@ -41,17 +41,19 @@ class _Eval:
     failed_vmi: bool = False  # stale, but created by a restart that failed: a failure, not unavailable
     rule: Rule | None = None  # which rule judged current/stale/awaiting
     retry: int = 0  # backstop restarts that came back without the volume (next one is retry + 1)
-    drain_held: bool = False  # draining, but held by a condition (its tenant unreachable): no slot held
+    drain_held: bool = False  # a worker held by a condition (its tenant unreachable): no slot held
     down: bool = False  # a worker restarted whose Node is not back (BootTimeout): the source is not complete
 
     @property
     def unavailable(self) -> bool:
-        if self.state is VmiState.FAILED or self.failed_vmi:
+        # Failed, blocked or held: not a rollout step in flight, so no restart slot of its namespace or source
+        # (a worker restarted and not back holds its tenant cluster's budget instead: docs/design.md#failure-domains).
+        if self.state in (VmiState.FAILED, VmiState.BLOCKED) or self.failed_vmi or self.drain_held:
             return False
         if self.state is VmiState.RESTARTING:
             return True
         if self.state is VmiState.DRAINING:
-            return not self.drain_held
+            return True
         vmi = self.slot.vmi
         return vmi is None or vmi.deleting or not vmi.ready
 
@@ -318,12 +320,14 @@ def _evaluate(slot: _Slot, st: RolloutSettings, guests: Mapping[tuple[str, str],
         hold = intent.attempted_at + _secs(st.reissue_after_seconds)
         if hold > eligible:
             eligible, reason = hold, "earlier restart may still be in flight"
-    if hold is not None and hold >= eligible and not now.reached(eligible):
+    held_now = hold is not None and hold >= eligible and not now.reached(eligible)
+    if held_now:
         held = drain.held_of(vm.annotations)
         reason = f"worker drain held ({held.reason.value if held else 'condition'}): planned again later"
     elif reason.endswith("pending restart") and not now.reached(eligible):
         reason = "waiting for the revision to settle"
-    return _Eval(slot, VmiState.STALE, rev, reason, eligible_at=eligible, failed_vmi=failed_vmi, rule=rule)
+    return _Eval(slot, VmiState.STALE, rev, reason, eligible_at=eligible, failed_vmi=failed_vmi, rule=rule,
+                 drain_held=held_now)
 
 
 def _worker_down(vm: model.Vm) -> bool:

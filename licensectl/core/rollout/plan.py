@@ -74,6 +74,7 @@ def plan_rollout(
     evidence_at: dt.datetime | None = None,
     delivery_ready: bool = True,
     worker_limits: Mapping[str, int] | None = None,
+    busy_clusters: frozenset[str] = frozenset(),
 ) -> RolloutPlan:
     """Decide restarts and report state for every VMI that mounts a replica or should (``wanted``:
     (namespace, VMI) -> replica names it must carry, from `licensectl.core.delivery`).
@@ -82,7 +83,9 @@ def plan_rollout(
     so "no report" is "no report yet" (None: the guest reports are complete). ``delivery_ready``: the
     admission webhook was seen to deliver; while False no restart is issued at all. ``worker_limits``: tenant
     cluster (``namespace/cluster``) -> workers that may be disrupted at once, where the hoster raised it
-    (default ``settings.max_disrupted_workers``; docs/design.md#tenant-worker-drain).
+    (default ``settings.max_disrupted_workers``; docs/design.md#tenant-worker-drain). ``busy_clusters``: tenant
+    clusters whose drain task has not answered its last work yet: none of their workers is picked now
+    (docs/design.md#failure-domains).
 
     Deterministic: the same observed state always yields the same plan, so a crashed controller
     resumes exactly where the cluster says it was. ``memo`` (kept by the caller from pass to pass)
@@ -102,7 +105,7 @@ def plan_rollout(
     for e in evals:
         if e.unavailable:
             ns_unavailable[e.slot.namespace] += 1
-    workers = _open_worker_cycles(vms, worker_limits or {}, st.max_disrupted_workers)
+    workers = _open_worker_cycles(vms, worker_limits or {}, st.max_disrupted_workers, busy_clusters)
 
     results: list[Action] = [
         RecordResult(e.slot.namespace, e.slot.name, e.revision, e.record,
@@ -149,12 +152,13 @@ def _evaluations(by_key: Mapping[tuple[str, str], ReplicaRevision], vmis: Iterab
                          evidence_at=evidence_at)
 
 
-def _open_worker_cycles(vms: Iterable[model.Vm], limits: Mapping[str, int], default: int) -> _Workers:
+def _open_worker_cycles(vms: Iterable[model.Vm], limits: Mapping[str, int], default: int,
+                        busy: frozenset[str] = frozenset()) -> _Workers:
     """Open drain cycles per tenant cluster, over every VM (a cycle outlives its restart: wait-boot, uncordon)."""
     return _Workers(drain.in_progress_by_cluster(
         (w, drain.parse_annotations(vm.annotations)) for vm in vms
         if (w := drain.WorkerIdentity.from_vm(vm.namespace, vm.name, vm.labels)) is not None
-        and drain.ANN_DRAIN_STEP in vm.annotations), limits, default)
+        and drain.ANN_DRAIN_STEP in vm.annotations), limits, default, busy)
 
 
 @dataclass(slots=True)
@@ -317,10 +321,12 @@ class _Workers:
     """The per-cluster disruption budget of tenant-cluster workers (drain.admit_workers' rule), spent as
     `_pick` admits them: at most the cluster's limit with an open cycle, new ones included."""
 
-    def __init__(self, open_cycles: Mapping[str, int], limits: Mapping[str, int], default: int) -> None:
+    def __init__(self, open_cycles: Mapping[str, int], limits: Mapping[str, int], default: int,
+                 busy: frozenset[str] = frozenset()) -> None:
         self._used = dict(open_cycles)
         self._limits = limits
         self._default = max(1, default)
+        self._busy = busy
         self.waiting: dict[tuple[str, str], str] = {}  # workers refused this pass -> the reason shown
 
     def admits(self, vm: model.Vm) -> bool:
@@ -328,6 +334,10 @@ class _Workers:
         if worker is None:
             return True
         key = worker.cluster_key
+        if key in self._busy:
+            self.waiting[(vm.namespace, vm.name)] = (
+                f"worker waits: tenant cluster {worker.cluster} has not answered its last drain step yet")
+            return False
         used, limit = self._used.get(key, 0), max(1, self._limits.get(key, self._default))
         if used < limit:
             return True

@@ -3,6 +3,7 @@ the cluster's limit disrupted at once, a blocked drain closes its revision, a ho
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
 from licensectl.core import drain, model
@@ -234,3 +235,37 @@ def test_the_memo_changes_nothing_for_a_worker_down() -> None:
               "settings": WIDE, "now": at(now)}
         with_memo, without = plan_rollout(**kw, memo=memo), plan_rollout(**kw)  # type: ignore[arg-type]
         assert with_memo.vmi_states == without.vmi_states and with_memo.restarts == without.restarts
+
+
+ONE_PER_NS = RolloutSettings(settle_seconds=60, max_unavailable="1", max_per_namespace=1, max_failures=3,
+                             restart_timeout_seconds=600, manual_deadline_seconds=3600, done_gate="ready",
+                             reissue_after_seconds=60)
+
+
+def test_a_held_or_blocked_worker_occupies_no_restart_slot_of_its_namespace_or_source() -> None:
+    # One restart at a time, per namespace and per source. Beside each worker whose VMI is not Ready (held
+    # without a cycle, or blocked after its restart), a plain VM: it is restarted all the same.
+    for ann in (held(280), down()):
+        w1 = machine("t-a", "w1", "k1", ann=ann)
+        vms = [w1, Vm("t-a", "plain", "Always", resource_version="7")]
+        vmis = [vmi("t-a", "w1", ready=False, started=250 if ann == down() else -1000), vmi("t-a", "plain")]
+        p = plan_rollout(replicas=[rep("t-a", rev="r2")], vmis=vmis, vms=vms, guests={}, sources={},
+                         settings=ONE_PER_NS, now=at(300))
+        assert picked(p) == ["plain"], (ann, p.vmi_states[("t-a", "w1")])
+        assert p.sources[rep().source].unavailable == 1  # the plain VM's restart alone
+
+
+def test_a_cluster_whose_task_has_not_answered_gets_no_new_pick_and_takes_no_slot() -> None:
+    # The worker sorts first in its namespace; while its cluster's task is busy (a hung tenant API) it is
+    # not picked again, so the plain VM beside it takes the namespace's only slot.
+    vms = [machine("t-a", "a-w1", "k1"), Vm("t-a", "plain", "Always", resource_version="7"),
+           machine("t-b", "w1", "k2")]
+    vmis, vm_list = fleet(vms)
+    kw = {"replicas": [rep("t-a", rev="r2"), rep("t-b", rev="r2")], "vmis": vmis, "vms": vm_list, "guests": {},
+          "sources": {}, "settings": dataclasses.replace(ONE_PER_NS, max_unavailable="2"), "now": at(300)}
+    free = plan_rollout(**kw)  # type: ignore[arg-type]
+    assert sorted((r.namespace, r.vm) for r in free.restarts) == [("t-a", "a-w1"), ("t-b", "w1")]
+    busy = plan_rollout(**kw, busy_clusters=frozenset({"t-a/k1"}))  # type: ignore[arg-type]
+    assert sorted((r.namespace, r.vm) for r in busy.restarts) == [("t-a", "plain"), ("t-b", "w1")]
+    waiting = busy.vmi_states[("t-a", "a-w1")]
+    assert waiting.state is VmiState.STALE and "k1 has not answered" in waiting.reason
