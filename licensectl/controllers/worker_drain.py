@@ -210,6 +210,7 @@ class WorkerDrainer:
         """Leadership lost or shutting down: every cluster task ends, and the kubeconfig watches."""
         await self._tasks.stop()
         self._watch(())
+        self._written.clear()
 
     def _after_run(self, task: ClusterTask[ClusterWork]) -> None:
         if task.asked_while_busy:  # a pass held this cluster's picks back: plan again now it has answered
@@ -237,7 +238,9 @@ class WorkerDrainer:
         if not items:
             return None
         wakeups = await self._cluster_pass(work.namespace, work.cluster, items, work.plan, work.vmis, work.holders)
-        return min(wakeups, default=None)
+        # At the latest once per hold: a tenant back, a Node back after BootTimeout show in no watch of ours.
+        hold = dt.timedelta(seconds=DRAIN_HOLD_RETRIES * self.settings.drain_retry_seconds)
+        return min([*wakeups, self.clock() + hold])
 
     async def _release_holds(self, work: ClusterWork) -> None:
         """Holds a new kubeconfig may lift (the API could not be used, or showed no Node for the worker):
