@@ -2,8 +2,8 @@
 
 As controller-runtime gives each key one worker at a time, each tenant cluster gets one task
 (docs/design.md#failure-domains). The rollout pass hands it the latest desired state (`submit`: latest
-wins, nothing queues up behind a hung API) and reads back what the task last said (`due`, `busy`); the
-task runs when the state it was handed changed, when the time its last run asked for has come, or when
+wins, nothing queues up behind a hung API) and reads back whether it has answered (`busy`); the task
+runs when the state it was handed changed, when the time its last run asked for has come, or when
 kicked (the cluster's kubeconfig Secret changed). Nothing is decided here: the run function writes every
 decision onto the cluster's records, as the drain always did, so a new leader re-derives it.
 """
@@ -146,9 +146,6 @@ class ClusterTasks(Generic[W]):
         for k in out:
             self.tasks[k].asked_while_busy = True
         return out
-
-    def due(self) -> dt.datetime | None:
-        return min((t.due for t in self.tasks.values() if t.due is not None), default=None)
 
     async def stop(self) -> None:
         """End every task (leadership lost, shutdown), waiting for each to be gone."""

@@ -160,9 +160,13 @@ async def test_a_hung_tenant_api_slows_no_other_tenant_and_its_held_worker_resum
 
         broken = await eventually(any_held, timeout=60, interval=0.2, what="a worker held by the broken Secret")
         assert broken is not None
-        events = (await CoreV1Api(fl.api).list_namespaced_event(
-            ns_a, field_selector=f"involvedObject.name={broken},reason=WorkerDrainBlocked")).items
-        assert any(secret in (e.message or "") for e in events), [e.message for e in events]
+
+        async def named() -> bool:  # the Event follows the hold's record
+            events = (await CoreV1Api(fl.api).list_namespaced_event(
+                ns_a, field_selector=f"involvedObject.name={broken},reason=WorkerDrainBlocked")).items
+            return any(f"Secret {ns_a}/{secret}: " in (e.message or "") for e in events)
+
+        await eventually(named, timeout=10, what="a WorkerDrainBlocked Event naming the broken Secret")
         await asyncio.sleep(1.0)  # past the run that wrote the hold: what follows is the Secret's doing
         fixed_at = time.monotonic()
         await publish_kubeconfig(fl.api, ns_a, ka.cluster, ka.control_plane)

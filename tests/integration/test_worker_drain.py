@@ -303,9 +303,13 @@ async def test_a_malformed_kubeconfig_is_a_named_hold_and_the_plain_vm_beside_it
             return ann.get(drain.ANN_DRAIN_HELD) == drain.BlockReason.CLUSTER_UNREACHABLE
 
         await eventually(held, timeout=60, what="the worker held: its kubeconfig cannot be used")
-        events = (await CoreV1Api(f.api).list_namespaced_event(
-            ns, field_selector="involvedObject.name=a-kbad,reason=WorkerDrainBlocked")).items
-        assert any(f"Secret {ns}/kbad-kubeconfig: {field}" in e.message for e in events), [e.message for e in events]
+
+        async def named() -> bool:  # the Event follows the hold's record (written first, for a new leader)
+            events = (await CoreV1Api(f.api).list_namespaced_event(
+                ns, field_selector="involvedObject.name=a-kbad,reason=WorkerDrainBlocked")).items
+            return any(f"Secret {ns}/kbad-kubeconfig: {field}" in e.message for e in events)
+
+        await eventually(named, timeout=10, what=f"a WorkerDrainBlocked Event naming the Secret and {field}")
         assert metric(app, "licensectl_worker_drain_blocked",
                       {"namespace": ns, "vm": "a-kbad", "reason": "ClusterUnreachable"}) == 1.0
 
