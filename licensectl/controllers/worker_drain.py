@@ -16,6 +16,7 @@ wire formats of Nodes, Pods, Machines and Clusters are the adapters' (kube/tenan
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
@@ -329,7 +330,11 @@ class WorkerDrainer:
             patch.update({k: None for k in drain.HELD_ANNOTATIONS})
         if isinstance(action, drain.Restart):
             if restart is not None:
-                patch.update(restart.intent_annotations())  # the rollout tracks it from here, as any restart
+                # The rollout tracks it from here, as any restart, timed from now: the plan that named it may be
+                # a while old (its cluster's task ran on its own time, or its tenant API was slow to answer).
+                first = restart.issued_at == restart.attempted_at
+                restart = dataclasses.replace(restart, attempted_at=now, issued_at=now if first else restart.issued_at)
+                patch.update(restart.intent_annotations())
             else:
                 patch[ANN_RESTART_ATTEMPTED_AT] = format_micro_time(now)  # a re-issue of the restart already recorded
         changed = {k: v for k, v in patch.items() if vm.annotations.get(k) != v}

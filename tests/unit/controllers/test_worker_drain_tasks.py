@@ -11,8 +11,9 @@ from collections.abc import AsyncIterator, Mapping
 from licensectl import config
 from licensectl.controllers.worker_drain import WorkerDrainer
 from licensectl.core import drain
-from licensectl.core.model import Vm, frozen_map
-from licensectl.core.rollout import RolloutPlan
+from licensectl.core.model import ANN_RESTART_ATTEMPTED_AT, ANN_RESTART_ISSUED_AT, Vm, frozen_map
+from licensectl.core.rollout import RestartVm, RolloutPlan
+from licensectl.core.timecodec import format_micro_time
 from licensectl.metrics import Metrics
 from licensectl_dev.testkit.memory import MemoryClusterApi, MemoryEvents, MemoryTenantCluster
 
@@ -42,13 +43,14 @@ class _Tenants:
 
 
 class _Kubevirt:
-    def __init__(self) -> None:
+    def __init__(self, *, accept: bool = True) -> None:
         self.patched: list[tuple[str, Mapping[str, str | None]]] = []
+        self.accept = accept
 
     async def annotate_vm(self, *, namespace: str, name: str, resource_version: str,
                           annotations: Mapping[str, str | None]) -> bool:
         self.patched.append((name, annotations))
-        return True
+        return self.accept
 
 
 def _worker(cluster: str) -> Vm:
@@ -92,3 +94,23 @@ async def test_a_hung_tenant_holds_up_neither_the_pass_nor_another_cluster_and_e
         await d.stop()  # leadership lost: every cluster task ends, the kubeconfig watches too
     assert tasks and all(t.done() for t in tasks)
     assert watched[-1] == []
+
+
+async def test_a_workers_restart_intent_is_timed_from_its_drain_step_not_from_the_plan() -> None:
+    # The plan that named the restart is two minutes old (the tenant API was slow): the rollout must time
+    # the restart from when the drain makes it, or it would judge it late before it began.
+    kubevirt = _Kubevirt(accept=False)  # the patch is what is checked; nothing acts after it
+    d = WorkerDrainer(cluster_api=MemoryClusterApi(), tenants=_Tenants({}), kubevirt=kubevirt,  # type: ignore[arg-type]
+                      events=MemoryEvents(), metrics=Metrics(), settings=config.Settings(), clock=lambda: NOW)
+    vm = _worker("ok")
+    worker = drain.WorkerIdentity.from_vm(vm.namespace, vm.name, vm.labels)
+    assert worker is not None
+    cycle = drain.DrainIntent(drain.Step.RESTART, "r2", NOW, NOW, node="ok-n", cordoned=True, vmi_uid="u1")
+    old, earlier = NOW - dt.timedelta(minutes=2), NOW - dt.timedelta(minutes=5)
+    for planned, issued in ((RestartVm("t", vm.name, "u1", "r2", "rep", old, old, drained=True), NOW),
+                            (RestartVm("t", vm.name, "u1", "r2", "rep", earlier, old, drained=True), earlier)):
+        kubevirt.patched.clear()
+        await d._apply(vm, worker, drain.Restart("u1", cycle), planned, None, NOW, None, None)
+        [(_, patch)] = kubevirt.patched
+        assert patch[ANN_RESTART_ATTEMPTED_AT] == format_micro_time(NOW)
+        assert patch[ANN_RESTART_ISSUED_AT] == format_micro_time(issued)  # a re-issue keeps its first time
