@@ -41,8 +41,9 @@ def _parser() -> argparse.ArgumentParser:
     rs = rsub.add_parser("status", help="progress per wave; exit 0 complete, 4 paused, 5 aborted (see below)",
                          epilog=ROLLOUT_STATUS_EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     rs.add_argument("--watch", "-w", action="store_true",
-                    help="follow until the rollout completes (0), pauses (4) or its rotation aborts (5); an answer "
-                         "from a standby or a starting replica is unknown: it keeps waiting")
+                    help="follow until the rollout completes (0), pauses (4) or its rotation is aborted or undone "
+                         "(5, at the decision); an answer from a standby or a starting replica is unknown: it keeps "
+                         "waiting")
     rs.add_argument("--timeout", type=float, default=0.0, help="give up after this many seconds (0: never; exit 2)")
     rs.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text")
     rs.add_argument("--vms", action="store_true",
@@ -141,9 +142,11 @@ ROLLOUT_STATUS_EXIT_CODES = """exit codes:
   2  --timeout passed
   3  still in progress (without --watch)
   4  paused: by hand (`rollout resume`), or the failure budget is spent
-  5  the rotation was aborted or undone: every namespace back on stable, waiting for you
+  5  the rotation was aborted or undone: every namespace back on stable, waiting for you (VMIs not
+     back on stable yet are named)
   6  unknown (without --watch): only a standby or a starting (unsynced) replica answered; ask again
--o json: one document (`exit_code` is the exit code); with --watch one per line (JSON Lines)"""
+-o json: one document (`exit_code` is the exit code); with --watch one per line (JSON Lines), each
+with the code that look exits with, `final` true on the last (the command's exit code)"""
 
 ACTION_EXIT_CODES = """exit codes:
   0  written: the annotation on the source Secret and one Event on it

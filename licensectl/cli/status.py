@@ -20,6 +20,7 @@ controller (`status_fetch`), the offline recomputation (`status_offline`) and th
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import sys
 import time
@@ -59,7 +60,14 @@ from licensectl.cli.status_render import (
     status_table,
     vms_table,
 )
-from licensectl.core.rollout.view import RolloutExit, progress_line, rollout_exit, rollout_json, vmis_json
+from licensectl.core.rollout.view import (
+    RolloutExit,
+    not_on_stable,
+    progress_line,
+    rollout_exit,
+    rollout_json,
+    vmis_json,
+)
 from licensectl.kube.api import ApiException
 from licensectl.kube.client import make_api_client, request_tracing
 from licensectl.kube.errors import Forbidden
@@ -120,6 +128,14 @@ def _with_rotations(rollouts: Mapping[str, Any], rotations: Mapping[str, Any]) -
     return {src: {**r, "rotation": snake_rotation(rotations.get(src))} for src, r in rollouts.items()}
 
 
+def _with_rollback(src: str, r: Mapping[str, Any], vmis: list[dict[str, Any]]) -> dict[str, Any]:
+    """An aborted or undone rotation's source with the VMIs not back on stable named (`not_on_stable`):
+    its exit does not wait for them, so the output says who is still behind."""
+    if str((r.get("rotation") or {}).get("phase") or "") not in ("aborted", "undone"):
+        return dict(r)
+    return {**r, "not_on_stable": not_on_stable(vmis, src)}
+
+
 @dataclass(frozen=True)
 class Verdict:
     """What one snapshot says for `rollout status` (pure, `rollout_verdict`): the selected sources,
@@ -128,13 +144,16 @@ class Verdict:
     found: dict[str, Any]
     code: RolloutExit | None
     error: str | None = None
+    # Whether the command exits with `code`; a -w line before the last carries the code that look
+    # alone would exit with (3 in progress, 6 unknown) and final False.
+    final: bool = True
 
 
 def rollout_verdict(snap: RolloutSnapshot, source: str | None, *, watch: bool) -> Verdict:
     """A standby's or a starting replica's answer is unknown: never "no rollout found", never final;
     without --watch it ends with UNKNOWN. Otherwise the rollout's own exit (kubectl-like), and
     PROGRESSING without --watch while it goes on."""
-    found = {src: r for src, r in snap.rollouts.items() if not source or src == source}
+    found = {src: _with_rollback(src, r, snap.vmis) for src, r in snap.rollouts.items() if not source or src == source}
     if snap.view not in DECISIVE_VIEWS:
         return Verdict(found, None if watch else RolloutExit.UNKNOWN)
     if source and not found:
@@ -200,6 +219,7 @@ async def _rollout_status(args: Any, snapshot: Callable[[], Awaitable[RolloutSna
     tty = sys.stdout.isatty() and output == "text"
     deadline = time.monotonic() + args.timeout if args.timeout else None
     last = ""
+    shown: tuple[RolloutSnapshot, Verdict, list[Mapping[str, Any]] | None] | None = None
     while True:
         snap: RolloutSnapshot | None
         try:
@@ -214,11 +234,15 @@ async def _rollout_status(args: Any, snapshot: Callable[[], Awaitable[RolloutSna
                 print(f"licensectl rollout status: {verdict.error}", file=sys.stderr)
                 return RolloutExit.ERROR
             vmis = attention_vmis(snap.vmis, set(verdict.found)) if args.vms else None
+            if verdict.code is None:  # -w goes on: the line says what this look alone would exit with
+                verdict = dataclasses.replace(verdict, code=rollout_verdict(snap, args.source, watch=False).code,
+                                              final=False)
+            shown = (snap, verdict, vmis)
             text = rollout_text(snap, verdict, vmis, output=output, tty=tty, watch=args.watch)
             if text != last:
                 print(("\r" if tty and "\n" not in text else "") + text, flush=True)
                 last = text
-            if verdict.code is not None:
+            if verdict.final and verdict.code is not None:
                 if output == "text" and snap.view in DECISIVE_VIEWS:
                     for src, r in sorted(verdict.found.items()):
                         if r["message"]:
@@ -228,6 +252,10 @@ async def _rollout_status(args: Any, snapshot: Callable[[], Awaitable[RolloutSna
             return RolloutExit.ERROR
         if deadline is not None and time.monotonic() > deadline:
             print("licensectl rollout status: timed out waiting for the rollout", file=sys.stderr)
+            if shown is not None and output != "text":  # the last document carries the exit code too
+                snap, verdict, vmis = shown
+                print(rollout_text(snap, dataclasses.replace(verdict, code=RolloutExit.TIMEOUT, final=True), vmis,
+                                   output=output, tty=tty, watch=args.watch), flush=True)
             return RolloutExit.TIMEOUT
         await asyncio.sleep(WATCH_INTERVAL)
 
@@ -243,7 +271,8 @@ def rollout_text(snap: RolloutSnapshot, verdict: Verdict, vmis: list[Mapping[str
         lines += [progress_line(src, r, tty) for src, r in sorted(verdict.found.items())]
         text = "\n".join(lines)
         return text + "\n" + vms_table(vmis) if vmis is not None else text
-    doc = rollout_document(verdict.found, vmis, verdict.code, view=snap.view)
+    assert verdict.code is not None  # _rollout_status gives every printed look its code
+    doc = rollout_document(verdict.found, vmis, verdict.code, view=snap.view, final=verdict.final)
     if output == "yaml":
         import yaml
 

@@ -195,10 +195,11 @@ def status_document(doc: Mapping[str, Any]) -> dict[str, Any]:
             "rollouts": {src: consistent_rollout(r, rotations.get(src)) for src, r in rollouts.items()}}
 
 
-def rollout_document(found: Mapping[str, Any], vmis: list[Mapping[str, Any]] | None, code: RolloutExit | None, *,
-                     view: str = "leader") -> dict[str, Any]:
+def rollout_document(found: Mapping[str, Any], vmis: list[Mapping[str, Any]] | None, code: RolloutExit, *,
+                     view: str = "leader", final: bool = True) -> dict[str, Any]:
     """`rollout status -o json|yaml`: who answered (`view`, `authoritative`), the sources with their
-    rotation, the listed VMIs, and `exit_code`: the code the command exits with, null while --watch goes on."""
+    rotation, the listed VMIs, `exit_code`: the code this look exits with (on a --watch line before the
+    last: the code it would exit with without --watch), and `final`: whether the command exits with it."""
     sources = {src: consistent_rollout(r, r.get("rotation")) for src, r in sorted(found.items())}
     return {"view": view, "authoritative": view == "leader", "sources": sources,
-            **({"vmis": vmis} if vmis is not None else {}), "exit_code": None if code is None else int(code)}
+            **({"vmis": vmis} if vmis is not None else {}), "exit_code": int(code), "final": final}

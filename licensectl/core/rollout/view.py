@@ -111,6 +111,13 @@ def progress_line(src: str, r: Mapping[str, Any], tty: bool) -> str:
         tail += f"; rotation {rot['phase']}, back on stable {source_revision(rot.get('stable'))}"
         if rot.get("reason"):
             tail += f": {rot['reason']}"
+        behind = r.get("not_on_stable") or []
+        if behind:
+            shown = ", ".join(f"{v['namespace']}/{v['vmi']} ({v['state']}: {v['reason']})" if v.get("reason")
+                              else f"{v['namespace']}/{v['vmi']} ({v['state']})" for v in behind[:NAMED_VMIS])
+            more = len(behind) - NAMED_VMIS
+            tail += (f"; {len(behind)} VMI(s) not back on stable: {shown}"
+                     + (f" and {more} more (--vms)" if more > 0 else ""))
     if tty:
         width = 24
         filled = int(width * done / max(total, 1))
@@ -118,17 +125,25 @@ def progress_line(src: str, r: Mapping[str, Any], tty: bool) -> str:
     return head + tail
 
 
+def not_on_stable(vmis: Sequence[Mapping[str, Any]], source: str) -> list[dict[str, Any]]:
+    """The VMIs of an aborted or undone rotation's source not (yet) back on stable: every state but
+    current and done (restarting onto stable, or unable to come back: failed, blocked, manual, ...)."""
+    return [{"namespace": v["namespace"], "vmi": v["vmi"], "state": v["state"], "reason": v.get("reason") or ""}
+            for v in vmis if v.get("source") == source and v.get("state") not in BACK_ON_STABLE]
+
+
 def rollout_exit(rollouts: Mapping[str, Mapping[str, Any]]) -> RolloutExit | None:
     """What `rollout status` exits with for these sources; None while still going (kubectl-like).
 
-    Aborted or undone wins (the rotation needs the hoster) once that source's VMIs are back on stable
-    (its restarts onto stable are still progress worth following), then paused (nothing moves until
-    resumed), then complete only when every source is complete or idle and no rotation runs. A pause
-    for the admission webhook is not a stop: it lifts by itself once the delivery probe succeeds."""
+    Terminal states come from the rotation's decision, not from every VM having arrived: aborted or
+    undone wins (the rotation needs the hoster) as soon as the record says so, whether or not its VMIs
+    are back on stable -- one that cannot come back would otherwise hold the exit forever; the lines
+    name those not back (`not_on_stable`). Then paused (nothing moves until resumed), then complete
+    only when every source is complete or idle and no rotation runs. A pause for the admission webhook
+    is not a stop: it lifts by itself once the delivery probe succeeds."""
     rotations = [str((r.get("rotation") or {}).get("phase") or "") for r in rollouts.values()]
     phases = [str(r["phase"]) for r in rollouts.values()]
-    settled = (Phase.COMPLETE.value, Phase.IDLE.value, Phase.PAUSED.value)
-    if any(rot in ("aborted", "undone") and p in settled for rot, p in zip(rotations, phases, strict=True)):
+    if any(rot in ("aborted", "undone") for rot in rotations):
         return RolloutExit.ABORTED
     if any(str(r["phase"]) == Phase.PAUSED.value and r.get("pause_reason") != PauseReason.WEBHOOK.value
            for r in rollouts.values()):
@@ -147,6 +162,11 @@ def vmis_json(plan: RolloutPlan) -> list[dict[str, Any]]:
              "missing_volume": st.missing_volume}
             for (ns, vmi), st in sorted(plan.vmi_states.items())]
 
+
+# A VMI in these states runs its replica's revision: after an abort or undo, the stable one.
+BACK_ON_STABLE = frozenset({"current", "done"})
+# How many VMIs not back on stable a progress line names (the JSON names them all).
+NAMED_VMIS = 5
 
 # The states `rollout status --vms` lists: where a hoster has to look (docs/operations.md#rollout-status).
 ATTENTION_STATES = ("failed", "blocked", "undeliverable", "manual", "restarting", "draining", "awaiting-evidence")

@@ -138,7 +138,9 @@ def test_watch_json_is_one_document_per_line(monkeypatch: pytest.MonkeyPatch,
     docs = [json.loads(line) for line in out.splitlines()]
     assert [d["view"] for d in docs] == ["unsynced", "standby", "leader", "leader"]
     assert [d["authoritative"] for d in docs] == [False, False, True, True]
-    assert [d["exit_code"] for d in docs] == [None, None, None, code] and code == 0
+    # Each line: the code that look alone exits with; only the last is final, and it is the process's.
+    assert [d["exit_code"] for d in docs] == [6, 6, 3, code] and code == 0
+    assert [d["final"] for d in docs] == [False, False, False, True]
     promoting = docs[2]["sources"][SRC]
     # Top-level phase agrees with the rotation's; the planner's own is kept apart.
     assert promoting["phase"] == promoting["rotation"]["phase"] == "promoting"
@@ -204,7 +206,7 @@ async def test_the_real_command_waits_through_unsynced_and_standby_answers(tmp_p
     docs = [json.loads(line) for line in r.out.splitlines()]
     assert r.code == RolloutExit.COMPLETE, r
     assert [d["view"] for d in docs] == ["unsynced", "standby", "leader", "leader"]
-    assert [d["exit_code"] for d in docs] == [None, None, None, 0]
+    assert [d["exit_code"] for d in docs] == [6, 6, 3, 0] and [d["final"] for d in docs] == [False] * 3 + [True]
 
 
 def test_status_json_has_one_set_of_keys_from_the_controller_and_offline() -> None:
@@ -219,3 +221,47 @@ def test_status_json_has_one_set_of_keys_from_the_controller_and_offline() -> No
     online = status_document(status_from_controller(CONTROLLER_DOC))
     assert set(status_document(offline)) == set(online)
     assert (online["partial"], online["offline_reason"], online["rotation_records_read"]) == (False, None, True)
+
+
+# An aborted rotation whose rollback cannot finish: one worker restarted for the candidate whose Node never
+# came back keeps the rollout progressing (blocked, down) on stable's revision.
+DOWN = {"namespace": "tenant-a", "vmi": "worker-1", "source": SRC, "state": "blocked",
+        "replica_revision": "222222222222", "overdue": False,
+        "reason": "worker restarted, its Node not back Ready with a new boot ID (BootTimeout)"}
+ABORTED = doc_of(rotation={SRC: {**ROTATION, "phase": "aborted", "reason": "canary: analysis deadline passed"}},
+                 rollout={**CONTROLLER_DOC["rollout"], "sources": {SRC: {
+                     **CONTROLLER_DOC["rollout"]["sources"][SRC], "phase": "progressing", "blocked": 1}},
+                     "vmis": [*CONTROLLER_DOC["rollout"].get("vmis", []), DOWN]})
+
+
+@pytest.mark.parametrize("output", ["text", "json"])
+def test_an_aborted_rotation_that_cannot_roll_back_ends_watch_with_5_naming_the_vm(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], output: str) -> None:
+    code, out, err = run(monkeypatch, capsys, [PROMOTING, STANDBY, ABORTED, PROMOTING], "-w", "-o", output, SRC)
+    assert code == RolloutExit.ABORTED and err == ""
+    if output == "text":
+        last = [line for line in out.splitlines() if line.startswith(f"{SRC} aborted")]
+        assert last and "1 VMI(s) not back on stable: tenant-a/worker-1 (blocked: worker restarted" in last[-1]
+        return
+    docs = [json.loads(line) for line in out.splitlines()]
+    assert [(d["exit_code"], d["final"]) for d in docs] == [(3, False), (6, False), (5, True)]
+    one = docs[-1]["sources"][SRC]
+    assert one["phase"] == "aborted" and one["rollout_phase"] == "progressing"
+    assert [(v["namespace"], v["vmi"], v["state"]) for v in one["not_on_stable"]] == [
+        ("tenant-a", "worker-1", "blocked")]
+
+
+def test_a_timeout_under_watch_ends_with_a_document_saying_2(monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(status_mod, "WATCH_INTERVAL", 0.0)
+    args = argparse.Namespace(source=SRC, watch=True, timeout=0.05, output="json", vms=False)
+
+    async def promoting() -> RolloutSnapshot:
+        return snapshot(PROMOTING)
+
+    import asyncio
+
+    code = asyncio.run(_rollout_status(args, promoting))
+    docs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert code == RolloutExit.TIMEOUT and docs[0]["exit_code"] == 3
+    assert (docs[-1]["exit_code"], docs[-1]["final"]) == (2, True)

@@ -8,7 +8,15 @@ from typing import Any
 import pytest
 
 from licensectl.core.revision_text import unlabeled_hashes
-from licensectl.core.rollout.view import RolloutExit, progress, progress_line, rollout_exit, rotation_json, shown_phase
+from licensectl.core.rollout.view import (
+    RolloutExit,
+    not_on_stable,
+    progress,
+    progress_line,
+    rollout_exit,
+    rotation_json,
+    shown_phase,
+)
 from licensectl.core.rotation import RotationPhase, RotationRecord
 
 STABLE, CAND = "a" * 64, "b" * 64
@@ -40,8 +48,11 @@ def src(phase: str, *, rotation: str | None = None, wave: int = 0, failed: int =
     ({"a": src("complete", rotation="promoting", wave=2)}, None),
     ({"a": src("complete", rotation="aborted")}, RolloutExit.ABORTED),
     ({"a": src("complete", rotation="undone")}, RolloutExit.ABORTED),
-    # Back on stable, but VMIs still restarting onto it: worth following until they are.
-    ({"a": src("progressing", rotation="aborted")}, None),
+    # The rotation's decision ends it, not every VM having arrived: VMIs still restarting onto stable, or
+    # one that cannot come back (a worker whose Node is not back keeps the rollout progressing), are named
+    # in the output, never waited for.
+    ({"a": src("progressing", rotation="aborted")}, RolloutExit.ABORTED),
+    ({"a": src("progressing", rotation="undone")}, RolloutExit.ABORTED),
     ({"a": src("complete", rotation="promoted"), "b": src("complete", rotation="canary")}, None),
     ({"a": src("paused"), "b": src("complete", rotation="aborted")}, RolloutExit.ABORTED),
 ])
@@ -73,6 +84,23 @@ def test_an_aborted_rotation_names_its_reason() -> None:
     why = f"canary: 1 guest(s) failed to license with candidate source revision {CAND[:12]} (t/vm1: not_found)"
     line = progress_line("ns/s", src("complete", rotation="aborted", reason=why), tty=False)
     assert line.endswith(f"rotation aborted, back on stable source revision {STABLE[:12]}: {why}")
+
+
+def test_an_aborted_rotation_names_the_vmis_not_back_on_stable() -> None:
+    vmis = [{"namespace": "t", "vmi": f"vm{i}", "source": "ns/s", "state": state, "reason": why}
+            for i, (state, why) in enumerate([("done", "restarted and Ready"), ("current", ""),
+                                              ("blocked", "worker restarted, its Node not back"),
+                                              ("restarting", "waiting for the new VMI"), ("failed", "")])]
+    vmis.append({"namespace": "u", "vmi": "other", "source": "ns/other", "state": "failed", "reason": ""})
+    behind = not_on_stable(vmis, "ns/s")
+    assert [(v["vmi"], v["state"]) for v in behind] == [("vm2", "blocked"), ("vm3", "restarting"), ("vm4", "failed")]
+    line = progress_line("ns/s", {**src("progressing", rotation="aborted"), "not_on_stable": behind}, tty=False)
+    assert line.endswith("; 3 VMI(s) not back on stable: t/vm2 (blocked: worker restarted, its Node not back), "
+                         "t/vm3 (restarting: waiting for the new VMI), t/vm4 (failed)")
+    many = [{**behind[0], "vmi": f"w{i}"} for i in range(8)]
+    line = progress_line("ns/s", {**src("progressing", rotation="aborted"), "not_on_stable": many}, tty=False)
+    assert "8 VMI(s) not back on stable" in line and line.endswith("t/w4 (blocked: worker restarted, its Node not "
+                                                                   "back) and 3 more (--vms)")
 
 
 def test_every_hash_in_a_progress_line_is_labelled() -> None:
