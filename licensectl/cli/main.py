@@ -36,7 +36,7 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--context", default=None)
     _controller_arguments(status)
 
-    rollout = sub.add_parser("rollout", help="rollout status / pause / resume / retry / undo")
+    rollout = sub.add_parser("rollout", help="rollout status / history / pause / resume / retry / undo")
     rsub = rollout.add_subparsers(dest="rollout_command", metavar="VERB", required=True)
     rs = rsub.add_parser("status", help="progress per wave; exit 0 complete, 4 paused, 5 aborted (see below)",
                          epilog=ROLLOUT_STATUS_EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -59,6 +59,13 @@ def _parser() -> argparse.ArgumentParser:
         v.add_argument("source", type=source_ref, help="NAMESPACE/NAME of the source Secret")
         v.add_argument("--namespace", default=None,
                        help="licensectl's namespace, where the rotation records live (default: LICENSECTL_NAMESPACE)")
+    hist = rsub.add_parser("history", help="the source revisions of a source and how each ended (promoted, "
+                                           "aborted, undone, superseded, withdrawn)",
+                           epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    hist.add_argument("source", type=source_ref, help="NAMESPACE/NAME of the source Secret")
+    hist.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    hist.add_argument("--namespace", default=None,
+                      help="licensectl's namespace, where the rotation records live (default: LICENSECTL_NAMESPACE)")
     for r in rsub.choices.values():
         r.add_argument("--kubeconfig", default=None)
         r.add_argument("--context", default=None)
@@ -173,6 +180,10 @@ def _cluster_command(args: argparse.Namespace) -> int:
             from licensectl.cli.status import rollout_status_main
 
             return asyncio.run(rollout_status_main(args, settings))
+        if args.command == "rollout" and args.rollout_command == "history":
+            from licensectl.cli.history import rollout_history_main
+
+            return asyncio.run(rollout_history_main(args, settings))
         if args.command == "rollout":  # pause | resume | retry | undo
             from licensectl.cli.actions import rollout_action_main
 

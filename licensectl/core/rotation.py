@@ -40,6 +40,7 @@ from licensectl.core.rotation_record import (
     ANN_CANARY,
     ANN_CANDIDATE,
     ANN_EVIDENCE,
+    ANN_HISTORY,
     ANN_PHASE,
     ANN_REASON,
     ANN_RETRY_AT,
@@ -49,7 +50,9 @@ from licensectl.core.rotation_record import (
     ANN_WAVE_STARTED_AT,
     MAX_REASON_CHARS,
     REJECTED,
+    HistoryEntry,
     HosterControl,
+    Outcome,
     RotationPhase,
     RotationRecord,
     bucket,
@@ -63,6 +66,7 @@ __all__ = [
     "ANN_CANARY",
     "ANN_CANDIDATE",
     "ANN_EVIDENCE",
+    "ANN_HISTORY",
     "ANN_PHASE",
     "ANN_REASON",
     "ANN_RETRY_AT",
@@ -76,7 +80,9 @@ __all__ = [
     "REJECTED",
     "CanarySpec",
     "Decision",
+    "HistoryEntry",
     "HosterControl",
+    "Outcome",
     "RotationEvent",
     "RotationPhase",
     "RotationRecord",
@@ -360,12 +366,15 @@ def decide(record: RotationRecord | None, view: SourceView, *, st: RotationSetti
             base, promote = replace(record, stable=record.candidate), True
         elif record.phase in ACTIVE:
             carried = tuple(wave_members(record, view.namespaces, st.steps))
+            base = record.ended(Outcome.SUPERSEDED, now)
         d = _fresh(base, live, view, st, now, "new source revision", carried)
         if record.candidate and record.phase is not RotationPhase.PROMOTED:
             d = replace(d, events=(_superseded(record, live, carried), *d.events))
         return replace(d, snapshot="candidate", promote=promote)
     if live is not None and live == record.stable and record.phase is not RotationPhase.STABLE:
-        return Decision(replace(record, phase=RotationPhase.STABLE, candidate="", wave=0, canary=(),
+        # An aborted or undone candidate has its outcome already; one still running or promoted is withdrawn.
+        base = record if record.phase in REJECTED else record.ended(Outcome.WITHDRAWN, now)
+        return Decision(replace(base, phase=RotationPhase.STABLE, candidate="", wave=0, canary=(),
                                 wave_started_at=None, reason="", acted_at=now),
                         (RotationEvent(EventType.NORMAL, Reason.CANDIDATE_WITHDRAWN,
                                        f"The source is back on stable {source_revision(record.stable)}: "
@@ -376,8 +385,8 @@ def decide(record: RotationRecord | None, view: SourceView, *, st: RotationSetti
     acted = record.acted_at
     if ctl.undo_at is not None and (acted is None or ctl.undo_at > acted) and record.phase in (
             RotationPhase.CANARY, RotationPhase.PROMOTING, RotationPhase.PROMOTED):
-        return Decision(replace(record, phase=RotationPhase.UNDONE, reason="undone by the hoster",
-                                acted_at=ctl.undo_at),
+        return Decision(replace(record.ended(Outcome.UNDONE, ctl.undo_at), phase=RotationPhase.UNDONE,
+                                reason="undone by the hoster", acted_at=ctl.undo_at),
                         (RotationEvent(EventType.WARNING, Reason.ROLLOUT_UNDONE,
                                        f"Candidate {source_revision(record.candidate)} undone: every namespace "
                                        f"returns to stable {source_revision(record.stable)}"),))
@@ -396,7 +405,7 @@ def decide(record: RotationRecord | None, view: SourceView, *, st: RotationSetti
         return _abort(record, why, now)
     if ws.pending == 0 and ws.proven == ws.capable and view.evidence_ready:
         if record.wave >= len(st.steps):
-            return Decision(replace(record, phase=RotationPhase.PROMOTED, reason=""),
+            return Decision(replace(record.ended(Outcome.PROMOTED, now), phase=RotationPhase.PROMOTED, reason=""),
                             (RotationEvent(EventType.NORMAL, Reason.ROTATION_PROMOTED,
                                            f"Candidate {source_revision(record.candidate)} runs everywhere "
                                            f"({ws.proven} guest(s) proved licensed in the last step)"),))
@@ -424,7 +433,7 @@ def _superseded(record: RotationRecord, new: str, carried: tuple[str, ...]) -> R
 def _abort(record: RotationRecord, why: str, now: dt.datetime) -> Decision:
     """Aborted; hoster actions issued before now are spent (a retry typed during the canary must not
     restart the candidate the moment it is aborted)."""
-    return Decision(replace(record, phase=RotationPhase.ABORTED, reason=why, acted_at=now),
+    return Decision(replace(record.ended(Outcome.ABORTED, now), phase=RotationPhase.ABORTED, reason=why, acted_at=now),
                     (RotationEvent(EventType.WARNING, Reason.ROLLOUT_ABORTED,
                                    f"Candidate {source_revision(record.candidate)} aborted, every namespace returns "
                                    f"to stable {source_revision(record.stable)}: {why}"),))

@@ -12,15 +12,20 @@ import datetime as dt
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from licensectl.core.model import DOMAIN, u64
-from licensectl.core.timecodec import annotation_time, format_micro_time
+from licensectl.core.timecodec import annotation_time, format_micro_time, parse_time
 
-# Record annotations on the revision store Secret.
-ANN_STABLE = f"{DOMAIN}/stable-revision"
-ANN_CANDIDATE = f"{DOMAIN}/candidate-revision"
+# Record annotations on the revision store Secret. Stable and candidate are source revisions, named so
+# beside a replica's `licensectl.io/revision` (a replica revision). Earlier releases wrote them as
+# `stable-revision` and `candidate-revision`: still read where the new names are absent, never written
+# (docs/operations.md#revisions).
+ANN_STABLE = f"{DOMAIN}/stable-source-revision"
+ANN_CANDIDATE = f"{DOMAIN}/candidate-source-revision"
+ANN_STABLE_EARLIER = f"{DOMAIN}/stable-revision"
+ANN_CANDIDATE_EARLIER = f"{DOMAIN}/candidate-revision"
 ANN_PHASE = f"{DOMAIN}/rotation-phase"
 ANN_WAVE = f"{DOMAIN}/rotation-wave"
 ANN_WAVE_STARTED_AT = f"{DOMAIN}/rotation-wave-started-at"
@@ -28,6 +33,10 @@ ANN_CANARY = f"{DOMAIN}/rotation-canary"
 ANN_EVIDENCE = f"{DOMAIN}/rotation-evidence"
 ANN_REASON = f"{DOMAIN}/rotation-reason"
 ANN_ACTED_AT = f"{DOMAIN}/rotation-acted-at"
+# The last HISTORY_LIMIT outcomes, oldest first (`licensectl rollout history`): JSON
+# [{"source_revision": <64 hex>, "outcome": <Outcome>, "at": <RFC 3339>}].
+ANN_HISTORY = f"{DOMAIN}/rotation-history"
+HISTORY_LIMIT = 10
 # Hoster actions, annotations on the source Secret (written by `licensectl rollout retry|undo`).
 ANN_RETRY_AT = f"{DOMAIN}/rollout-retry-at"
 ANN_UNDO_AT = f"{DOMAIN}/rollout-undo-at"
@@ -46,6 +55,48 @@ class RotationPhase(StrEnum):
 
 ACTIVE = frozenset({RotationPhase.CANARY, RotationPhase.PROMOTING})
 REJECTED = frozenset({RotationPhase.ABORTED, RotationPhase.UNDONE})
+
+
+class Outcome(StrEnum):
+    """How a candidate source revision ended, as `rollout history` lists it."""
+
+    PROMOTED = "promoted"  # passed every step: runs everywhere
+    ABORTED = "aborted"  # failed its analysis: every namespace back on stable
+    UNDONE = "undone"  # the hoster undid it
+    SUPERSEDED = "superseded"  # a newer source revision replaced it during its canary or a step
+    WITHDRAWN = "withdrawn"  # the hoster put the stable content back into the source
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryEntry:
+    source_revision: str
+    outcome: Outcome
+    at: dt.datetime
+
+    def as_json(self) -> dict[str, str]:
+        return {"source_revision": self.source_revision, "outcome": self.outcome.value,
+                "at": format_micro_time(self.at)}
+
+
+def _history(raw: str) -> tuple[HistoryEntry, ...]:
+    """The recorded outcomes; an unreadable entry (a hand edit) is left out, never the whole record:
+    the history informs the hoster, no decision reads it."""
+    try:
+        items = json.loads(raw or "[]")
+    except ValueError:
+        return ()
+    out: list[HistoryEntry] = []
+    for item in items if isinstance(items, list) else ():
+        if not isinstance(item, dict):
+            continue
+        rev, at = item.get("source_revision"), parse_time(str(item.get("at") or ""))
+        try:
+            outcome = Outcome(str(item.get("outcome")))
+        except ValueError:
+            continue
+        if isinstance(rev, str) and rev and at is not None:
+            out.append(HistoryEntry(rev, outcome, at))
+    return tuple(out[-HISTORY_LIMIT:])
 
 
 def content_revision(token: bytes, gridd_conf: bytes | None) -> str:
@@ -81,11 +132,19 @@ class RotationRecord:
     evidence: bool = True  # the canary holds guests that can report (else: readiness only)
     reason: str = ""
     acted_at: dt.datetime | None = None  # hoster actions at or before this are already handled
+    history: tuple[HistoryEntry, ...] = ()  # the last HISTORY_LIMIT outcomes, oldest first
+
+    def ended(self, outcome: Outcome, at: dt.datetime) -> RotationRecord:
+        """This record with its candidate's outcome added to the history (written with the decision
+        that ends it, in the same guarded write: a repeated decision never adds it twice)."""
+        entry = HistoryEntry(self.candidate, outcome, at)
+        return replace(self, history=(*self.history, entry)[-HISTORY_LIMIT:])
 
     @classmethod
     def from_annotations(cls, ann: Mapping[str, str]) -> RotationRecord | None:
-        """None when unreadable (a store without a stable revision is not a decision)."""
-        stable = ann.get(ANN_STABLE, "")
+        """None when unreadable (a store without a stable revision is not a decision). Reads the
+        earlier releases' annotation names where the current ones are absent."""
+        stable = ann.get(ANN_STABLE) or ann.get(ANN_STABLE_EARLIER, "")
         if not stable:
             return None
         try:
@@ -96,13 +155,13 @@ class RotationRecord:
             return None
         if not isinstance(canary, list) or not all(isinstance(n, str) for n in canary):
             return None
-        candidate = ann.get(ANN_CANDIDATE, "")
+        candidate = ann[ANN_CANDIDATE] if ANN_CANDIDATE in ann else ann.get(ANN_CANDIDATE_EARLIER, "")
         if phase is not RotationPhase.STABLE and not candidate:
             return None
         return cls(stable=stable, phase=phase, candidate=candidate, wave=max(0, wave),
                    wave_started_at=annotation_time(ann, ANN_WAVE_STARTED_AT), canary=tuple(canary),
                    evidence=ann.get(ANN_EVIDENCE, "true") != "false", reason=ann.get(ANN_REASON, ""),
-                   acted_at=annotation_time(ann, ANN_ACTED_AT))
+                   acted_at=annotation_time(ann, ANN_ACTED_AT), history=_history(ann.get(ANN_HISTORY, "")))
 
     def annotations(self) -> dict[str, str]:
         out = {
@@ -113,6 +172,7 @@ class RotationRecord:
             ANN_CANARY: json.dumps(list(self.canary)),
             ANN_EVIDENCE: "true" if self.evidence else "false",
             ANN_REASON: self.reason[:MAX_REASON_CHARS],
+            ANN_HISTORY: json.dumps([e.as_json() for e in self.history[-HISTORY_LIMIT:]], separators=(",", ":")),
         }
         if self.wave_started_at is not None:
             out[ANN_WAVE_STARTED_AT] = format_micro_time(self.wave_started_at)

@@ -115,6 +115,13 @@ async def test_actions_refuse_misuse_and_write_one_event_each(rig: Rig) -> None:
     assert code == 1 and err.strip() == f"licensectl rollout resume: source {src} is not paused"
     assert await r.source_annotations() == before, "a refused action wrote something"
     assert not {ANN_UNDO_AT, ANN_RETRY_AT} & set(before)
+    # rollout history of a stable source: nothing ended yet; of a Secret no class names: no record.
+    code, out, err = await r.cli("rollout", "history", src)
+    assert code == 0 and out == (f"no candidate has ended yet for {src}\n"
+                                 f"now: stable, stable source revision {stable.stable[:12]}\n"), err
+    code, out, err = await r.cli("rollout", "history", f"{r.w.source_ns}/no-such-source")
+    assert (code, out) == (1, "") and err.startswith(
+        f"licensectl rollout history: no rollout history found for source {r.w.source_ns}/no-such-source: "), err
 
     # A tenant's replica is no source.
     tenant = r.w.tenants[0]
@@ -171,6 +178,19 @@ async def test_actions_refuse_misuse_and_write_one_event_each(rig: Rig) -> None:
     code, _, err = await r.cli("rollout", "retry", src)
     assert code == 0, err
     await r.phase(RotationPhase.CANARY)
+    # rollout history: the undone candidate, from the record the controller wrote; then retried (still paused).
+    code, out, err = await r.cli("rollout", "history", src, "-o", "json", kind="json")
+    doc = json.loads(out)
+    assert code == 0 and doc["source"] == src and doc["phase"] == "canary", err
+    assert [(e["source_revision"], e["outcome"]) for e in doc["history"]] == [(canary.candidate[:12], "undone")]
+    assert (doc["stable"], doc["candidate"]) == (canary.stable[:12], canary.candidate[:12])
+    code, out, _ = await r.cli("rollout", "history", src)
+    rows = out.splitlines()
+    assert code == 0 and rows[0].split() == ["SOURCE", "REVISION", "OUTCOME", "AT"]
+    assert rows[1].split()[:2] == [canary.candidate[:12], "undone"] and rows[2] == ""
+    assert rows[3] == (f"now: canary, stable source revision {canary.stable[:12]}, candidate source revision "
+                       f"{canary.candidate[:12]}")
+
     code, out, err = await r.cli("rollout", "resume", src)
     assert code == 0 and out.strip() == f"rollout of {src} resumed", err
 

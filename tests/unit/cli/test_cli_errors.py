@@ -19,7 +19,8 @@ from licensectl.kube.kubeconfig import KubeconfigError
 from licensectl_dev.devcluster.controlplane import render_kubeconfig
 
 CLI = Path(__file__).resolve().parents[3] / "licensectl" / "cli"
-COMMANDS = [["status"], ["rollout", "status"], ["rollout", "pause", "ns/src"], ["rollout", "undo", "ns/src"],
+COMMANDS = [["status"], ["rollout", "status"], ["rollout", "history", "ns/src"], ["rollout", "pause", "ns/src"],
+            ["rollout", "undo", "ns/src"],
             ["keys", "rotate"]]
 
 

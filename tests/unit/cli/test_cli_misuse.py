@@ -14,9 +14,9 @@ import structlog
 
 from licensectl.cli.main import main
 
-VERBS = [["status"], ["rollout", "status"], ["rollout", "pause"], ["rollout", "resume"], ["rollout", "retry"],
-         ["rollout", "undo"], ["keys", "rotate"]]
-TAKES_SOURCE = {"rollout status", "rollout pause", "rollout resume", "rollout retry", "rollout undo"}
+VERBS = [["status"], ["rollout", "status"], ["rollout", "history"], ["rollout", "pause"], ["rollout", "resume"],
+         ["rollout", "retry"], ["rollout", "undo"], ["keys", "rotate"]]
+TAKES_SOURCE = {"rollout status", "rollout history", "rollout pause", "rollout resume", "rollout retry", "rollout undo"}
 TAKES_URL = {"status", "rollout status"}
 NEEDS_SOURCE = TAKES_SOURCE - {"rollout status"}
 

@@ -30,9 +30,12 @@ from licensectl.core.rotation import (
     FAILED_GRIDD_EVENTS,
     FAILURE_REASONS,
     MAX_REASON_CHARS,
+    REJECTED,
     CanarySpec,
     Decision,
+    HistoryEntry,
     HosterControl,
+    Outcome,
     RotationPhase,
     RotationRecord,
     RotationSettings,
@@ -603,9 +606,11 @@ def test_source_back_on_stable_withdraws_the_candidate(phase: RotationPhase) -> 
     rec = record(phase, wave=1 if phase is RotationPhase.PROMOTING else 0)
     now = T0 + sec(40)
     d = decide(rec, view(S, {"a": C}), st=ST, now=now)
+    # An aborted or undone candidate has its outcome already; a running or promoted one is withdrawn.
+    history = () if phase in REJECTED else (HistoryEntry(C, Outcome.WITHDRAWN, now),)
     assert d.record == RotationRecord(stable=S, phase=RotationPhase.STABLE, candidate="", wave=0,
                                       wave_started_at=None, canary=(), evidence=rec.evidence, reason="",
-                                      acted_at=now)
+                                      acted_at=now, history=history)
     assert reasons(d) == ["CandidateWithdrawn"]
     assert d.snapshot is None and not d.promote
     assert all(d.record.revision_for(ns, STEPS) == S for ns in NAMESPACES)
@@ -629,7 +634,7 @@ def test_undo_returns_every_namespace_to_stable(phase: RotationPhase) -> None:
     undo = T0 + sec(60)
     d = decide(rec, view(C, {"a": C}, control=HosterControl(undo_at=undo)), st=ST, now=T0 + sec(61))
     assert d.record == dataclasses.replace(rec, phase=RotationPhase.UNDONE, reason="undone by the hoster",
-                                           acted_at=undo)
+                                           acted_at=undo, history=(HistoryEntry(C, Outcome.UNDONE, undo),))
     assert reasons(d) == ["RolloutUndone"] and d.events[0].type == "Warning"
     assert all(d.record.revision_for(ns, STEPS) == S for ns in NAMESPACES)
     # Handled once: the same annotation does nothing more.
@@ -751,7 +756,8 @@ def test_failure_evidence_in_the_canary_aborts(reason: str) -> None:
     d = decide(rec, v, st=ST, now=T0 + sec(30))
     assert d.record is not None
     assert d.record == dataclasses.replace(rec, phase=RotationPhase.ABORTED, reason=d.record.reason,
-                                           acted_at=T0 + sec(30))
+                                           acted_at=T0 + sec(30),
+                                           history=(HistoryEntry(C, Outcome.ABORTED, T0 + sec(30)),))
     assert "canary" in d.record.reason and f"a/bad: {reason}" in d.record.reason
     assert reasons(d) == ["RolloutAborted"] and d.events[0].type == "Warning"
     assert all(d.record.revision_for(ns, STEPS) == S for ns in ("a", "b"))
@@ -845,7 +851,8 @@ def test_last_step_pass_promotes() -> None:
     rec = record(RotationPhase.PROMOTING, wave=3, canary=())
     v = view(C, dict.fromkeys(NAMESPACES, C), [vmi(ns) for ns in NAMESPACES])
     d = decide(rec, v, st=ST, now=T0 + sec(50))
-    assert d.record == dataclasses.replace(rec, phase=RotationPhase.PROMOTED)
+    assert d.record == dataclasses.replace(rec, phase=RotationPhase.PROMOTED,
+                                           history=(HistoryEntry(C, Outcome.PROMOTED, T0 + sec(50)),))
     assert reasons(d) == ["RotationPromoted"]
     assert "30 guest(s)" in d.events[0].message
 
