@@ -177,10 +177,13 @@ async def rollout_status_main(args: Any, settings: config.Settings) -> int:
             try:
                 await fetch_controller_status(api, target)
             except ControllerUnreachable as e:
-                if target.url:
+                # With --watch, a --url that answers with an error status (a Service or proxy whose replica is
+                # being replaced) is asked again like any later look; nothing listening is an error.
+                if target.url and not (args.watch and e.http_status is not None):
                     print(f"licensectl rollout status: {e}", file=sys.stderr)
                     return RolloutExit.ERROR
-                controller, reason = False, str(e)
+                if not target.url:
+                    controller, reason = False, str(e)
         if not controller:
             assert api is not None
             print(offline_note(reason), file=sys.stderr)

@@ -65,7 +65,13 @@ def view_marker(view: str, identity: str | None = None) -> str | None:
 
 
 class ControllerUnreachable(Exception):
-    """The controller's /v1/status could not be read; the message says why (never a credential)."""
+    """The controller's /v1/status could not be read; the message says why (never a credential).
+    `http_status`: what a direct --url answered instead (something listens there: a Service or a
+    proxy in front of a replica that is being replaced)."""
+
+    def __init__(self, message: str, *, http_status: int | None = None) -> None:
+        super().__init__(message)
+        self.http_status = http_status
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +125,7 @@ async def _get_once(api: AnyClient | None, target: ControllerTarget) -> dict[str
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=HTTP_TIMEOUT)) as http, \
                     http.get(target.url.rstrip("/") + STATUS_PATH) as resp:
                 if resp.status != 200:
-                    raise ControllerUnreachable(f"HTTP {resp.status} from {target.url}")
+                    raise ControllerUnreachable(f"HTTP {resp.status} from {target.url}", http_status=resp.status)
                 doc = await resp.json(content_type=None)
         except (aiohttp.ClientError, TimeoutError, ValueError) as e:
             raise ControllerUnreachable(url_failure(e, target.url)) from None

@@ -39,6 +39,7 @@ from licensectl.core.ports import (
 )
 from licensectl.core.reasons import EventType, Reason
 from licensectl.core.replication import ReplicationPlan, SourceRevisions
+from licensectl.core.revision_text import short
 from licensectl.core.rollout import RolloutPlan, SourceControl, VmiState
 from licensectl.core.rollout.view import rotation_json
 from licensectl.core.rotation import (
@@ -296,14 +297,20 @@ class RotationController:
             yield GaugeSample("rotation_namespaces", (*labels, ("revision", "stable")), float(total - on))
 
     def status_dict(self) -> dict[str, Any]:
+        """Per source the record, and `live_source_revision`: what the source Secret holds now (None:
+        unknown or unusable). One that is neither stable nor candidate has not been decided on yet, so no
+        reader takes the record's phase for the new token's (`rollout status -w` right after a write)."""
         out: dict[str, Any] = {}
+        live = self.caches.source_states()
         for ref, store in sorted(self.stores().items(), key=lambda kv: str(kv[0])):
             rec = RotationRecord.from_annotations(store.annotations)
             if rec is None:
                 out[str(ref)] = {"phase": "invalid"}
                 continue
             st = self.rotation_settings
-            out[str(ref)] = rotation_json(rec, steps=st.steps, canary=not st.canary.none,
-                                          progress=self._wave_progress.get(ref) if rec.phase in ACTIVE else None)
+            rev = self._stores.live_revision(live[ref]) if ref in live else None
+            out[str(ref)] = {**rotation_json(rec, steps=st.steps, canary=not st.canary.none,
+                                             progress=self._wave_progress.get(ref) if rec.phase in ACTIVE else None),
+                             "live_source_revision": short(rev) if rev else None}
         return out
 

@@ -64,6 +64,13 @@ def _active(rot: Mapping[str, Any]) -> bool:
     return rot.get("phase") in ("canary", "promoting")
 
 
+def undecided(rot: Mapping[str, Any]) -> str | None:
+    """The source revision the source Secret holds when the record names it neither stable nor candidate:
+    written by the hoster, not yet decided on by the leader (the record's phase is the previous token's)."""
+    live = rot.get("live_source_revision")
+    return str(live) if live and live not in (rot.get("stable"), rot.get("candidate")) else None
+
+
 def wave_label(rot: Mapping[str, Any]) -> str:
     """The running wave of a rotation; "-" when none runs (stable, promoted, aborted, undone)."""
     if not _active(rot) or rot.get("wave") is None:
@@ -104,6 +111,8 @@ def progress_line(src: str, r: Mapping[str, Any], tty: bool) -> str:
         rev = (source_revision(r["source_revision"]) if r.get("source_revision")
                else replica_revision(r["replica_revision"]) if r.get("replica_revision") else "no revision")
         head = f"{src} {shown_phase(r)} {rev}: {r['current']}/{r['affected']} current"
+    if undecided(rot):
+        head += f"; {source_revision(undecided(rot))} written, not yet taken up by the controller"
     draining = f"{r['draining']} draining (tenant workers), " if r.get("draining") else ""
     tail = (f"; {r['restarting']} restarting, {draining}{r['stale']} stale, {r['failed']} failed, "
             f"{r['blocked']} blocked, {r['manual']} manual")
@@ -135,12 +144,15 @@ def not_on_stable(vmis: Sequence[Mapping[str, Any]], source: str) -> list[dict[s
 def rollout_exit(rollouts: Mapping[str, Mapping[str, Any]]) -> RolloutExit | None:
     """What `rollout status` exits with for these sources; None while still going (kubectl-like).
 
+    Nothing is final while the source holds a token the leader has not decided on yet (`undecided`).
     Terminal states come from the rotation's decision, not from every VM having arrived: aborted or
     undone wins (the rotation needs the hoster) as soon as the record says so, whether or not its VMIs
     are back on stable -- one that cannot come back would otherwise hold the exit forever; the lines
     name those not back (`not_on_stable`). Then paused (nothing moves until resumed), then complete
     only when every source is complete or idle and no rotation runs. A pause for the admission webhook
     is not a stop: it lifts by itself once the delivery probe succeeds."""
+    if any(undecided(r.get("rotation") or {}) for r in rollouts.values()):
+        return None  # a new token the leader has not decided on: nothing the record says is about it
     rotations = [str((r.get("rotation") or {}).get("phase") or "") for r in rollouts.values()]
     phases = [str(r["phase"]) for r in rollouts.values()]
     if any(rot in ("aborted", "undone") for rot in rotations):

@@ -185,12 +185,14 @@ def test_status_json_says_where_it_came_from_in_snake_case() -> None:
 async def test_the_real_command_waits_through_unsynced_and_standby_answers(tmp_path: Path) -> None:
     """`licensectl rollout status -w -o json --url` against a listener that answers as a restarting
     replica, then a standby, then the leader: JSON Lines, one exit, exit_code on the last line."""
-    answers: list[dict[str, Any]] = []
+    answers: list[dict[str, Any] | None] = []
     served: list[int] = []
 
     async def status(_: web.Request) -> web.Response:
         served.append(1)
-        return web.json_response(answers[min(len(served), len(answers)) - 1])
+        answer = answers[min(len(served), len(answers)) - 1]
+        # None: the Service in front answers for a replica being replaced.
+        return web.Response(status=502) if answer is None else web.json_response(answer)
 
     app = web.Application()
     app.router.add_get("/v1/status", status)
@@ -200,7 +202,8 @@ async def test_the_real_command_waits_through_unsynced_and_standby_answers(tmp_p
         assert once.code == RolloutExit.UNKNOWN and "no rollout found" not in once.err, once
         assert once.out.startswith("UNSYNCED: licensectl-0 is starting"), once.out
         served.clear()
-        answers[:] = [UNSYNCED, UNSYNCED, STANDBY, PROMOTING, COMPLETE]  # the first: is anyone there
+        # The first look (is anyone there?) gets a 502 from the Service: -w asks again, it does not give up.
+        answers[:] = [None, UNSYNCED, STANDBY, PROMOTING, COMPLETE]
         r = await run_licensectl("rollout", "status", "-w", "-o", "json", "--url", url, SRC,
                                  kubeconfig=tmp_path / "none")
     docs = [json.loads(line) for line in r.out.splitlines()]

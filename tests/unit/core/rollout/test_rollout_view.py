@@ -32,6 +32,26 @@ def src(phase: str, *, rotation: str | None = None, wave: int = 0, failed: int =
             "message": "", "rotation": rot}
 
 
+def live(r: dict[str, Any], revision: str) -> dict[str, Any]:
+    return {**r, "rotation": {**r["rotation"], "live_source_revision": revision[:12]}}
+
+
+@pytest.mark.parametrize(("rollouts", "code"), [
+    # A token just written, not yet decided on: the record's phase is the previous token's, never final.
+    ({"a": live(src("complete", rotation="promoted"), "d" * 64)}, None),
+    ({"a": live(src("complete", rotation="aborted"), "d" * 64)}, None),
+    ({"a": live(src("paused", rotation="stable"), "d" * 64)}, None),
+    # Decided on: the record speaks for it.
+    ({"a": live(src("complete", rotation="promoted"), CAND)}, RolloutExit.COMPLETE),
+    ({"a": live(src("complete", rotation="aborted"), STABLE)}, RolloutExit.ABORTED),
+])
+def test_a_token_the_leader_has_not_decided_on_ends_nothing(rollouts: dict[str, dict[str, Any]],
+                                                           code: int | None) -> None:
+    assert rollout_exit(rollouts) == code
+    line = progress_line("a", rollouts["a"], tty=False)
+    assert (f"source revision {'d' * 12} written, not yet taken up by the controller" in line) == (code is None)
+
+
 @pytest.mark.parametrize(("rollouts", "code"), [
     ({"a": src("complete")}, RolloutExit.COMPLETE),
     ({"a": src("complete", rotation="stable")}, RolloutExit.COMPLETE),
