@@ -61,8 +61,8 @@ SNAPSHOT_GAUGES: dict[str, str] = {
     "rotation_phase": "1 for the current safe-rotation phase of a source (stable, canary, promoting, promoted, "
                       "aborted, undone), 0 for the others.",
     "rotation_wave": "The running wave of a source's rotation: 0 canary, i step i.",
-    "rotation_namespaces": "Entitled namespaces whose replicas carry the stable or the candidate revision "
-                           "under the current rotation decision.",
+    "rotation_namespaces": "Entitled namespaces whose replicas carry the stable or the candidate source revision "
+                           "(label slot) under the current rotation decision.",
     "rollout_in_progress": "1 while a rollout for a source is settling or progressing.",
     "rollout_paused": "1 while a rollout is paused, by reason (failures, manual, tenant_failures, webhook).",
     "rollout_last_progress_timestamp_seconds": "Last time a rollout issued or completed a restart.",

@@ -72,7 +72,7 @@ def revocation_report(after: credentials.KeyRing, holders: credentials.Holders,
                      f"until they restart onto the new one: {_names(out)}")
         if auto:
             lines.append(f"  {len(auto)} of them are restarted automatically by the rollout (every replica "
-                         f"gets a new revision; paced like a token rollout)")
+                         f"gets a new replica revision; paced like a token rollout)")
         if hand:
             lines.append(f"  {len(hand)} of them cannot be restarted by the rollout (no owning VirtualMachine, "
                          f"or a run strategy without restart): restart them by hand: {_names(hand)}")

@@ -52,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     _controller_arguments(rs)
     helps = {"pause": "pause the rollout of a source Secret", "resume": "resume the rollout of a source Secret",
              "retry": "start an aborted or undone candidate again from the canary",
-             "undo": "return every namespace to the stable revision (the candidate is bad)"}
+             "undo": "return every namespace to the stable source revision (the candidate is bad)"}
     for verb, text in helps.items():
         v = rsub.add_parser(verb, help=text, epilog=ACTION_EXIT_CODES,
                             formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -293,8 +293,8 @@ class RotationController:
             yield GaugeSample("rotation_wave", labels, float(rec.wave))
             on = sum(1 for ns in per_source.get(ref, ()) if rec.on_candidate(ns, steps))
             total = len(per_source.get(ref, ()))
-            yield GaugeSample("rotation_namespaces", (*labels, ("revision", "candidate")), float(on))
-            yield GaugeSample("rotation_namespaces", (*labels, ("revision", "stable")), float(total - on))
+            yield GaugeSample("rotation_namespaces", (*labels, ("slot", "candidate")), float(on))
+            yield GaugeSample("rotation_namespaces", (*labels, ("slot", "stable")), float(total - on))
 
     def status_dict(self) -> dict[str, Any]:
         """Per source the record, and `live_source_revision`: what the source Secret holds now (None:

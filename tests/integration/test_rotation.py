@@ -157,7 +157,7 @@ async def test_good_token_canary_steps_promote_then_undo(rig: Rig) -> None:
         assert want in reasons, reasons
     assert "RolloutAborted" not in reasons
     assert metric(r.app, "licensectl_rotation_phase", {"phase": "promoted"}) == 1.0
-    assert metric(r.app, "licensectl_rotation_namespaces", {"revision": "candidate"}) == float(TENANTS)
+    assert metric(r.app, "licensectl_rotation_namespaces", {"slot": "candidate"}) == float(TENANTS)
 
     # Undo after full promotion: every VM back on the stable revision, exactly once more.
     code, out = await r.cli("rollout", "undo", f"{r.w.source_ns}/{r.w.source_name}")

@@ -41,7 +41,7 @@ CONTRACT_LABELS: dict[str, frozenset[str]] = {
         "rollout_manual_restart_overdue": ("namespace", "vmi", "source_namespace", "source_name"),
         "rotation_phase": ("source_namespace", "source_name", "phase"),
         "rotation_wave": ("source_namespace", "source_name"),
-        "rotation_namespaces": ("source_namespace", "source_name", "revision"),
+        "rotation_namespaces": ("source_namespace", "source_name", "slot"),
         "guest_license_state": ("namespace", "vmi", "tenant", "state"),
         "guest_license_expiry_timestamp_seconds": ("namespace", "vmi", "tenant"),
         "guest_license_lease_seconds": ("namespace", "vmi", "tenant"),

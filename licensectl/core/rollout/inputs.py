@@ -24,6 +24,7 @@ class ReplicaRevision:
     revision: str
     revision_time: dt.datetime
     source: model.ObjectRef
+    class_name: str = ""  # the GPU class it renders for: one source revision has a replica revision per class
 
     @property
     def key(self) -> tuple[str, str]:
@@ -40,7 +41,8 @@ class ReplicaRevision:
         src_ns, src_name = ann.get(model.ANN_SOURCE_NAMESPACE), ann.get(model.ANN_SOURCE_NAME)
         if not revision or when is None or not src_name or src_ns is None:
             return None
-        return cls(secret.namespace, secret.name, revision, when, model.ObjectRef(src_ns, src_name))
+        return cls(secret.namespace, secret.name, revision, when, model.ObjectRef(src_ns, src_name),
+                   ann.get(model.ANN_CLASS, ""))
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,8 +37,10 @@ def _message(phase: Phase, revisions: tuple[str, ...], counts: Mapping[VmiState,
              failed_ns: int = 0) -> str:
     parts = [f"{n} {s.value}" for s, n in counts.items() if n]
     text = f"{phase.value}"
-    if revisions:
-        text += f" ({', '.join(replica_revision(r) for r in revisions)})"
+    if len(revisions) == 1:
+        text += f" ({revisions[0]})"
+    elif revisions:
+        text += f" (oldest first: {', '.join(revisions)})"
     if parts:
         text += ": " + ", ".join(parts)
     if overdue:
@@ -228,7 +230,7 @@ def _plan_source(src: model.ObjectRef, group: list[_Eval], control: SourceContro
         failures=failures, pause_reason=pause, settles_at=settles_at,
         failures_by_namespace=MappingProxyType(dict(sorted(failures_by_ns.items()))),
         paused_namespaces=paused_ns,
-        message=_message(phase, revisions, counts, overdue, unavailable, limit, pause, failures,
+        message=_message(phase, _labelled(src, revisions, by_key), counts, overdue, unavailable, limit, pause, failures,
                          st.max_failures, settles_at, paused_ns, len(failures_by_ns)),
     )
 
@@ -242,6 +244,18 @@ def _revisions(src: model.ObjectRef, by_key: Mapping[tuple[str, str], ReplicaRev
         if r.source == src and (r.revision not in newest or r.revision_time > newest[r.revision]):
             newest[r.revision] = r.revision_time
     return tuple(sorted(newest, key=lambda rev: (newest[rev], rev)))
+
+
+def _labelled(src: model.ObjectRef, revisions: tuple[str, ...],
+              by_key: Mapping[tuple[str, str], ReplicaRevision]) -> tuple[str, ...]:
+    """Each replica revision as the summary line names it: one class's rendering of a source revision,
+    so ``replica revision <12 hex> (class <name>)`` (core/revision_text.py)."""
+    classes: dict[str, set[str]] = {r: set() for r in revisions}
+    for r in by_key.values():
+        if r.source == src and r.class_name and r.revision in classes:
+            classes[r.revision].add(r.class_name)
+    return tuple(replica_revision(r) + (f" (class {', '.join(sorted(classes[r]))})" if classes[r] else "")
+                 for r in revisions)
 
 
 def _failures(group: Iterable[_Eval], control: SourceControl, st: RolloutSettings,

@@ -95,7 +95,7 @@ def test_replica_revision_from_secret() -> None:
            model.ANN_SOURCE_NAMESPACE: SRC.namespace, model.ANN_SOURCE_NAME: SRC.name}
     labels = {model.MANAGED_BY_LABEL: model.MANAGED_BY_VALUE}
     s = ReplicaSecret("t-a", LIC, "u", "1", frozen_map(labels), frozen_map(ann))
-    assert ReplicaRevision.from_secret(s) == ReplicaRevision("t-a", LIC, "abc", at(0), SRC)
+    assert ReplicaRevision.from_secret(s) == ReplicaRevision("t-a", LIC, "abc", at(0), SRC, "vws")
     broken = dict(ann, **{model.ANN_REVISION_TIME: "soon"})
     assert ReplicaRevision.from_secret(dataclasses.replace(s, annotations=frozen_map(broken))) is None
     assert ReplicaRevision.from_secret(dataclasses.replace(s, labels=frozen_map({}))) is None
@@ -1028,3 +1028,17 @@ def test_a_vmi_recreated_long_after_a_done_restart_is_planned_afresh() -> None:
     assert state(within) is VmiState.DONE  # could be that restart's own VMI: never twice
     later = plan_w([rep()], [vmi(uid="u3", started=800, secrets=())], ms, now=900)
     assert state(later) is VmiState.STALE and [r.vmi_uid for r in later.restarts] == ["u3"]
+
+
+def test_the_summary_line_names_each_replica_revisions_class_oldest_first() -> None:
+    """One source revision renders one replica revision per class: the line says which is which and which
+    is newer (docs/operations.md#revisions)."""
+    old, new = "a" * 64, "b" * 64
+    replicas = [dataclasses.replace(rep("t-a", rev=old, t=0), class_name="vws"),
+                dataclasses.replace(rep("t-b", rev=new, t=10), class_name="vws"),
+                dataclasses.replace(rep("t-c", "other", rev=new, t=10), class_name="vcs")]
+    msg = plan(replicas, [vmi("t-a", started=-100)], [vm("t-a")], 20).sources[SRC].message
+    assert f"(oldest first: replica revision {old[:12]} (class vws), replica revision {new[:12]} (class vcs, vws))" \
+        in msg, msg
+    one = plan(replicas[:1], [vmi("t-a", started=-100)], [vm("t-a")], 20).sources[SRC].message
+    assert f"(replica revision {old[:12]} (class vws))" in one, one
