@@ -9,13 +9,17 @@ XML, say) are built here and named as derived; recorded fixtures are never edite
 
 A Windows guest (`GuestProfile.windows`) cannot run its agent here: its license disk is installed the
 same way, and its probe sends the report the Windows agent (guest/windows) would send -- `os: windows`,
-the guest's UTC offset and the licensing log in Windows format and local time -- to the same endpoint.
+the guest's UTC offset, the nvidia-smi output as the agent collects it (`-q -x`, else `-q`) and the tail
+of its licensing log, a recorded Windows-format log in local time -- to the same endpoint.
+`GuestProfile.on_windows` makes the Windows twin of a Linux profile: the same driver output, the same
+gridd events at the same instants (a Linux twin's journal of a Windows-format log is derived from it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import datetime as dt
 import hashlib
 import re
@@ -44,8 +48,18 @@ RESTRICTED_TEXT = "smi-q-unlicensed-restricted-vcs.txt"
 GRIDD_LOG = "gridd-log-acquired-cls.txt"
 MISSING_TOKEN_LOG = "gridd-log-missing-token.txt"
 JOURNAL_DAY = "2026-04-02"  # the recorded syslog lines carry no year; the journal needs one
+# Recorded Windows licensing logs (Log.NVDisplay.Container.exe.log): renewals, and a CLS instance
+# without a pool for the product asked for ("No pool features found").
+WINDOWS_LICENSED_LOG = "gridd-log-renew-return-windows-format.txt"
+WINDOWS_NO_POOL_LOG = "gridd-log-no-pool-windows-format.txt"
+WINDOWS_UTC_OFFSET = dt.timedelta(hours=1)  # the simulated Windows guests' zone: their log times are local
+# The agent's bounds (guest/windows/internal/agent/report.go): log tail, line lengths.
+AGENT_LOG_LINES = 50
+AGENT_SMI_LINE_CHARS = 4096
+AGENT_LOG_LINE_CHARS = 1024
 
 _SYSLOG_LINE = re.compile(r"[A-Z][a-z]{2} [ 0-9]\d (\d\d:\d\d:\d\d)( .*)")
+_WINDOWS_LINE = re.compile(r"[A-Z][a-z]{2} ([A-Z][a-z]{2} [ 0-9]?\d \d\d:\d\d:\d\d \d{4}):<\d+>:(.*)")
 
 
 def derived_xml_with_expiry(expiry: dt.datetime) -> str:
@@ -111,11 +125,25 @@ class GuestProfile:
         return p
 
     @classmethod
+    def unlicensed_no_pool(cls) -> GuestProfile:
+        """Recorded `Unlicensed` output; gridd failed to acquire: the license server has no pool for the
+        product ("No pool features found", recorded on a Windows guest; this Linux guest's journal is
+        derived from it), so the reason is `acquire_failed`."""
+        return cls("unlicensed-no-pool", text_fixture=UNLICENSED_TEXT, gridd_log=WINDOWS_NO_POOL_LOG)
+
+    def on_windows(self, log: str | None = None) -> GuestProfile:
+        """The Windows twin: the same driver output, reported the Windows agent's way, its licensing log
+        holding the recorded Windows-format `log` (default: this profile's own log when it is one, else
+        the recorded renewals)."""
+        if log is None:
+            log = self.gridd_log if is_windows_log(self.gridd_log) else WINDOWS_LICENSED_LOG
+        assert is_windows_log(log), f"{log} is not a Windows-format licensing log"
+        return dataclasses.replace(self, name=f"windows-{self.name}", windows=True, gridd_log=log)
+
+    @classmethod
     def windows_licensed(cls, lease: dt.timedelta = dt.timedelta(days=1)) -> GuestProfile:
         """A licensed Windows guest: the renewing licensed output, reported the Windows agent's way."""
-        p = cls.licensed(lease)
-        p.name, p.windows = "windows", True
-        return p
+        return dataclasses.replace(cls.licensed(lease).on_windows(), name="windows")
 
     @classmethod
     def restricted(cls) -> GuestProfile:
@@ -126,9 +154,25 @@ class GuestProfile:
         return cls("silent", silent=True)
 
 
+def is_windows_log(fixture: str) -> bool:
+    """Whether the recorded log is a Windows licensing log (`<date>:<level>:<message>` lines)."""
+    lines = [line for line in (FIXTURES / fixture).read_text().splitlines() if line.strip()]
+    return bool(lines) and all(_WINDOWS_LINE.fullmatch(line) for line in lines)
+
+
 def journal_text(fixture: str) -> str:
     """The fixture's nvidia-gridd lines as `journalctl -o short-iso --utc` prints them: recorded
-    syslog times are placed on JOURNAL_DAY, lines without a time get noon of that day."""
+    syslog times are placed on JOURNAL_DAY, lines without a time get noon of that day. A Windows-format
+    log gives derived lines: the same messages at the same instants (its local times read in the zone of
+    the simulated Windows guests)."""
+    if is_windows_log(fixture):
+        out = []
+        for line in (FIXTURES / fixture).read_text().splitlines():
+            m = _WINDOWS_LINE.fullmatch(line)
+            if m:
+                at = dt.datetime.strptime(m.group(1), "%b %d %H:%M:%S %Y") - WINDOWS_UTC_OFFSET
+                out.append(f"{at:%Y-%m-%dT%H:%M:%S}+00:00 guest nvidia-gridd[1]: {m.group(2)}\n")
+        return "".join(out)
     out = []
     for line in (FIXTURES / fixture).read_text().splitlines():
         if "nvidia-gridd[" not in line and "nvidia-gridd:" not in line:
@@ -145,6 +189,48 @@ def mounted_secret(vmi: dict[str, Any]) -> str | None:
     """The Secret the VMI mounts as a disk (the license disk); None when it mounts none."""
     return next((str(v["secret"]["secretName"]) for v in (vmi.get("spec") or {}).get("volumes") or []
                  if isinstance(v, dict) and isinstance(v.get("secret"), dict)), None)
+
+
+def agent_section_text(text: str, max_line: int) -> str:
+    """A section as the agent writes it: printable ASCII and tabs only, lines bounded, a line that would
+    read as a section marker shifted by a space."""
+    out = []
+    for line in text.rstrip("\r\n").split("\n"):
+        kept = "".join(c for c in line if c == "\t" or " " <= c <= "~")
+        if kept.startswith("---"):
+            kept = " " + kept
+        out.append(kept[:max_line])
+    return "\n".join(out)
+
+
+def agent_log_tail(text: str, lines: int = AGENT_LOG_LINES) -> list[str]:
+    """The licensing log lines the agent reports: the last `lines` non-empty ones."""
+    kept = [line for line in text.replace("\r\n", "\n").split("\n") if line.strip()]
+    return kept[-lines:]
+
+
+def windows_report(*, uuid: str, hostname: str, clock: int, token_sha256: str | None, smi_xml: str | None,
+                   smi_text: str | None, driver: bool, log: str | None, utc_offset: dt.timedelta) -> bytes:
+    """The body the Windows agent sends (Collect + Body in guest/windows/internal/agent): nvidia-smi
+    `missing` without the driver, else the XML, else the text form, else `failed`; the log's tail."""
+    sections = []
+    status = "missing"
+    if driver:
+        status = "failed"
+        if smi_xml:
+            status = "ok"
+            sections.append(("nvidia-smi-xml", agent_section_text(smi_xml, AGENT_SMI_LINE_CHARS)))
+        elif smi_text:
+            status = "ok"
+            sections.append(("nvidia-smi-text", agent_section_text(smi_text, AGENT_SMI_LINE_CHARS)))
+    tail = agent_log_tail(log) if log is not None else []
+    if tail:
+        sections.append(("gridd-log", agent_section_text("\n".join(tail), AGENT_LOG_LINE_CHARS)))
+    minutes = int(utc_offset.total_seconds()) // 60
+    offset = f"{'-' if minutes < 0 else '+'}{abs(minutes) // 60:02d}:{abs(minutes) % 60:02d}"
+    return render_report(uuid=uuid, hostname=re.sub(r"[^A-Za-z0-9._-]", "", hostname)[:253], clock=clock,
+                         token_sha256=token_sha256, probe_version="1.0.0", sections=sections, smi_status=status,
+                         guest_os="windows", utc_offset=offset)
 
 
 def _write_exe(path: Path, text: str) -> None:
@@ -277,18 +363,11 @@ class SimulatedGuest:
         tokens = sorted((self.root / "etc" / "nvidia" / "ClientConfigToken").glob("licensectl_*.tok"))
         sha = hashlib.sha256(tokens[0].read_bytes()).hexdigest() if len(tokens) == 1 else None
         uuid = (self.root / "sys/class/dmi/id/product_uuid").read_text().strip().lower()
-        offset = dt.timedelta(hours=1)  # the guest runs at UTC+01:00
-        now = dt.datetime.now(dt.UTC)
-        sections = []
-        if xml is not None:
-            sections.append(("nvidia-smi-xml", xml))
-            expiry = now + (self.profile.lease or dt.timedelta(days=1))
-            local = (now - dt.timedelta(minutes=1) + offset).strftime("%a %b %d %H:%M:%S %Y")
-            sections.append(("gridd-log", f"{local}:<1>:License acquired successfully. (Info: 127.0.0.1, NVIDIA RTX "
-                                          f"Virtual Workstation; Expiry: {expiry.year}-{expiry.month}-{expiry.day} "
-                                          f"{expiry.hour}:{expiry.minute}:{expiry.second} GMT)"))
-        body = render_report(uuid=uuid, hostname=self.vmi, clock=int(time.time()), token_sha256=sha,
-                             probe_version="1.0.0", sections=sections, guest_os="windows", utc_offset="+01:00")
+        p = self.profile
+        body = windows_report(
+            uuid=uuid, hostname=self.vmi, clock=int(time.time() + p.clock_offset.total_seconds()), token_sha256=sha,
+            smi_xml=xml, smi_text=(FIXTURES / (p.text_fixture or UNLICENSED_TEXT)).read_text(), driver=p.driver,
+            log=(FIXTURES / p.gridd_log).read_text() if p.driver else None, utc_offset=WINDOWS_UTC_OFFSET)
         headers = {"Authorization": f"Bearer {cred}", "X-Licensectl-Namespace": ns,
                    "Content-Type": "text/plain; charset=utf-8"}
         # As the agent does: an https URL is verified against the CA from the license disk.

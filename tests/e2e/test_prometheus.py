@@ -11,6 +11,11 @@ Another tenant's VM has a volume under licensectl's volume name, so the webhook 
 license volume and the backstop reports it undeliverable. A tenant cluster's worker sits mid-drain,
 its cluster unreachable (held). Prometheus loads the shipped alert rules
 (the PrometheusRule's `.spec`).
+
+A licensed, an unlicensed ("No pool features found"), a wrong-product (a vWS license held under a
+FeatureType 4 class) and a silent guest each have a Windows twin reporting as the Windows agent does
+(`os: windows`, its UTC offset, the recorded Windows licensing log in local time): each twin raises
+exactly the alerts (names, severity, labels) its Linux twin raises.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import re
@@ -36,7 +42,7 @@ from licensectl.core.render import replica_name
 from licensectl_dev.devcluster import fleet
 from licensectl_dev.devcluster import webhook as webhook_registration
 from licensectl_dev.devcluster.controlplane import ControlPlane
-from licensectl_dev.devcluster.guest_sim import GuestProfile, SimulatedGuest
+from licensectl_dev.devcluster.guest_sim import WINDOWS_LICENSED_LOG, GuestProfile, SimulatedGuest
 from licensectl_dev.devcluster.vm_semantics import ANN_BOOT
 from licensectl_dev.testkit.poll import eventually
 from licensectl_dev.testkit.world import unique
@@ -65,6 +71,8 @@ RESTART_TIMEOUT = 60.0
 # Grafana's $__rate_interval is max($__interval + scrape interval, 4 x scrape interval); with a 1 s
 # scrape and a short test, a few scrape intervals. $__range: the whole test fits in it.
 GRAFANA_VARS = {"__rate_interval": "10s", "__range": "10m", "__interval": "1s"}
+# Linux guest -> its Windows twin.
+TWINS = {"licensed": "win-licensed", "unlicensed": "win-unlicensed", "silent": "win-silent", "wrong": "win-wrong"}
 
 
 def panel_queries() -> list[tuple[str, str]]:
@@ -112,11 +120,12 @@ def write_prometheus_config(directory: Path, metrics_port: int, namespace: str) 
     assert doc["kind"] == "PrometheusRule"
     rules.write_text(yaml.safe_dump(doc["spec"], sort_keys=False))
     cfg = directory / "prometheus.yml"
-    # The labels the ServiceMonitor's scrape would attach (namespace, pod, job containing "licensectl").
+    # The labels the ServiceMonitor's scrape would attach (namespace, pod, job containing "licensectl"),
+    # and its honorLabels: a guest series keeps its own `namespace`, the VM's.
     cfg.write_text(yaml.safe_dump({
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(rules)],
-        "scrape_configs": [{"job_name": "licensectl-metrics", "static_configs": [{
+        "scrape_configs": [{"job_name": "licensectl-metrics", "honor_labels": True, "static_configs": [{
             "targets": [f"127.0.0.1:{metrics_port}"],
             "labels": {"namespace": namespace, "pod": "licensectl-0", "container": "licensectl"}}]}],
     }, sort_keys=False))
@@ -172,6 +181,13 @@ async def test_every_dashboard_panel_and_alert_rule_works_against_a_live_control
     await fleet.create_gpu_class(api_client, cls_opaque, mode="vgpu", secret=(fl.source_ns, "nls-opaque"))
     cleanup(lambda: fleet.delete_gpu_class(api_client, cls_opaque))
     await fleet.create_claim(api_client, problem_ns, "gpu-opaque", class_name=cls_opaque)
+    # A class for Virtual Compute Server (FeatureType 4) whose guests hold vWS licenses: the wrong product.
+    cls_vcs = unique("vcs4")
+    await fleet.put_source_secret(api_client, fl.source_ns, "nls-vcs", token=fleet.fake_token(int(dt.datetime.now(
+        dt.UTC).timestamp()) + 86400 * 10))
+    await fleet.create_gpu_class(api_client, cls_vcs, mode="vgpu", secret=(fl.source_ns, "nls-vcs"), feature_type=4)
+    cleanup(lambda: fleet.delete_gpu_class(api_client, cls_vcs))
+    await fleet.create_claim(api_client, guest_ns, "gpu-vcs", class_name=cls_vcs)
     # A Secret of the tenant's own, mounted under the name the webhook would give the license volume.
     await CoreV1Api(api_client).create_namespaced_secret(problem_ns, {
         "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "app-config"}, "data": {}})
@@ -204,27 +220,37 @@ async def test_every_dashboard_panel_and_alert_rule_works_against_a_live_control
             await eventually(lambda: rules_healthy(prom, alert_names()), timeout=30,
                              what="every shipped alert rule loaded and evaluated")
 
-            # The fleet: four guests of source A in one tenant; in another one VM of source B and one of
+            # The fleet: seven guests of source A in one tenant (four Linux, three of their Windows twins) and
+            # a Linux/Windows pair of the FeatureType 4 class; in another one VM of source B and one of
             # source A, both hanging when restarted; in a third a VM of source A the webhook cannot deliver
             # to and a VM of the source whose token is not a JWT.
             await eventually(fl.revision, timeout=30, what="replicas")
             await eventually(lambda: _replica(api_client, hang_ns, cls_b), timeout=30, what="replica B")
+            await eventually(lambda: _replica(api_client, guest_ns, cls_vcs), timeout=30, what="replica vcs")
             await asyncio.sleep(1.1)
+            # Linux twins log what the recorded Windows logs hold (journals derived from them).
+            licensed = dataclasses.replace(GuestProfile.expiring(dt.datetime.now(dt.UTC) + dt.timedelta(days=20)),
+                                           gridd_log=WINDOWS_LICENSED_LOG)
             profiles = {
-                "licensed": GuestProfile.expiring(dt.datetime.now(dt.UTC) + dt.timedelta(days=20)),
-                "unlicensed": GuestProfile.unlicensed(),
+                "licensed": licensed,
+                "unlicensed": GuestProfile.unlicensed_no_pool(),
                 "expiring": GuestProfile.expiring(dt.datetime.now(dt.UTC) + dt.timedelta(hours=6)),
                 # Reports until after the rotation, then falls silent (set_profile below).
-                "silent": GuestProfile.expiring(dt.datetime.now(dt.UTC) + dt.timedelta(days=20)),
+                "silent": licensed,
             }
+            profiles.update({TWINS[n]: profiles[n].on_windows() for n in ("licensed", "unlicensed", "silent")})
+            wrong_product = {"wrong": licensed, TWINS["wrong"]: licensed.on_windows()}
             # No license volume in the VMs: the webhook adds it (every replica answers admission).
             await webhook_registration.wait_delivery(api_client, namespace=guest_ns, claim="gpu")
+            await webhook_registration.wait_delivery(api_client, namespace=guest_ns, claim="gpu-vcs")
             await webhook_registration.wait_delivery(api_client, namespace=hang_ns, claim="gpu-b")
             await webhook_registration.wait_delivery(api_client, namespace=hang_ns, claim="gpu")
             await webhook_registration.wait_delivery(api_client, namespace=problem_ns, claim="gpu")
             await webhook_registration.wait_delivery(api_client, namespace=problem_ns, claim="gpu-opaque")
             for name in profiles:
                 await fleet.create_vm(api_client, guest_ns, name, gpu_claims=["gpu"])
+            for name in wrong_product:
+                await fleet.create_vm(api_client, guest_ns, name, gpu_claims=["gpu-vcs"])
             await fleet.create_vm(api_client, hang_ns, "hang", gpu_claims=["gpu-b"])
             await fleet.create_vm(api_client, hang_ns, "hang-a", gpu_claims=["gpu"])
             await fleet.create_vm(api_client, problem_ns, "opaque", gpu_claims=["gpu-opaque"])
@@ -241,7 +267,7 @@ async def test_every_dashboard_panel_and_alert_rule_works_against_a_live_control
                 LABEL_CAPI_CLUSTER_NAME: "gone", LABEL_CAPI_ROLE: "worker"},
                 annotations=drain.DrainIntent(drain.Step.DRAIN, "r0", since, since, node="gone-md-0",
                                               cordoned=True).render_annotations())
-            for name in profiles:
+            for name in [*profiles, *wrong_product]:
                 await eventually(lambda name=name: fl.ready(guest_ns, name), timeout=30, what=f"{name} ready")
             await eventually(lambda: fl.ready(hang_ns, "hang"), timeout=30, what="hang ready")
             await eventually(lambda: fl.ready(hang_ns, "hang-a"), timeout=30, what="hang-a ready")
@@ -257,11 +283,12 @@ async def test_every_dashboard_panel_and_alert_rule_works_against_a_live_control
                 for g in guests:
                     assert await g.boot(api_client, report_url=c.reports_url) == 0, g.last_stderr
 
-            guests.extend(SimulatedGuest(guest_ns, name, p) for name, p in profiles.items())
+            guests.extend(SimulatedGuest(guest_ns, name, p) for name, p in {**profiles, **wrong_product}.items())
             await boot_guests()
             prober = asyncio.create_task(probe_forever(guests, stop_probes))
-            await c.wait_metric("licensectl_guest_license_state", 1, namespace=guest_ns, vmi="unlicensed",
-                              state="unlicensed")
+            for vmi in ("unlicensed", TWINS["unlicensed"]):
+                await c.wait_metric("licensectl_guest_license_state", 1, namespace=guest_ns, vmi=vmi,
+                                    state="unlicensed")
 
             # A watch cut mid-stream (a load balancer or apiserver restart): informers resume.
             assert proxy.sever() > 0
@@ -276,9 +303,12 @@ async def test_every_dashboard_panel_and_alert_rule_works_against_a_live_control
             await boot_guests()  # the restarted guests install the new token at boot
             # The silent guest stops reporting: "not reporting" three report intervals later (a guest that
             # never reported would not be judged within its boot allowance, longer than this test).
-            await c.wait_metric("licensectl_guest_license_state", 1, timeout=20, namespace=guest_ns, vmi="silent",
-                                state="licensed")
-            next(g for g in guests if g.vmi == "silent").set_profile(GuestProfile.quiet())
+            for vmi in ("silent", TWINS["silent"]):
+                await c.wait_metric("licensectl_guest_license_state", 1, timeout=20, namespace=guest_ns, vmi=vmi,
+                                    state="licensed")
+            for g in guests:
+                if g.vmi in ("silent", TWINS["silent"]):
+                    g.set_profile(GuestProfile.quiet())
             # Rotation of the source whose token is not a JWT: a rollout that completes (rollout A stays
             # paused in the hanging tenant), so the rollout duration histogram has an observation.
             await fleet.put_source_secret(api_client, fl.source_ns, "nls-opaque", token=b"opaque-not-a-jwt-2")
@@ -333,18 +363,19 @@ async def test_every_dashboard_panel_and_alert_rule_works_against_a_live_control
             await admissions
             assert nan == [], "panels with only NaN:\n" + "\n".join(nan)
 
-            # The numbers are the fleet's: two licensed guests, one unlicensed, one not reporting (the
-            # silent one: the VMs that never reported are still within their boot allowance), one leader,
-            # two paused rollouts (A in the hanging tenant, B by hand), one invalid source.
+            # The numbers are the fleet's: five licensed guests (licensed, expiring, the wrong-product pair and
+            # a Windows twin), two unlicensed, two not reporting (the silent twins: the VMs that never reported
+            # are still within their boot allowance), one leader, two paused rollouts (A in the hanging
+            # tenant, B by hand), one invalid source.
             async def scalar(expr: str) -> float:
                 r = await prom.query(substitute(expr, {**GRAFANA_VARS, "tenant": ".*", "source": ".*"}))
                 assert len(r) == 1, (expr, r)
                 return float(r[0]["value"][1])
 
             by_title = {t.split(" [")[0]: e for t, e in panel_queries()}
-            assert await scalar(by_title["Licensed guests"]) == 2
-            assert await scalar(by_title["Unlicensed guests"]) == 1
-            assert await scalar(by_title["Not reporting"]) == 1
+            assert await scalar(by_title["Licensed guests"]) == 5
+            assert await scalar(by_title["Unlicensed guests"]) == 2
+            assert await scalar(by_title["Not reporting"]) == 2
             assert await scalar(by_title["Leaders"]) == 1
             assert await scalar(by_title["Targets up"]) == 1
             assert await scalar(by_title["Rollouts paused"]) == 2
@@ -358,6 +389,7 @@ async def test_every_dashboard_panel_and_alert_rule_works_against_a_live_control
                     "LicensectlTenantLinkBroken", "LicensectlRolloutPaused",
                     "LicensectlWorkerDrainBlocked"} <= active, active
             assert "LicensectlDown" not in active
+            await _windows_twins_raise_the_same_alerts(prom, guest_ns)
             stop_probes.set()
             await prober
             assert await c.stop() == 0
@@ -369,6 +401,41 @@ async def test_every_dashboard_panel_and_alert_rule_works_against_a_live_control
         await proxy.stop()
         for g in guests:
             g.cleanup()
+
+
+async def _windows_twins_raise_the_same_alerts(prom: Prometheus, namespace: str) -> None:
+    """Each Windows twin's active (pending or firing) alerts equal its Linux twin's, labels and all but
+    `vmi`, at one evaluation; so do their license states. Both twins went through the same steps at
+    the same time, so a short wait covers their reports landing in different evaluations."""
+    Alerts = dict[str, set[tuple[tuple[str, str], ...]]]
+
+    async def observe() -> tuple[Alerts, Alerts]:
+        alerts: Alerts = {vmi: set() for pair in TWINS.items() for vmi in pair}
+        for a in (await prom.get("/api/v1/alerts"))["alerts"]:
+            labels = dict(a["labels"])
+            vmi = labels.pop("vmi", None)
+            if a["state"] in ("pending", "firing") and labels.get("namespace") == namespace and vmi in alerts:
+                alerts[vmi].add(tuple(sorted(labels.items())))
+        states: Alerts = {vmi: set() for vmi in alerts}
+        for r in await prom.query(f'licensectl_guest_license_state{{namespace="{namespace}"}} == 1'):
+            if r["metric"].get("vmi") in states:
+                states[r["metric"]["vmi"]].add((("state", r["metric"]["state"]),))
+        return alerts, states
+
+    last: tuple[Alerts, Alerts] = ({}, {})
+    for _ in range(20):
+        last = await observe()
+        if all(seen[linux] == seen[windows] for seen in last for linux, windows in TWINS.items()):
+            break
+        await asyncio.sleep(1)
+    alerts, states = last
+    for linux, windows in TWINS.items():
+        assert alerts[windows] == alerts[linux], (linux, alerts[linux], windows, alerts[windows])
+        assert states[windows] == states[linux] != set(), (linux, states[linux], windows, states[windows])
+    # The comparison has teeth: the twins' conditions differ from each other and all but the licensed
+    # pair raise guest alerts.
+    assert len({frozenset(alerts[linux]) for linux in TWINS}) == len(TWINS), alerts
+    assert all(alerts[linux] for linux in TWINS if linux != "licensed"), alerts
 
 
 async def _hang_on_restart(co: CustomObjectsApi, ns: str, vm: str) -> None:

@@ -91,6 +91,11 @@ LOG_EXPECTED: dict[str, list[tuple[GriddEventKind, dt.datetime | None, str | Non
         (GriddEventKind.FAILED, t(2025, 10, 12, 17, 22, 37), None, None, None),
         (GriddEventKind.FAILED, t(2025, 10, 12, 17, 22, 37), "XXX.XXX.XXX.XXX", None, None),
     ],
+    # A CLS instance without a vWS pool (Windows format: the time stays as logged until a report's UTC
+    # offset moves it).
+    "gridd-log-no-pool-windows-format.txt": [
+        (GriddEventKind.FAILED, t(2025, 1, 21, h, m, s), "api.cls.licensing.nvidia.com", VWS, None)
+        for h, m, s in ((19, 54, 14), (19, 54, 38), (19, 55, 6), (19, 55, 39))],
     "gridd-log-renew-return-windows-format.txt": [
         (GriddEventKind.RETURNED, t(2022, 12, 20, 5, 55, 58), "192.168.178.33", None, None),
         (GriddEventKind.RENEWED, t(2022, 12, 20, 5, 56, 54), "192.168.178.33", VWS, t(2022, 12, 20, 5, 11, 54)),
