@@ -1,11 +1,16 @@
 """The numbers tell the truth under HA: two `licensectl run` processes with leader election, a real
 Prometheus scraping both with the shipped rules, simulated guests running the real probe script.
 
-1. All guests licensed for five report intervals: no alert at all, pending or firing.
+A tenant cluster's worker sits mid-drain throughout, its cluster unreachable (held): the worker
+gauges (`licensectl_worker_drains`, `licensectl_worker_drain_blocked`) come from the leader only,
+and its one true alert, LicensectlWorkerDrainBlocked, is expected in every phase.
+
+1. All guests licensed for five report intervals: no guest alert at all, pending or firing.
 2. One guest unlicensed, one silent, one without the guest driver, one with a skewed clock, one
    still licensed: exactly the four matching alerts fire, for exactly those guests.
 3. The leader is killed (SIGKILL): the standby takes over, and no alert flaps -- every firing alert
-   keeps firing with the same activeAt and nothing else starts.
+   keeps firing with the same activeAt and nothing else starts; the new leader exports the worker
+   gauges the old one did.
 
 The rules are the shipped PrometheusRule's, with one rewrite: every `for` and `keep_firing_for` is
 scaled by this test's report interval over the default one (3 s / 60 s), so the alerts' durations
@@ -33,10 +38,13 @@ import yaml
 from kubernetes_asyncio.client import ApiClient, CoreV1Api
 
 from licensectl import config
+from licensectl.core import drain
+from licensectl.core.model import LABEL_CAPI_CLUSTER_NAME, LABEL_CAPI_ROLE
 from licensectl_dev.devcluster import fleet
 from licensectl_dev.devcluster import webhook as webhook_registration
 from licensectl_dev.devcluster.guest_sim import GuestProfile, SimulatedGuest
 from licensectl_dev.testkit.controller import ControllerProcess
+from licensectl_dev.testkit.metrics_text import SampleKey, Scrape
 from licensectl_dev.testkit.poll import EventuallyTimeout, eventually
 from tests.monitoring.test_alerts_ha import seconds
 
@@ -56,6 +64,8 @@ LEASE["guest_boot_allowance_seconds"] = round(config.Settings().guest_boot_allow
 DURATION_KEYS = ("for", "keep_firing_for")
 SKEW = 900  # seconds: beyond the clock-skew alert's threshold, inside the reports endpoint's window
 AlertKey = frozenset[tuple[str, str]]
+WORKER_GAUGES = ("licensectl_worker_drains", "licensectl_worker_drain_blocked")
+WORKER = "gone-md-0"  # the held worker VM
 
 
 def shipped_spec() -> dict[str, Any]:
@@ -140,6 +150,10 @@ def brief(alerts: dict[AlertKey, Alert]) -> set[tuple[str, str, str, str]]:
     return out
 
 
+def worker_gauges(s: Scrape) -> dict[SampleKey, float]:
+    return {k: v for k, v in s.samples.items() if k[0] in WORKER_GAUGES}
+
+
 async def longest_gap(prom: Prometheus, expr: str, start: float, end: float) -> float:
     """The longest stretch in [start, end] without a sample of `expr` (0.5 s resolution)."""
     data = await prom.get("/api/v1/query_range", query=expr, start=f"{start:.3f}", end=f"{end:.3f}", step="0.5")
@@ -195,6 +209,11 @@ async def test_two_replicas_one_prometheus_no_false_alert_exact_alerts_no_flap_o
     parent = api_client.sanitize_for_serialization(await CoreV1Api(api_client).read_namespace(customer))
     sub = (await fl.tenant(parent=parent, claim=True))["metadata"]["name"]
     placement = {"ok": customer, "unlicensed": sub, "silent": sub, "nodriver": sub, "skewed": sub}
+    worker_ns = fl.tenants[1]
+    worker_alert = ("LicensectlWorkerDrainBlocked", worker_ns, "")
+
+    def guest_alerts(alerts: set[tuple[str, str, str, str]]) -> set[tuple[str, str, str, str]]:
+        return {x for x in alerts if x[:3] != worker_alert}
 
     guests = Guests(api_client)
     stop = asyncio.Event()
@@ -214,6 +233,15 @@ async def test_two_replicas_one_prometheus_no_false_alert_exact_alerts_no_flap_o
                 await webhook_registration.wait_delivery(api_client, namespace=ns, claim="gpu")
             for vmi, ns in placement.items():
                 await fleet.create_vm(api_client, ns, vmi, gpu_claims=["gpu"])
+            # A tenant cluster's worker caught mid-drain when its cluster became unreachable (no kubeconfig
+            # Secret): licensectl cannot tell whether its Node is still cordoned, so it holds it.
+            since = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1)
+            await fleet.create_vm(api_client, worker_ns, WORKER, labels={
+                LABEL_CAPI_CLUSTER_NAME: "gone", LABEL_CAPI_ROLE: "worker"},
+                annotations=drain.DrainIntent(drain.Step.DRAIN, "r0", since, since, node=WORKER,
+                                              cordoned=True).render_annotations())
+            await a.wait_metric("licensectl_worker_drain_blocked", 1, timeout=30, namespace=worker_ns, vm=WORKER,
+                                reason="ClusterUnreachable")
             for vmi, ns in placement.items():
                 await eventually(lambda ns=ns, vmi=vmi: fl.ready(ns, vmi), timeout=30, what=f"{vmi} ready")
                 await guests.set(ns, vmi, GuestProfile.licensed())
@@ -245,16 +273,22 @@ async def test_two_replicas_one_prometheus_no_false_alert_exact_alerts_no_flap_o
             await asyncio.sleep(2 * REPORT_INTERVAL)  # renewing leases: the expiry series moves
             tasks.append(asyncio.create_task(watch_alerts(prom, log, stop)))
 
-            # -- 1. five report intervals, every guest licensed: no alert, pending or firing -------
+            # -- 1. five report intervals, every guest licensed: no guest alert, pending or firing --
             log.phase = "licensed"
             await asyncio.sleep(5 * REPORT_INTERVAL)
-            seen = [brief(p) for p in log.during("licensed") if p]
+            seen = [guest_alerts(brief(p)) for p in log.during("licensed") if guest_alerts(brief(p))]
             assert len(log.during("licensed")) >= 5 * REPORT_INTERVAL
             assert seen == [], seen[:3]
             # The standby exports no guest series; the leader's carry the customer tenant.
             sb, sa = await b.must_scrape(), await a.must_scrape()
             assert not sb.has("licensectl_guest_license_state") and not sb.has("licensectl_guests")
             assert not sb.has("licensectl_rollout_vmis")
+            # The worker gauges too: the leader's only, the held worker's cycle and hold.
+            assert worker_gauges(sb) == {}
+            held = worker_gauges(sa)
+            assert sa.value("licensectl_worker_drain_blocked", namespace=worker_ns, vm=WORKER, cluster="gone",
+                            reason="ClusterUnreachable") == 1
+            assert sa.value("licensectl_worker_drains", namespace=worker_ns, cluster="gone") == 1, held
             assert {ls["tenant"] for ls in sa.labels_of("licensectl_guest_license_state", 1.0)} == {customer}
             assert sa.value("licensectl_guests", tenant=customer, state="licensed") == len(placement)
 
@@ -268,6 +302,8 @@ async def test_two_replicas_one_prometheus_no_false_alert_exact_alerts_no_flap_o
             # equal values, so the shipped `max` aggregations are exact.
             assert await scalar("count(count by (pod) (licensectl_guest_license_state))") == 1
             assert await scalar("count(count by (pod) (licensectl_rollout_vmis))") == 1
+            for gauge in WORKER_GAUGES:
+                assert await scalar(f"count(count by (pod) ({gauge}))") == 1, gauge
             assert await scalar("count(count by (pod) (licensectl_replicas))") == 2
             assert await scalar('max(licensectl_replicas{state="in_sync"})') == await scalar(
                 'min(licensectl_replicas{state="in_sync"})') == sa.value("licensectl_replicas", state="in_sync")
@@ -296,6 +332,7 @@ async def test_two_replicas_one_prometheus_no_false_alert_exact_alerts_no_flap_o
             await guests.set(sub, "nodriver", GuestProfile.driver_missing())
             await guests.set(sub, "skewed", GuestProfile.skewed(dt.timedelta(seconds=SKEW)))
             expected = {
+                (*worker_alert, "firing"),
                 ("LicensectlGuestUnlicensed", f"{sub}/unlicensed", "", "firing"),
                 ("LicensectlGuestNotReporting", f"{sub}/silent", "", "firing"),
                 ("LicensectlGuestDriverMissing", f"{sub}/nodriver", "", "firing"),
@@ -310,11 +347,11 @@ async def test_two_replicas_one_prometheus_no_false_alert_exact_alerts_no_flap_o
                               if r.get("alert") in {e[0] for e in expected})
             try:
                 await eventually(exactly_expected, timeout=longest_for + 3 * REPORT_INTERVAL + 30, interval=0.5,
-                                 what="exactly the four expected alerts firing")
+                                 what="exactly the four expected guest alerts and the worker's firing")
             except EventuallyTimeout:
                 assert brief(await alerts_now(prom)) == expected
             firing = await alerts_now(prom)
-            assert all(dict(k)["tenant"] == customer for k in firing), firing
+            assert all(dict(k)["tenant"] == customer for k in firing if "vmi" in dict(k)), firing
             # Nothing else was ever even pending on the way (the licensed guest stayed quiet).
             others = {(n, w) for p in log.during("conditions") for n, w, _, _ in brief(p)} - {
                 (n, w) for n, w, _, _ in expected}
@@ -330,6 +367,7 @@ async def test_two_replicas_one_prometheus_no_false_alert_exact_alerts_no_flap_o
             # be judged by it (three intervals after the takeover), plus a margin.
             await asyncio.sleep(3 * REPORT_INTERVAL + 8)
             sb = await b.must_scrape()
+            assert worker_gauges(sb) == held  # the same worker series, from the new leader
             assert sb.value("licensectl_guest_license_state", vmi="silent", state="unknown") == 1
             assert sb.value("licensectl_guest_license_state", vmi="unlicensed", state="unlicensed") == 1
             stop.set()

@@ -194,6 +194,7 @@ class Run:
     notes: dict[str, Any] = field(default_factory=dict)
     foreign_before: dict[Key, str] = field(default_factory=dict)
     extra_texts: list[tuple[str, str]] = field(default_factory=list)  # e.g. an in-process app's /metrics
+    cleanups: list[Callable[[], Awaitable[Any]]] = field(default_factory=list)  # run in reverse by close()
 
     @property
     def w(self) -> World:
@@ -242,6 +243,9 @@ class Run:
         for a in self.apps:
             with contextlib.suppress(Exception):
                 await a.stop()
+        for cleanup in reversed(self.cleanups):
+            with contextlib.suppress(Exception):
+                await cleanup()
         for p in reversed(self.proxies):
             with contextlib.suppress(Exception):
                 await p.stop()
@@ -713,6 +717,9 @@ class Spec:
     what: str
 
 
+# The worker scenario uses this module's plumbing (Run, kubevirt_world, rollout_checks).
+from .workers import worker_drain_faults  # noqa: E402
+
 SCENARIOS: dict[str, Spec] = {s.name: s for s in (
     Spec("sigkill_rollout", sigkill_rollout, (1, 2), tuple(range(1, 11)),
          "controller SIGKILLed at random points mid-rollout, restarted each time"),
@@ -732,6 +739,8 @@ SCENARIOS: dict[str, Spec] = {s.name: s for s in (
     Spec("clock_jumps", clock_jumps, (1,), (1, 2, 3), "controller clock steps during a rollout"),
     Spec("vmi_churn", vmi_churn, (1,), (1,),
          "VMIs created and deleted in waves (short 1,500, long 20,000) while a rotation rolls out"),
+    Spec("worker_drain_faults", worker_drain_faults, (1,), (1, 2, 3),
+         "a tenant cluster's workers drained and restarted; controller SIGKILLed, tenant API cut, stalled, refused"),
     # Last: deleting its namespaces afterwards keeps the apiserver busy for minutes in long mode.
     Spec("deletion_cap", deletion_cap, (1,), (1,),
          "middle-tenant revocation above 300 (long: 5,000) namespaces under the deletion cap"),
