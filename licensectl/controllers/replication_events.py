@@ -9,6 +9,7 @@ from licensectl.core.entitlement import ProblemKind
 from licensectl.core.model import ANN_ACCEPT_LICENSE_CHANGE
 from licensectl.core.ports import InvolvedObject
 from licensectl.core.reasons import Reason
+from licensectl.core.render import UpdateKind
 from licensectl.core.replication import LicenseChange
 
 # The Event reason of each tenant problem is its kind in UpperCamelCase (`missing_parent` ->
@@ -38,3 +39,18 @@ def namespace_object(name: str, uid: str = "") -> InvolvedObject:
 
 def secret_object(namespace: str, name: str, uid: str = "") -> InvolvedObject:
     return InvolvedObject("v1", "Secret", namespace, name, uid)
+
+
+def rewrite_event(kind: UpdateKind, class_name: str, *, revision_text: str, replicas: int) -> tuple[Reason, str]:
+    """The one summarising Event of a pass's routine rewrites of one kind, source and class: it says what
+    happened (a new license, a key revocation, a new report credential), never "reverted"."""
+    n = f"{replicas} replica{'s' if replicas != 1 else ''}"
+    if kind is UpdateKind.REVOCATION:
+        return (Reason.CREDENTIAL_REVOKED,
+                f"{revision_text} of class {class_name} written to {n} for a signing-key revocation: the license "
+                f"did not change; the rollout restarts their VMs onto the new report credential")
+    if kind is UpdateKind.CREDENTIAL:
+        return (Reason.CREDENTIAL_REWRITTEN,
+                f"Report credential of class {class_name} rewritten in {n} for the current signing key; "
+                f"the license did not change, no VM restarts")
+    return Reason.LICENSE_ROTATED, f"{revision_text} of class {class_name} written to {n}"

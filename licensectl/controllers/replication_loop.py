@@ -19,13 +19,17 @@ from licensectl.controllers import replication_status
 from licensectl.controllers.deletion_budget import DeletionBudget as DeletionBudget
 from licensectl.controllers.planner import CacheCopies, PlannerThread, objects_of
 from licensectl.controllers.replication_events import PROBLEM_REASONS as PROBLEM_REASONS
-from licensectl.controllers.replication_events import license_change_message, namespace_object, secret_object
+from licensectl.controllers.replication_events import (
+    license_change_message,
+    namespace_object,
+    rewrite_event,
+    secret_object,
+)
 from licensectl.controllers.replication_status import ReplicationStatus
 from licensectl.controllers.replication_status import class_status as class_status
 from licensectl.controllers.settings import rotation_settings, tenant_settings
 from licensectl.core import tokeninfo
 from licensectl.core.model import (
-    ANN_REVISION,
     ANN_SOURCE_NAME,
     ANN_SOURCE_NAMESPACE,
     ANN_SOURCE_REVISION,
@@ -45,7 +49,7 @@ from licensectl.core.ports import (
     WriteResult,
 )
 from licensectl.core.reasons import EventType, Reason
-from licensectl.core.render import DesiredReplica, SourceProblem
+from licensectl.core.render import DesiredReplica, SourceProblem, UpdateKind, update_kind
 from licensectl.core.replication import (
     ReplicationInputs,
     ReplicationPlan,
@@ -104,9 +108,9 @@ class ReplicationController:
         self._token_sha: dict[ObjectRef, str] = {}
         self._logged_changes: dict[str, tuple[tuple[str, ...], str]] = {}  # held class changes already logged
         self.retry_after: float | None = None  # seconds until the deletion cap frees up, if deferred
-        # Replicas rotated in this pass by (source namespace, source name, class, revision): routine
-        # writes get one summarising Event on the source, not one each (docs/design.md#event-policy).
-        self._rotated: dict[tuple[str, str, str, str], int] = {}
+        # Replicas rewritten in this pass by (kind of change, source namespace, source name, class, revision):
+        # routine writes get one summarising Event on the source, not one each (docs/design.md#event-policy).
+        self._rotated: dict[tuple[UpdateKind, str, str, str, str], int] = {}
 
     # -- observe + plan ---------------------------------------------------------------------------
     def plan(self) -> ReplicationPlan:
@@ -231,7 +235,7 @@ class ReplicationController:
     async def _create(self, d: DesiredReplica) -> None:
         async with self._sem:
             res = await self.writer.create(self._body(d))
-        await self._after_write("create", d, res)
+        await self._after_write(None, d, res)
 
     async def _update(self, existing: ReplicaSecret, d: DesiredReplica) -> None:
         observed = ObservedMeta(namespace=existing.namespace, name=existing.name,
@@ -239,12 +243,11 @@ class ReplicationController:
                                 annotations=existing.annotations)
         async with self._sem:
             res = await self.writer.update(self._body(d), observed)
-        # A rotation changes the content; a tenant editing only the revision annotation is drift.
-        rotated = existing.annotations.get(ANN_REVISION) != d.revision and existing.data_digest != d.data_digest
-        await self._after_write("rotate" if rotated else "update", d, res)
+        await self._after_write(update_kind(existing, d), d, res)
 
-    async def _after_write(self, action: str, d: DesiredReplica, res: WriteResult) -> None:
-        self.metrics.replica_writes.labels("create" if action == "create" else "update", res.value).inc()
+    async def _after_write(self, kind: UpdateKind | None, d: DesiredReplica, res: WriteResult) -> None:
+        """`kind` None: a create."""
+        self.metrics.replica_writes.labels("create" if kind is None else "update", res.value).inc()
         obj = secret_object(d.namespace, d.name)
         if res is WriteResult.CONFLICT:
             self.status.conflicts[(d.namespace, d.name)] = self._monotonic()
@@ -255,9 +258,9 @@ class ReplicationController:
         elif res is WriteResult.CREATED:
             # Routine: counted in licensectl_replica_writes_total, no Event (docs/design.md#event-policy).
             self.status.conflicts.pop((d.namespace, d.name), None)
-        elif res is WriteResult.UPDATED and action == "rotate":
-            key = (d.annotations.get(ANN_SOURCE_NAMESPACE, ""), d.annotations.get(ANN_SOURCE_NAME, ""),
-                   d.class_name, _revision_text(d))
+        elif res is WriteResult.UPDATED and kind is not None and kind is not UpdateKind.DRIFT:
+            key = (kind, d.annotations.get(ANN_SOURCE_NAMESPACE, ""), d.annotations.get(ANN_SOURCE_NAME, ""),
+                   d.class_name, _revision_text(d, kind))
             self._rotated[key] = self._rotated.get(key, 0) + 1
         elif res is WriteResult.UPDATED:
             await self.events.emit(obj, EventType.NORMAL, Reason.REPLICA_REVERTED,
@@ -265,12 +268,11 @@ class ReplicationController:
                                    f"({replica_revision(d.revision)})")
 
     async def _rotation_events(self) -> None:
-        """One Event per rotated (source, class) per pass, on the source Secret."""
-        for (ns, name, class_name, revision_text), n in sorted(self._rotated.items()):
+        """One Event per (kind of change, source, class) per pass, on the source Secret."""
+        for (kind, ns, name, class_name, revision_text), n in sorted(self._rotated.items()):
             if ns and name:
-                await self.events.emit(secret_object(ns, name), EventType.NORMAL, Reason.LICENSE_ROTATED,
-                                       f"{revision_text} of class {class_name} written to "
-                                       f"{n} replica{'s' if n != 1 else ''}")
+                reason, message = rewrite_event(kind, class_name, revision_text=revision_text, replicas=n)
+                await self.events.emit(secret_object(ns, name), EventType.NORMAL, reason, message)
 
     async def _delete(self, r: ReplicaSecret) -> None:
         async with self._sem:
@@ -418,9 +420,10 @@ class ReplicationController:
         return replication_status.status_dict(self.status, self.caches)
 
 
-def _revision_text(d: DesiredReplica) -> str:
-    """A rotated replica in Event wording (core/revision_text.py): its source revision, capitalised
-    to open the message; the labelled replica revision for a replica written without one."""
+def _revision_text(d: DesiredReplica, kind: UpdateKind) -> str:
+    """A rewritten replica in Event wording (core/revision_text.py): its source revision, capitalised
+    to open the message; the labelled replica revision for a replica written without one, or when the
+    source did not change (a key revocation)."""
     src = d.annotations.get(ANN_SOURCE_REVISION)
-    text = source_revision(src) if src else replica_revision(d.revision)
+    text = source_revision(src) if src and kind is UpdateKind.CONTENT else replica_revision(d.revision)
     return text[:1].upper() + text[1:]

@@ -22,6 +22,8 @@ class Reason(StrEnum):
     # -- replication (controllers/replication_loop.py) ------------------------------------------
     LICENSE_ROTATED = "LicenseRotated"  # once per rotation pass and class, on the source Secret
     REPLICA_REVERTED = "ReplicaReverted"  # a replica's content or marks drifted and were written back
+    CREDENTIAL_REWRITTEN = "CredentialRewritten"  # once per pass and class: a new signing key's credential written
+    CREDENTIAL_REVOKED = "CredentialRevoked"  # once per pass and class: a key revocation's new revision written
     REPLICA_DELETED = "ReplicaDeleted"  # a replica deleted: its namespace is no longer entitled
     REPLICA_CONFLICT = "ReplicaConflict"  # a Secret licensectl does not own holds a replica's name
     DELETION_CAP_HIT = "DeletionCapHit"  # replica deletions deferred by the per-minute cap

@@ -375,6 +375,35 @@ def replica_diff(existing: ReplicaSecret | None, desired: DesiredReplica) -> Rep
     return ReplicaAction.NOOP
 
 
+class UpdateKind(StrEnum):
+    """What kind of change an update of an owned replica is, read from the diff (the Event it gets)."""
+
+    CONTENT = "content"  # the source's token or gridd.conf, or the class's license fields: a rotation
+    REVOCATION = "revocation"  # only a signing-key revocation changed the revision: the source did not change
+    CREDENTIAL = "credential"  # the report credential rewritten for a new signing key: same revision
+    DRIFT = "drift"  # content or marks edited by someone else, written back
+
+
+def update_kind(existing: ReplicaSecret, desired: DesiredReplica) -> UpdateKind:
+    """Why `desired` overwrites `existing`, from what differs between them.
+
+    A new revision over new bytes is a rotation, unless the source revision and the class license the
+    replica records are both unchanged while its signing key changed: then the only other input of
+    the revision, the key revocation (docs/design.md#key-ring), changed. The same revision with another
+    signing key is a credential rewrite. Anything else (a revision mark edited alone, bytes edited
+    under the same key) is drift."""
+    have, want = existing.annotations, desired.annotations
+    new_key = bool(want.get(ANN_CREDENTIAL_KEY)) and have.get(ANN_CREDENTIAL_KEY) != want.get(ANN_CREDENTIAL_KEY)
+    if existing.data_digest == desired.data_digest:
+        return UpdateKind.DRIFT
+    if have.get(ANN_REVISION) != desired.revision:
+        same_source = bool(want.get(ANN_SOURCE_REVISION)) and have.get(ANN_SOURCE_REVISION) == want.get(
+            ANN_SOURCE_REVISION)
+        same_class = ANN_CLASS_LICENSE in have and have.get(ANN_CLASS_LICENSE) == want.get(ANN_CLASS_LICENSE)
+        return UpdateKind.REVOCATION if same_source and same_class and new_key else UpdateKind.CONTENT
+    return UpdateKind.CREDENTIAL if new_key else UpdateKind.DRIFT
+
+
 _STATE = {
     ReplicaAction.CREATE: ReplicaState.MISSING,
     ReplicaAction.UPDATE: ReplicaState.DRIFTED,

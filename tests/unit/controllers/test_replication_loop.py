@@ -26,7 +26,8 @@ from licensectl.core.model import (
     SourceSecret,
 )
 from licensectl.core.render import replica_name
-from licensectl.core.replication import ReplicationInputs, ReplicationPlan, plan_replication
+from licensectl.core.replication import ReplicationInputs, ReplicationPlan, SourceRevisions, plan_replication
+from licensectl.core.rotation import RotationRecord
 from licensectl.metrics import Metrics
 from licensectl_dev.testkit.memory import (
     ManualClock,
@@ -140,6 +141,60 @@ async def test_a_tenant_editing_its_replica_gets_it_reverted() -> None:
     assert w.writes() == [("update", "tenant-a", REPLICA)]
     assert w.token_in("tenant-a") == TOKEN
     assert "ReplicaReverted" in w.events.reasons()
+
+
+def with_rotation_record(w: World) -> None:
+    """The replicas carry their source revision, as with the controller's rotation records."""
+    w.loop.rotations = lambda: {SRC: SourceRevisions(RotationRecord(stable="s" * 64), stable=source(),
+                                                     candidate=None)}
+
+
+def rewrites(w: World) -> list[tuple[str, str, str]]:
+    """(reason, object name, message) of the Events about the replicas' writes since the last call."""
+    out = [(r, o.name, m) for o, _t, r, m in w.events.emitted
+           if r in {"LicenseRotated", "ReplicaReverted", "CredentialRewritten", "CredentialRevoked"}]
+    w.events.emitted.clear()
+    return out
+
+
+async def test_a_new_signing_key_is_a_credential_rewrite_not_a_revert() -> None:
+    w = World(["tenant-a", "tenant-b"])
+    with_rotation_record(w)
+    await w.loop.reconcile()
+    w.writes(), rewrites(w)
+    for n, key in enumerate(["key-one", "key-two"]):  # the first ring's key, then a rotation
+        w.loop.credentials = MemoryCredentials(lambda ns, n=n: f"cred{n}-{ns}", key_id=key)
+        await w.loop.reconcile()
+        assert len(w.writes()) == 3
+        ((reason, obj, message),) = rewrites(w)
+        assert (reason, obj) == ("CredentialRewritten", SRC.name)
+        assert "class vws rewritten in 3 replicas" in message and "no VM restarts" in message, message
+    # A tenant's edit under the same key is still drift, written back and said so.
+    w.writer.secrets[("tenant-a", REPLICA)]["data"][KEY_TOKEN] = base64.b64encode(b"tampered").decode()
+    w.caches.replicas.put(dataclasses.replace(w.caches.replicas.cache[("tenant-a", REPLICA)], data_digest=b"x"))
+    await w.loop.reconcile()
+    assert [(r, o) for r, o, _ in rewrites(w)] == [("ReplicaReverted", REPLICA)]
+
+
+async def test_a_key_revocation_is_not_a_license_rotation() -> None:
+    w = World(["tenant-a", "tenant-b"])
+    with_rotation_record(w)
+    w.loop.credentials = MemoryCredentials(lambda ns: f"cred-{ns}", key_id="key-one")
+    await w.loop.reconcile()
+    w.writes(), rewrites(w)
+    w.loop.credentials = MemoryCredentials(lambda ns: f"new-{ns}", key_id="key-two", epoch="key-two")
+    await w.loop.reconcile()
+    assert len(w.writes()) == 3
+    ((reason, obj, message),) = rewrites(w)
+    assert (reason, obj) == ("CredentialRevoked", SRC.name), message
+    assert message.startswith("Replica revision ") and "signing-key revocation" in message, message
+    assert "the license did not change" in message, message
+    # A new token afterwards is a rotation again, named by its source revision.
+    w.loop.rotations = lambda: {SRC: SourceRevisions(RotationRecord(stable="t" * 64), stable=source(b"two\n"),
+                                                     candidate=None)}
+    await w.loop.reconcile()
+    ((reason, obj, message),) = rewrites(w)
+    assert reason == "LicenseRotated" and message.startswith("Source revision tttttttttttt"), message
 
 
 async def test_deletions_wait_until_every_core_cache_is_healthy() -> None:
