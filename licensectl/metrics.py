@@ -68,7 +68,8 @@ SNAPSHOT_GAUGES: dict[str, str] = {
     "rollout_last_progress_timestamp_seconds": "Last time a rollout issued or completed a restart.",
     "rollout_manual_restart_overdue": "1 per manual-restart VMI still on an old token past the manual deadline.",
     "vmis_missing_license_volume": "Running VMIs of entitled vGPU claims without their license volume, by "
-                                   "namespace (the backstop restarts them).",
+                                   "namespace (the backstop restarts them; a spec blocking delivery counts in "
+                                   "vmis_delivery_blocked instead).",
     "vmis_delivery_blocked": "Running VMIs without their license volume whose spec the webhook cannot add it to "
                              "(a volume name or disk serial taken), by namespace and reason: never restarted.",
     "vmis_backstop_retrying": "VMIs whose backstop restart came back without the license volume and are retried "

@@ -21,6 +21,7 @@ from licensectl.controllers.guests import GuestStore, gates_of
 from licensectl.controllers.planner import CacheCopies, PlannerThread, objects_of
 from licensectl.controllers.settings import rollout_settings
 from licensectl.controllers.vm_restart import restart_vmi, vm_object, vmi_object
+from licensectl.core.delivery import Skip, refusal_text
 from licensectl.core.guest_report import GuestState
 from licensectl.core.model import ObjectRef, ReplicaSecret, Vm, Vmi, source_of
 from licensectl.core.ports import (
@@ -274,8 +275,9 @@ class RolloutController:
                 await self.events.emit(vmi_object(ns, vmi), EventType.WARNING, Reason.LICENSE_DELIVERY_BLOCKED,
                                        f"VMI of an entitled vGPU claim runs without its license volume "
                                        f"({st.replica}) and the admission webhook cannot add one to this spec "
-                                       f"({st.blocker}): not restarted; rename the VM's conflicting volume or disk "
-                                       f"serial, then restart it")
+                                       f"({st.blocker}: {refusal_text(Skip(st.blocker), st.blocked_volume)}): "
+                                       f"not restarted; rename the VM's conflicting volume, disk or serial, then "
+                                       f"restart it")
             elif st.missing_volume:
                 await self.events.emit(vmi_object(ns, vmi), EventType.WARNING, Reason.LICENSE_VOLUME_MISSING,
                                        f"VMI of an entitled vGPU claim runs without its license volume "
@@ -411,10 +413,10 @@ class RolloutController:
         overdue: list[tuple[tuple[str, str], VmiRolloutState]] = []
         for key, vs in plan.vmi_states.items():
             ns = key[0]
-            if vs.missing_volume:
-                missing[ns] = missing.get(ns, 0) + 1
-            if vs.state is VmiState.UNDELIVERABLE:
+            if vs.state is VmiState.UNDELIVERABLE:  # in the blocked family only: one cause, one alert
                 blocked[(ns, vs.blocker)] = blocked.get((ns, vs.blocker), 0) + 1
+            elif vs.missing_volume:
+                missing[ns] = missing.get(ns, 0) + 1
             if vs.attempt:
                 retrying[ns] = retrying.get(ns, 0) + 1
             if vs.overdue:

@@ -87,6 +87,12 @@ class Wanted:
     # For the delivery stamp: (replica name, its licensectl.io/revision), (replica name, its credential key).
     revisions: tuple[tuple[str, str], ...] = ()
     keys: tuple[tuple[str, str], ...] = ()
+    # (claim name, the class it names) for every claim naming one: a skip names both.
+    classes: tuple[tuple[str, str], ...] = ()
+
+    def claim_of(self, class_name: str) -> str:
+        """The first claim naming `class_name` (the class name itself if none does)."""
+        return next((claim for claim, cls in self.classes if cls == class_name), class_name)
 
 
 def wanted_replicas(namespace: str, claims: Sequence[str], view: DeliveryView) -> Wanted:
@@ -96,11 +102,13 @@ def wanted_replicas(namespace: str, claims: Sequence[str], view: DeliveryView) -
     skipped: list[tuple[str, Skip]] = []
     revisions: list[tuple[str, str]] = []
     keys: list[tuple[str, str]] = []
+    classes: list[tuple[str, str]] = []
     for claim_name in claims:
         claim = view.claims.get((namespace, claim_name))
         if claim is None or not claim.class_name:
             skipped.append((claim_name, Skip.CLAIM_NOT_FOUND))
             continue
+        classes.append((claim_name, claim.class_name))
         gpu_class = view.classes.get(("", claim.class_name))
         if gpu_class is None:
             skipped.append((claim_name, Skip.CLASS_NOT_FOUND))
@@ -121,7 +129,7 @@ def wanted_replicas(namespace: str, claims: Sequence[str], view: DeliveryView) -
                 revisions.append((name, revision))
             if key := replica.annotations.get(ANN_CREDENTIAL_KEY):
                 keys.append((name, key))
-    return Wanted(tuple(out), tuple(skipped), tuple(revisions), tuple(keys))
+    return Wanted(tuple(out), tuple(skipped), tuple(revisions), tuple(keys), tuple(classes))
 
 
 def wanted_volumes(vmis: Iterable[Vmi], view: DeliveryView) -> dict[tuple[str, str], tuple[str, ...]]:
@@ -153,8 +161,20 @@ class Delivery:
     patch: tuple[dict[str, Any], ...]
     added: tuple[str, ...]  # replica names whose volume the patch adds
     present: tuple[str, ...]  # replica names the VMI already carries
-    skipped: tuple[tuple[str, Skip], ...]
+    skipped: tuple[tuple[str, Skip], ...]  # (claim name, reason)
     stamped: bool = False  # the patch sets the delivery stamp (docs/design.md#delivery-stamp)
+    classes: tuple[tuple[str, str], ...] = ()  # (claim name, the class it names), as Wanted.classes
+    # (claim name, the volume name refused): a volume or disk of the spec already holds it.
+    taken: tuple[tuple[str, str], ...] = ()
+
+    def skip_message(self, claim: str, reason: Skip) -> str:
+        """A skipped claim in an Event's words: the claim, its class, and what in the spec blocks it."""
+        cls = dict(self.classes).get(claim)
+        why = reason.value
+        if reason in BLOCKING:
+            why += ": " + refusal_text(reason, dict(self.taken).get(claim, ""))
+        return (f"GPU claim {claim}{f' of GPUClass {cls}' if cls else ''}: no license volume added ({why}); "
+                f"the VMI was admitted unchanged")
 
     @property
     def mutated(self) -> bool:
@@ -184,6 +204,15 @@ def refusal(volume: str, names: Collection[object], serials: Collection[object],
     return None
 
 
+def refusal_text(reason: Skip, volume: str) -> str:
+    """What in the spec blocks license volume `volume`, naming it (a refusal's reason in words)."""
+    if reason is Skip.VOLUME_NAME_TAKEN:
+        return f"the spec already has a volume or disk named {volume}"
+    if reason is Skip.SERIAL_TAKEN:
+        return f"a disk serial or volume label {SERIAL} is taken"
+    return "the VMI spec is malformed"
+
+
 def plan_delivery(vmi: Mapping[str, Any], wanted: Wanted) -> Delivery:
     """The patch adding a secret volume and a disk for each wanted replica the VMI lacks, and the stamp.
 
@@ -192,8 +221,9 @@ def plan_delivery(vmi: Mapping[str, Any], wanted: Wanted) -> Delivery:
     """
     spec = vmi.get("spec")
     domain = spec.get("domain") if isinstance(spec, dict) else None
+    malformed = wanted.skipped + tuple((wanted.claim_of(c), Skip.MALFORMED) for c, _ in wanted.replicas)
     if not isinstance(spec, dict) or not isinstance(domain, dict):
-        return Delivery((), (), (), wanted.skipped + tuple((c, Skip.MALFORMED) for c, _ in wanted.replicas))
+        return Delivery((), (), (), malformed, classes=wanted.classes)
     devices = domain.get("devices")
     volumes = _list_of_dicts(spec.get("volumes"))
     disks = _list_of_dicts(devices.get("disks")) if isinstance(devices, dict) else None
@@ -201,7 +231,7 @@ def plan_delivery(vmi: Mapping[str, Any], wanted: Wanted) -> Delivery:
             devices is not None and not isinstance(devices, dict)) or (
             isinstance(devices, dict) and devices.get("disks") is not None
             and not isinstance(devices.get("disks"), list)):
-        return Delivery((), (), (), wanted.skipped + tuple((c, Skip.MALFORMED) for c, _ in wanted.replicas))
+        return Delivery((), (), (), malformed, classes=wanted.classes)
 
     mounted = {_secret_name(v) for v in volumes or []}
     names = {v.get("name") for v in volumes or []} | {d.get("name") for d in disks or []}
@@ -211,6 +241,7 @@ def plan_delivery(vmi: Mapping[str, Any], wanted: Wanted) -> Delivery:
     present: list[str] = [r for _, r in wanted.replicas if r in mounted]
     added: list[str] = []
     skipped = list(wanted.skipped)
+    taken: list[tuple[str, str]] = []
     new_volumes: list[dict[str, Any]] = []
     new_disks: list[dict[str, Any]] = []
     for class_name, replica in wanted.replicas:
@@ -219,7 +250,8 @@ def plan_delivery(vmi: Mapping[str, Any], wanted: Wanted) -> Delivery:
         name = volume_name(class_name)
         reason = refusal(name, names, serials | labels, first=not present and not added)
         if reason is not None:
-            skipped.append((class_name, reason))
+            skipped.append((wanted.claim_of(class_name), reason))
+            taken.append((wanted.claim_of(class_name), name))
             continue
         serial = _free_serial(serials | labels)
         serials.add(serial)
@@ -237,7 +269,8 @@ def plan_delivery(vmi: Mapping[str, Any], wanted: Wanted) -> Delivery:
         else:
             patch += _append("/spec/domain/devices/disks", disks, new_disks)
     stamp = _stamp_patch(vmi, wanted, [r for _, r in wanted.replicas if r in mounted or r in added])
-    return Delivery(tuple(patch + stamp), tuple(added), tuple(present), tuple(skipped), stamped=bool(stamp))
+    return Delivery(tuple(patch + stamp), tuple(added), tuple(present), tuple(skipped), stamped=bool(stamp),
+                    classes=wanted.classes, taken=tuple(taken))
 
 
 # -- the delivery stamp (docs/design.md#delivery-stamp) --------------------------------------------
@@ -305,7 +338,13 @@ def replica_volume_name(replica: str) -> str:
 
 
 def delivery_blocker(vmi: Vmi, wanted_replicas: tuple[str, ...]) -> Skip | None:
-    """Why a new VMI built from this VMI's spec would not get every wanted replica; None: it would.
+    """Why a new VMI built from this VMI's spec would not get every wanted replica; None: it would."""
+    refused = delivery_refusal(vmi, wanted_replicas)
+    return None if refused is None else refused[0]
+
+
+def delivery_refusal(vmi: Vmi, wanted_replicas: tuple[str, ...]) -> tuple[Skip, str] | None:
+    """`delivery_blocker` with the license volume name it refuses (what a message names).
 
     The same `refusal` as the webhook, over the projection (`volume_names`, `disk_serials`,
     `secret_volumes`), in the webhook's order: the first replica it would refuse names the reason.
@@ -319,7 +358,7 @@ def delivery_blocker(vmi: Vmi, wanted_replicas: tuple[str, ...]) -> Skip | None:
         name = replica_volume_name(replica)
         reason = refusal(name, names, vmi.disk_serials, first=first)
         if reason is not None:
-            return reason
+            return reason, name
         names.add(name)
         first = False
     return None

@@ -70,7 +70,7 @@ class AdmissionOutcomes:
         for claim, reason in a.delivery.skipped:
             self._spawn("admission-event", self._events.emit(
                 _vmi(a.namespace, a.name), EventType.WARNING, Reason.LICENSE_NOT_DELIVERED,
-                f"GPU claim {claim}: no license volume added ({reason.value}); the VMI was admitted unchanged"))
+                a.delivery.skip_message(claim, reason)))
 
     def _boot_image_event(self, a: Admission) -> None:
         assert a.boot is not None

@@ -20,7 +20,7 @@ import pytest
 import pytest_asyncio
 from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api, CustomObjectsApi
 
-from licensectl.core.delivery import SERIAL, parse_stamp
+from licensectl.core.delivery import SERIAL, parse_stamp, volume_name
 from licensectl.core.model import (
     ANN_CREDENTIAL_KEY,
     ANN_DELIVERED_KEY,
@@ -190,6 +190,36 @@ async def test_a_taken_serial_is_refused_and_named(rig: Rig, kubeconfig_path: An
         evs = await wait_event(rig.api, rig.entitled, "squatter", "LicenseNotDelivered")
         assert any("serial_taken" in e.message for e in evs)
         assert metric(app, "licensectl_webhook_skipped_total", {"reason": "serial_taken"}) == 1
+
+
+async def test_a_taken_volume_name_is_named_by_both_events_and_counted_in_one_family(
+        rig: Rig, kubevirt: KubevirtEnv, kubeconfig_path: Any) -> None:
+    """One cause, one object named, one alert: the VM's own volume holds the license volume's name."""
+    taken = volume_name(rig.world.cls)
+    body = fleet.vm_body(rig.entitled, "taken", gpu_claims=["gpu"])
+    spec = body["spec"]["template"]["spec"]
+    spec["volumes"].append({"name": taken, "emptyDisk": {"capacity": "1Gi"}})
+    spec["domain"]["devices"]["disks"].append({"name": taken, "disk": {"bus": "virtio"}})
+    settings = rig.settings(kubevirt.kubeconfig_path, done_gate="ready")
+    async with running_app(settings) as app:
+        await eventually(lambda: replica_seen(app, rig.entitled, rig.world.replica), what="replica cached")
+        await CustomObjectsApi(rig.api).create_namespaced_custom_object(
+            "kubevirt.io", "v1", rig.entitled, "virtualmachines", body)
+        evs = await wait_event(rig.api, rig.entitled, "taken", "LicenseNotDelivered", "LicenseDeliveryBlocked",
+                               timeout=40)
+        by_reason = {e.reason: e.message for e in evs}
+        # The admission names the claim and its class (not the class as "claim"), and the taken volume.
+        assert by_reason["LicenseNotDelivered"].startswith(
+            f"GPU claim gpu of GPUClass {rig.world.cls}: no license volume added (volume_name_taken: "), by_reason
+        assert f"volume or disk named {taken})" in by_reason["LicenseNotDelivered"], by_reason
+        assert f"volume or disk named {taken})" in by_reason["LicenseDeliveryBlocked"], by_reason
+        await eventually(lambda: metric(app, "licensectl_vmis_delivery_blocked",
+                                        {"namespace": rig.entitled, "reason": "volume_name_taken"}) == 1,
+                         what="counted as blocked")
+        # Not counted as missing as well: LicensectlVMIMissingLicenseVolume stays quiet for it.
+        assert metric(app, "licensectl_vmis_missing_license_volume", {"namespace": rig.entitled}) is None
+        assert "LicenseVolumeMissing" not in {e.reason for e in evs}
+    assert kubevirt.record.restarts_for(rig.entitled, "taken") == []
 
 
 async def test_a_vmi_without_gpus_never_reaches_the_webhook(rig: Rig, kubeconfig_path: Any) -> None:

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from licensectl.core import drain, model
+from licensectl.core.delivery import Skip, refusal_text
 from licensectl.core.rollout.constants import (
     DONE_GATE_READY_LICENSED,
     POLICY_MANUAL,
@@ -254,7 +255,8 @@ def _evaluate(slot: _Slot, st: RolloutSettings, guests: Mapping[tuple[str, str],
         # A restart rebuilds the VMI from the same spec: the webhook would refuse it again. Not ours to fix,
         # never a failure (docs/design.md#delivery-blocked).
         return _Eval(slot, VmiState.UNDELIVERABLE, rev,
-                     f"license volume cannot be delivered to this VM's spec ({slot.blocker}): fix the VM template",
+                     f"license volume cannot be delivered to this VM's spec ({slot.blocker}: "
+                     f"{refusal_text(Skip(slot.blocker), slot.blocked_volume)}): fix the VM template",
                      rule=Rule.VOLUME)
     if vm is not None and vmi is not None and _worker_down(vm):
         # Restarted by its drain, its Node not back: blocked, whatever the VMI's revision says, so no view

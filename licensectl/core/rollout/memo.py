@@ -129,7 +129,8 @@ class PlanMemo:
         was = m.ev.slot if m is not None else None
         if (m is not None and was is not None and was.vmi is slot.vmi and was.vm is slot.vm
                 and was.replica == slot.replica and was.missing == slot.missing and was.stamp == slot.stamp
-                and was.blocker == slot.blocker and m.guest == guest and m.control == control
+                and was.blocker == slot.blocker and was.blocked_volume == slot.blocked_volume
+                and m.guest == guest and m.control == control
                 and (m.until is None or now < m.until)):
             self.hits += 1
         else:

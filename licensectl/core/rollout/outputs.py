@@ -86,6 +86,7 @@ class VmiRolloutState:
     missing_volume: bool = False  # should carry a license volume and does not (backstop)
     rule: Rule | None = None  # which rule judged it current or stale (None: a restart's state)
     blocker: str = ""  # undeliverable: why the webhook cannot add the volume (a delivery.Skip value)
+    blocked_volume: str = ""  # undeliverable: the license volume name the webhook refuses
     attempt: int = 0  # backstop restarts that came back without the volume so far (retrying when > 0)
     retry_at: dt.datetime | None = None  # when the next backstop retry may be issued
 

@@ -399,6 +399,7 @@ def _state(e: _Eval) -> VmiRolloutState:
     return VmiRolloutState(
         e.state, e.revision, e.slot.replica.source, e.slot.replica.name, e.overdue, e.reason,
         missing_volume=bool(e.slot.missing), rule=e.rule, blocker=e.slot.blocker or "",
+        blocked_volume=e.slot.blocked_volume,
         attempt=e.retry, retry_at=e.eligible_at if e.retry else None)
 
 

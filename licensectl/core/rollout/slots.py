@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from licensectl.core import model
-from licensectl.core.delivery import delivery_blocker
+from licensectl.core.delivery import delivery_refusal
 from licensectl.core.rollout.constants import RESULT_DONE
 from licensectl.core.rollout.inputs import ReplicaRevision, RestartIntent
 
@@ -33,6 +33,7 @@ class _Slot:
     # None the governing replica is not stamped (the time rule judges).
     stamp: bool | None = None
     blocker: str | None = None  # missing, and the webhook cannot add it to this spec (delivery.Skip value)
+    blocked_volume: str = ""  # with `blocker`: the license volume name the webhook refuses
 
 
 def stamp_matches(vmi: model.Vmi, mounted: Iterable[ReplicaRevision], governing: ReplicaRevision) -> bool | None:
@@ -81,6 +82,7 @@ def _collect_slots(
         want = wanted.get((v.namespace, v.name), ())
         missing: tuple[str, ...] = ()
         blocker: str | None = None
+        blocked_volume = ""
         if not want and len(v.secret_volumes) == 1:  # the common case, without the general one's allocations
             one = replicas.get((v.namespace, v.secret_volumes[0]))
             if one is None:
@@ -96,19 +98,20 @@ def _collect_slots(
             governing = max(refs, key=lambda r: (r.revision_time, r.name))
             stamp = stamp_matches(v, refs, governing) if v.delivered_revisions else None
             if missing:
-                skip = delivery_blocker(v, want)
-                blocker = None if skip is None else str(skip.value)
+                refused = delivery_refusal(v, want)
+                if refused is not None:
+                    blocker, blocked_volume = str(refused[0].value), refused[1]
         vm = vm_by_key.get((v.namespace, v.owner_vm)) if v.owner_vm else None
         prev = last(v.namespace, v.name) if last is not None else None
         if prev is not None and prev.vm is vm:
             if (prev.vmi is v and prev.replica == governing and prev.missing == missing and prev.stamp == stamp
-                    and prev.blocker == blocker):
+                    and prev.blocker == blocker and prev.blocked_volume == blocked_volume):
                 slots.append(prev)
                 continue
             intent = prev.intent
         else:
             intent = _vm_intent(vm)
-        slots.append(_Slot(v.namespace, v.name, v, vm, governing, intent, missing, stamp, blocker))
+        slots.append(_Slot(v.namespace, v.name, v, vm, governing, intent, missing, stamp, blocker, blocked_volume))
     # VMs whose VMI is gone: a restart in flight (or a stopped VM, which is not our business).
     for key in sorted(unowned):
         vm = vm_by_key[key]

@@ -164,7 +164,22 @@ def test_taken_serial_and_names_are_refused_never_overwritten() -> None:
               volumes=[{"name": "licensectl-vcs", "emptyDisk": {}}])
     d = plan_delivery(obj, wanted_replicas("t1", ["gpu", "compute"], view()))
     assert d.patch == () and d.added == ()
-    assert d.skipped == (("vws", Skip.SERIAL_TAKEN), ("vcs", Skip.VOLUME_NAME_TAKEN))
+    # Each refusal names the claim (not its class), and its message the claim, the class and what is taken.
+    assert d.skipped == (("gpu", Skip.SERIAL_TAKEN), ("compute", Skip.VOLUME_NAME_TAKEN))
+    assert d.skip_message("compute", Skip.VOLUME_NAME_TAKEN) == (
+        "GPU claim compute of GPUClass vcs: no license volume added (volume_name_taken: the spec already has a "
+        "volume or disk named licensectl-vcs); the VMI was admitted unchanged")
+    assert d.skip_message("gpu", Skip.SERIAL_TAKEN) == (
+        "GPU claim gpu of GPUClass vws: no license volume added (serial_taken: a disk serial or volume label "
+        "LICENSECTL is taken); the VMI was admitted unchanged")
+
+
+def test_a_skip_before_the_patch_names_the_claim_and_the_class_it_names() -> None:
+    d = plan_delivery(vmi("gpu"), wanted_replicas("t1", ["gpu"], view(entitled=())))
+    assert d.skip_message("gpu", Skip.NOT_ENTITLED) == (
+        "GPU claim gpu of GPUClass vws: no license volume added (not_entitled); the VMI was admitted unchanged")
+    d = plan_delivery(vmi("nope"), wanted_replicas("t1", ["nope"], view()))
+    assert d.skip_message("nope", Skip.CLAIM_NOT_FOUND).startswith("GPU claim nope: no license volume added")
 
 
 def test_serials_and_labels_in_use_are_skipped_once_a_license_volume_is_there() -> None:
@@ -180,8 +195,9 @@ def test_serials_and_labels_in_use_are_skipped_once_a_license_volume_is_there() 
 @pytest.mark.parametrize("spec", [None, [], {"domain": "x"}, {"domain": {"devices": []}},
                                   {"domain": {}, "volumes": {}}, {"domain": {"devices": {"disks": "x"}}}])
 def test_malformed_vmi_is_admitted_unchanged_with_a_reason(spec: Any) -> None:
-    d = plan_delivery({"spec": spec}, Wanted((("vws", "r"),), ()))
-    assert d.patch == () and d.skipped == (("vws", Skip.MALFORMED),)
+    d = plan_delivery({"spec": spec}, Wanted((("vws", "r"),), (), classes=(("gpu", "vws"),)))
+    assert d.patch == () and d.skipped == (("gpu", Skip.MALFORMED),)
+    assert "GPU claim gpu of GPUClass vws" in d.skip_message("gpu", Skip.MALFORMED)
 
 
 def test_volume_names_are_dns_labels() -> None:

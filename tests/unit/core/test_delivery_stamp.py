@@ -14,6 +14,7 @@ from licensectl.core.delivery import (
     Skip,
     Wanted,
     delivery_blocker,
+    delivery_refusal,
     is_probe,
     parse_stamp,
     plan_delivery,
@@ -193,6 +194,11 @@ def test_replica_volume_name_is_the_webhooks() -> None:
 def test_blocker_cases(volumes: list[dict[str, Any]], disks: list[dict[str, Any]], wanted: tuple[str, ...],
                        want: Skip | None) -> None:
     assert delivery_blocker(running(vmi("gpu", volumes=volumes, disks=disks)), wanted) == want
+    refused = delivery_refusal(running(vmi("gpu", volumes=volumes, disks=disks)), wanted)
+    # The refused volume is the one of the first wanted replica the spec blocks.
+    assert refused == (None if want is None else (want, refused[1] if refused else ""))
+    if want is Skip.VOLUME_NAME_TAKEN:
+        assert refused is not None and any(v["name"] == refused[1] for v in volumes)
 
 
 def test_blocking_reasons_are_spec_reasons_only() -> None:

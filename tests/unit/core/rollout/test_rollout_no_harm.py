@@ -188,6 +188,8 @@ def test_a_vmi_whose_spec_blocks_delivery_is_undeliverable_never_restarted_never
     p = plan([rep()], [blocked], [vm()], now=600, wanted={("t-a", "vm1"): (LIC,)})
     s = p.vmi_states[("t-a", "vm1")]
     assert s.state is VmiState.UNDELIVERABLE and s.blocker == "volume_name_taken" and s.missing_volume
+    # What it names: the volume name taken in the VM's spec.
+    assert s.blocked_volume == "licensectl-a100" and "volume or disk named licensectl-a100" in s.reason
     assert p.restarts == () and p.sources[SRC].failures == 0 and p.sources[SRC].pause_reason is None
     # Three of them in one tenant do not stop the backstop for another tenant's VM.
     vs = [vmi(name=f"b{i}", started=500, secrets=(), volume_names=("licensectl-a100",)) for i in range(3)]
