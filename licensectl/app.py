@@ -218,8 +218,9 @@ class App:
             # The boot image check (docs/design.md#boot-image-mark): warnings from the mutating webhook,
             # denials from the validating one only with --vgpu-driver-check=enforce.
             check = None if s.vgpu_driver_check == "off" else fleet.check_boot
+            check_vm = None if s.vgpu_driver_check == "off" else fleet.check_vm_boot
             self.webhook = WebhookServer(make_webhook_app(
-                decide=fleet.admit, on_admission=outcomes.on_admission, check_boot=check,
+                decide=fleet.admit, on_admission=outcomes.on_admission, check_boot=check, check_vm_boot=check_vm,
                 enforce=s.vgpu_driver_check == "enforce", on_validation=outcomes.on_validation,
                 probe_namespace=s.namespace, probe_answer=self._probe_answer), s.webhook_address)
             self.tls.subscribe(self.webhook.reload)

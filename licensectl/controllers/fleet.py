@@ -10,10 +10,12 @@ replaced. The loops exchange their results through this view (`RotationInputs`),
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+from collections import ChainMap
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 
 from licensectl import config
 from licensectl.controllers.delivery_probe import DeliveryProbe
@@ -106,6 +108,25 @@ class FleetView:
         if not boot_image.uses_vgpu(namespace, projections.vmi_gpu_claims(vmi), view):
             return None
         return boot_image.judge(boot_image.boot_volume(namespace, vmi), marks.marks(self._driver_images))
+
+    def check_vm_boot(self, namespace: str, vm: Mapping[str, Any]) -> boot_image.Judgement | None:
+        """`check_boot` of the VMI a VirtualMachine starts: its template, with the DataVolumes its
+        dataVolumeTemplates will create (not there yet at its creation) known from the templates."""
+        view = self.delivery_view()
+        marks = self.caches.boot_marks
+        template = projections.vm_template(vm)
+        if view is None or marks is None:
+            return None
+        if not boot_image.uses_vgpu(namespace, projections.vmi_gpu_claims(template), view):
+            return None
+        seen = marks.marks(self._driver_images)
+        planned = projections.vm_data_volume_templates(namespace, vm)
+        if planned:
+            live = seen.datavolumes
+            # ChainMap reads the live view by key only (`judge` only calls get), never iterates it.
+            overlay = planned if live is None else ChainMap(planned, cast(Any, live))
+            seen = dataclasses.replace(seen, datavolumes=overlay)
+        return boot_image.judge(boot_image.boot_volume(namespace, template), seen)
 
     # -- keys and reports ---------------------------------------------------------------------------
     def key_holders(self) -> credentials.Holders:

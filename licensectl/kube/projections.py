@@ -484,6 +484,26 @@ def _ref_in(namespace: str, ref: object) -> tuple[str, str] | None:
     return None if name is None else (_shared_name(_path(ref, "namespace")) or namespace, _shared(name))
 
 
+def vm_template(obj: object) -> dict[str, Any]:
+    """A VirtualMachine's `spec.template` as the VMI it starts would look (its metadata and spec): what
+    the boot image check and the GPU claims are read from at VirtualMachine admission."""
+    template = _dict(_path(obj, "spec", "template"))
+    return {"metadata": _dict(template.get("metadata")), "spec": _dict(template.get("spec"))}
+
+
+def vm_data_volume_templates(namespace: str, obj: object) -> dict[tuple[str, str], boot_image.DataVolumeRef]:
+    """The DataVolumes a VirtualMachine's `spec.dataVolumeTemplates` will create, slim as `data_volume_from`
+    reads them: at the VM's creation they do not exist yet, but their marks and golden images are known."""
+    out: dict[tuple[str, str], boot_image.DataVolumeRef] = {}
+    for t in _list(_path(obj, "spec", "dataVolumeTemplates")):
+        name = _str(_path(t, "metadata", "name"))
+        dv = data_volume_from({"metadata": {**_dict(_path(t, "metadata")), "namespace": namespace, "name": name},
+                               "spec": _path(t, "spec")}) if name else None
+        if dv is not None:
+            out[(namespace, dv.name)] = dv
+    return out
+
+
 def data_volume_from(obj: object) -> boot_image.DataVolumeRef | None:
     """A CDI DataVolume (cdi.kubevirt.io/v1beta1), slim: its own mark and the golden image it is cloned
     from, `spec.sourceRef` (kind DataSource) or `spec.source.pvc`. The references are shared: many

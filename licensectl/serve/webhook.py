@@ -45,6 +45,8 @@ log = logs.get(__name__)
 
 PATH = "/mutate-virtualmachineinstances"
 VALIDATE_PATH = "/validate-virtualmachineinstances"
+# VirtualMachine CREATE and UPDATE: the boot image warning only, never a patch, never a denial.
+VM_PATH = "/warn-virtualmachines"
 # A VMI spec is rarely over a few tens of KiB; etcd's own object limit is 1.5 MiB. Anything larger
 # is not a VMI the apiserver would store, and the body is read into memory.
 MAX_BODY = 3 * 1024 * 1024
@@ -121,7 +123,8 @@ def denied_response(uid: str, message: str) -> dict[str, Any]:
         "uid": uid, "allowed": False, "status": {"code": 403, "reason": "Forbidden", "message": message}}}
 
 
-async def _read_review(request: web.Request) -> _Review | web.Response:
+async def _read_review(request: web.Request, *, kind_wanted: str = "VirtualMachineInstance",
+                       operations: tuple[str, ...] = ("CREATE",)) -> _Review | web.Response:
     """The review's request, or the 400 answer to a body that is none."""
     try:
         review = await request.json(loads=json.loads)
@@ -134,20 +137,23 @@ async def _read_review(request: web.Request) -> _Review | web.Response:
     obj = req.get("object")
     namespace = req.get("namespace")
     kind = (req.get("kind") or {}).get("kind") if isinstance(req.get("kind"), dict) else None
-    if (req.get("operation") != "CREATE" or kind != "VirtualMachineInstance" or not isinstance(obj, dict)
+    if (req.get("operation") not in operations or kind != kind_wanted or not isinstance(obj, dict)
             or not isinstance(namespace, str)):
         return _Review(uid, namespace if isinstance(namespace, str) else "", None, False)
     return _Review(uid, namespace, obj, req.get("dryRun") is True)
 
 
 def make_webhook_app(*, decide: Decide, on_admission: Callable[[Admission], None],
-                     check_boot: CheckBoot | None = None, enforce: bool = False,
+                     check_boot: CheckBoot | None = None, check_vm_boot: CheckBoot | None = None,
+                     enforce: bool = False,
                      on_validation: Callable[[Validation], None] | None = None,
                      probe_namespace: str = "", probe_answer: Callable[[], str | None] | None = None,
                      ) -> web.Application:
     """The mutating webhook at PATH; at VALIDATE_PATH the enforce webhook, which denies a vGPU VMI whose
     boot image is unmarked when `enforce` is set and allows everything otherwise (a configuration
-    registered without the setting must not start refusing).
+    registered without the setting must not start refusing). At VM_PATH a VirtualMachine's create or
+    update gets the boot image warning of the VMI it will start (`check_vm_boot`), so a kubectl user
+    sees it before any VMI exists; it is always allowed, unchanged.
 
     `probe_answer()` is what a delivery probe in `probe_namespace` is answered with (the replica's
     identity), or None while this replica could not deliver (caches not synced): then the probe comes
@@ -192,8 +198,17 @@ def make_webhook_app(*, decide: Decide, on_admission: Callable[[Admission], None
             return web.json_response(denied_response(review.uid, denial(boot)))
         return web.json_response(review_response(review.uid, None))
 
+    async def warn_vm(request: web.Request) -> web.Response:
+        review = await _read_review(request, kind_wanted="VirtualMachine", operations=("CREATE", "UPDATE"))
+        if isinstance(review, web.Response):
+            return review
+        boot = check_vm_boot(review.namespace, review.obj) if review.obj is not None and check_vm_boot else None
+        text = warning(boot) if boot is not None else None
+        return web.json_response(review_response(review.uid, None, warnings=(text,) if text else ()))
+
     app = web.Application(client_max_size=MAX_BODY)
     app.router.add_post(PATH, mutate)
+    app.router.add_post(VM_PATH, warn_vm)
     app.router.add_post(VALIDATE_PATH, validate)
     return app
 

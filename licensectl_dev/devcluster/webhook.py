@@ -18,7 +18,6 @@ import yaml
 from kubernetes_asyncio.client import AdmissionregistrationV1Api, ApiClient, ApiException, CustomObjectsApi
 
 from licensectl.core.model import ANN_GPU_CLAIMS
-from licensectl.serve.webhook import PATH, VALIDATE_PATH
 from licensectl_dev.testkit.metrics_text import Scrape, parse_metrics
 from licensectl_dev.testkit.poll import eventually
 
@@ -44,13 +43,20 @@ def webhook_name(configuration: str) -> str:
     return f"{configuration}.vmi-license.licensectl.io"
 
 
-def _loopback(doc: dict[str, Any], *, name: str, webhook: str, url: str, ca_bundle: bytes) -> dict[str, Any]:
-    """A shipped configuration renamed `name`, each webhook calling `url` (trusting `ca_bundle` if given)."""
+def vm_webhook_name(configuration: str) -> str:
+    """The VirtualMachine boot image warning's webhook of a registration (its second webhook)."""
+    return f"{configuration}.vm-boot-image.licensectl.io"
+
+
+def _loopback(doc: dict[str, Any], *, name: str, webhook: str, origin: str, ca_bundle: bytes) -> dict[str, Any]:
+    """A shipped configuration renamed `name`, each webhook calling its path at `origin` (trusting
+    `ca_bundle` if given); the first webhook is named `webhook`, any other `<name>.<its shipped name>`."""
     doc = copy.deepcopy(doc)
     doc["metadata"] = {"name": name, "labels": dict(doc["metadata"].get("labels") or {})}
-    for wh in doc["webhooks"]:
-        wh["name"] = webhook
-        wh["clientConfig"] = {"url": url}
+    for i, wh in enumerate(doc["webhooks"]):
+        path = wh["clientConfig"]["service"]["path"]
+        wh["name"] = webhook if i == 0 else f"{name}.{wh['name']}"
+        wh["clientConfig"] = {"url": f"{origin}{path}"}
         if ca_bundle:
             wh["clientConfig"]["caBundle"] = base64.b64encode(ca_bundle).decode()
     return doc
@@ -59,7 +65,7 @@ def _loopback(doc: dict[str, Any], *, name: str, webhook: str, url: str, ca_bund
 def loopback_configuration(*, name: str, port: int, ca_bundle: bytes = b"") -> dict[str, Any]:
     """The shipped configuration, named `name`, calling https://127.0.0.1:<port>."""
     return _loopback(shipped_configuration(), name=name, webhook=webhook_name(name),
-                     url=f"https://127.0.0.1:{port}{PATH}", ca_bundle=ca_bundle)
+                     origin=f"https://127.0.0.1:{port}", ca_bundle=ca_bundle)
 
 
 async def _create_or_replace(api: ApiClient, kind: str, body: dict[str, Any]) -> None:
@@ -166,7 +172,7 @@ def validating_webhook_name(configuration: str) -> str:
 def loopback_validating_configuration(*, name: str, port: int, ca_bundle: bytes = b"") -> dict[str, Any]:
     """The shipped enforce configuration, named `name`, calling https://127.0.0.1:<port>."""
     return _loopback(shipped_validating_configuration(), name=name, webhook=validating_webhook_name(name),
-                     url=f"https://127.0.0.1:{port}{VALIDATE_PATH}", ca_bundle=ca_bundle)
+                     origin=f"https://127.0.0.1:{port}", ca_bundle=ca_bundle)
 
 
 async def register_validating(api: ApiClient, *, name: str, port: int, ca_bundle: bytes = b"") -> None:

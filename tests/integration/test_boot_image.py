@@ -197,6 +197,54 @@ async def test_marked_images_pass_without_a_warning(rig: Rig, kubeconfig_path: A
         assert not [e for e in listed.items if e.reason == "VGPUDriverUnmarked"], name
 
 
+def vm_manifest(name: str, volume: dict[str, Any], *, data_volume_templates: list[dict[str, Any]] | None = None,
+                memory: str = "1Gi") -> str:
+    """A halted VirtualMachine whose template is `vmi_body`'s (claim "gpu", booting from `volume`), as YAML."""
+    template = vmi_body(name, volume)
+    template["spec"]["domain"]["resources"]["requests"]["memory"] = memory
+    spec: dict[str, Any] = {"runStrategy": "Halted", "template": {"metadata": {}, "spec": template["spec"]}}
+    if data_volume_templates:
+        spec["dataVolumeTemplates"] = data_volume_templates
+    return json.dumps({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "metadata": {"name": name},
+                       "spec": spec})
+
+
+async def test_kubectl_creating_a_vm_prints_the_boot_image_warning(
+        rig: Rig, kubeconfig_path: Any, control_plane: Any) -> None:
+    """Real kubectl against the real apiserver: the VirtualMachine's create and template update are warned
+    before any VMI exists; a marked image, or an update that leaves the template alone, is not."""
+
+    async def apply(manifest: str) -> tuple[str, str]:
+        proc = await asyncio.create_subprocess_exec(
+            str(control_plane.kubectl), "--kubeconfig", str(kubeconfig_path), "apply", "-n", rig.tenant, "-f", "-",
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await proc.communicate(manifest.encode())
+        assert proc.returncode == 0, err.decode()
+        return out.decode(), err.decode()
+
+    unmarked = ('Warning: boot PVC "plain" lacks label licensectl.io/vgpu-guest-driver=true: '
+                "a vGPU needs its guest driver")
+    storage = {"storage": {"resources": {"requests": {"storage": "10Gi"}}}}
+    async with running_app(rig.settings(kubeconfig_path)) as app:
+        await marks_seen(app, rig)
+        out, err = await apply(vm_manifest("vm-plain", pvc("plain")))
+        assert "virtualmachine.kubevirt.io/vm-plain created" in out and unmarked in err, (out, err)
+        # The same manifest again: the template did not change, so the webhook is not even called.
+        _, err = await apply(vm_manifest("vm-plain", pvc("plain")))
+        assert "Warning:" not in err, err
+        _, err = await apply(vm_manifest("vm-plain", pvc("plain"), memory="2Gi"))  # a template update
+        assert unmarked in err, err
+        _, err = await apply(vm_manifest("vm-golden", pvc("golden")))
+        assert "Warning:" not in err, err
+        # dataVolumeTemplates: the DataVolume does not exist yet; its template names the golden image.
+        for name, source, warned in (("vm-ubuntu", "ubuntu", False), ("vm-nodriver", "nodriver", True)):
+            dvt = [{"metadata": {"name": f"{name}-root"},
+                    "spec": {"sourceRef": {"kind": "DataSource", "namespace": rig.images, "name": source}, **storage}}]
+            _, err = await apply(vm_manifest(name, data_volume(f"{name}-root"), data_volume_templates=dvt))
+            assert (f'Warning: boot DataVolume "{name}-root" lacks label' in err) is warned, (name, err)
+            assert ("Warning:" in err) is warned, (name, err)
+
+
 async def test_a_capk_worker_gets_the_same_check(rig: Rig, kubeconfig_path: Any) -> None:
     async with running_app(rig.settings(kubeconfig_path)) as app:
         await marks_seen(app, rig)

@@ -25,6 +25,7 @@ import yaml
 
 from licensectl import config
 from licensectl.app import LEADER_LABEL
+from licensectl.serve.webhook import VM_PATH
 from licensectl_dev.devcluster.controlplane import ControlPlane, binaries_dir
 from licensectl_dev.devcluster.kubeapi import GPU_CRD_DIR, crd_files
 
@@ -218,7 +219,15 @@ def test_webhook_reaches_every_replica_and_never_blocks_vms(rendered: dict[str, 
     svc = one(objs, "Service", "licensectl-webhook")
     assert svc["spec"]["selector"].items() <= pod_labels.items() and LEADER_LABEL not in svc["spec"]["selector"]
     assert {p["targetPort"] for p in svc["spec"]["ports"]} == {"webhook"} <= port_names
-    (hook,) = one(objs, "MutatingWebhookConfiguration", "licensectl")["webhooks"]
+    hook, vm_hook = one(objs, "MutatingWebhookConfiguration", "licensectl")["webhooks"]
+    # The VirtualMachine boot image warning: the same server, never blocking, never patching.
+    assert vm_hook["clientConfig"]["service"] == {**hook["clientConfig"]["service"], "path": VM_PATH}
+    assert vm_hook["failurePolicy"] == "Ignore" and vm_hook["sideEffects"] == "None"
+    assert vm_hook["reinvocationPolicy"] == "Never" and vm_hook["timeoutSeconds"] <= 5
+    assert vm_hook["rules"] == [{"operations": ["CREATE", "UPDATE"], "apiGroups": ["kubevirt.io"],
+                                 "apiVersions": ["v1"], "resources": ["virtualmachines"], "scope": "Namespaced"}]
+    assert [c["name"] for c in vm_hook["matchConditions"]] == ["uses-gpu-claims", "template-changed"]
+    assert vm_hook["namespaceSelector"] == hook["namespaceSelector"]
     ref = hook["clientConfig"]["service"]
     assert (ref["name"], ref["namespace"]) == ("licensectl-webhook", NAMESPACE)
     assert ref["port"] == svc["spec"]["ports"][0]["port"]

@@ -71,7 +71,7 @@ def test_the_component_adds_the_validating_webhook_rbac_and_setting(enforced: li
 
 def test_the_validating_webhook_mirrors_the_mutating_one_and_never_blocks_on_an_outage(
         enforced: list[dict[str, Any]]) -> None:
-    (mutating,) = one(enforced, "MutatingWebhookConfiguration", "licensectl")["webhooks"]
+    mutating, _vm_warning = one(enforced, "MutatingWebhookConfiguration", "licensectl")["webhooks"]
     vwc = one(enforced, "ValidatingWebhookConfiguration", "licensectl")
     assert "namespace" not in vwc["metadata"]
     assert vwc["metadata"]["labels"] == {"app.kubernetes.io/name": "licensectl",
