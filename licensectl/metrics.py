@@ -84,8 +84,9 @@ SNAPSHOT_GAUGES: dict[str, str] = {
     # Delivery (docs/operations.md#delivery-readiness)
     "delivery_ready": "1 while this replica holds fresh evidence that the apiserver reaches a licensectl webhook "
                       "that mutates (the delivery probe); backstop and rollout restarts wait for it.",
-    "webhook_configuration_problem": "1 when a webhook configuration licensectl needs is missing or has a webhook "
-                                     "without a caBundle, by kind, name and problem (missing, no_ca_bundle).",
+    "webhook_configuration_problem": "1 when a webhook configuration licensectl needs is missing, has a webhook "
+                                     "without a caBundle or is forbidden to it, by kind, name and problem "
+                                     "(missing, no_ca_bundle, forbidden).",
     # Guests
     "guest_license_state": "Guest license state reported by the in-guest probe: one series per guest, value 1, "
                            "the state a label.",

@@ -427,7 +427,10 @@ def _append(path: str, existing: list[dict[str, Any]] | None, items: list[dict[s
 # -- the webhook configuration (docs/operations.md#webhook-configuration) --------------------------
 CONFIGURATION_MISSING = "missing"
 CONFIGURATION_NO_CA_BUNDLE = "no_ca_bundle"
-CONFIGURATION_PROBLEMS = (CONFIGURATION_MISSING, CONFIGURATION_NO_CA_BUNDLE)
+# licensectl may not read or patch it (HTTP 403): its RBAC names another configuration, most often because
+# --webhook-configuration names one the installation did not create.
+CONFIGURATION_FORBIDDEN = "forbidden"
+CONFIGURATION_PROBLEMS = (CONFIGURATION_MISSING, CONFIGURATION_NO_CA_BUNDLE, CONFIGURATION_FORBIDDEN)
 
 
 def configuration_problem(obj: Mapping[str, Any] | None) -> str | None:

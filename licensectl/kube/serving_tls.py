@@ -9,8 +9,9 @@ The certificate lives in one Secret in licensectl's namespace (docs/operations.m
   caBundle of the MutatingWebhookConfiguration equal to the CA, and that of the
   ValidatingWebhookConfiguration of the same name with --vgpu-driver-check=enforce.
 
-In both modes the leader checks those configurations: a missing one, or a webhook without a caBundle,
-is a Warning Event, the `licensectl_webhook_configuration_problem` gauge and an alert
+In both modes the leader checks those configurations: a missing one, a webhook without a caBundle, or
+one its RBAC forbids it to read or patch (a wrong --webhook-configuration, HTTP 403) is a Warning Event,
+the `licensectl_webhook_configuration_problem` gauge and an alert
 (docs/operations.md#webhook-configuration), never only a log line.
 
 Every replica serves from one `ssl.SSLContext` that is reloaded in place, so listeners started
@@ -34,7 +35,12 @@ from typing import Any
 
 from licensectl import config, logs
 from licensectl.core import certs
-from licensectl.core.delivery import CONFIGURATION_MISSING, CONFIGURATION_PROBLEMS, configuration_problem
+from licensectl.core.delivery import (
+    CONFIGURATION_FORBIDDEN,
+    CONFIGURATION_MISSING,
+    CONFIGURATION_PROBLEMS,
+    configuration_problem,
+)
 from licensectl.core.model import ANN_TLS, MODE_SELF_MANAGED, TLSSecret
 from licensectl.core.ports import EventSink, InvolvedObject
 from licensectl.core.reasons import EventType, Reason
@@ -418,20 +424,30 @@ class ServingTLS:
 
     async def _sync_one(self, kind: str, name: str, ca_pem: bytes, read: Callable[[str], Awaitable[Any]],
                         patch_call: Callable[[str, Any], Awaitable[Any]]) -> None:
-        obj = await absent_on_404(read(name))
+        try:
+            obj = await absent_on_404(read(name))
+        except ApiException as e:
+            if e.status != 403:
+                raise
+            await self._configuration_state(kind, name, CONFIGURATION_FORBIDDEN, None, verb="get")
+            return
         problem = configuration_problem(obj)
         patch = ca_bundle_patch(obj, ca_pem) if obj is not None and ca_pem else []
         if patch:
             try:
                 await patch_call(name, patch)
-            except ApiException:
+            except ApiException as e:
+                if e.status == 403:  # a problem of its own, named, not a failed step
+                    await self._configuration_state(kind, name, CONFIGURATION_FORBIDDEN, obj, verb="patch")
+                    return
                 await self._configuration_state(kind, name, problem, obj)  # a refused patch stays visible
                 raise
             log.info("webhook caBundle updated", kind=kind, name=name, webhooks=len(patch) - 1)
             problem = None
         await self._configuration_state(kind, name, problem, obj)
 
-    async def _configuration_state(self, kind: str, name: str, problem: str | None, obj: Any) -> None:
+    async def _configuration_state(self, kind: str, name: str, problem: str | None, obj: Any, *,
+                                   verb: str = "") -> None:
         """Record a configuration's problem: a Warning Event on it (aggregated by the recorder) and a log
         line when it changes; a cleared problem is logged once."""
         before = self.configurations.get((kind, name), "unknown")
@@ -444,6 +460,11 @@ class ServingTLS:
             msg = (f"{kind} {name} does not exist: the apiserver does not call licensectl when VMIs are created, "
                    f"so they start without their license volume. Install it under this name, or set "
                    f"--webhook-configuration (Helm: config.webhookConfiguration) to its name.")
+        elif problem == CONFIGURATION_FORBIDDEN:
+            msg = (f"licensectl may not {verb} {kind} {name} (HTTP 403): its RBAC grants get and patch on the "
+                   f"configuration it was installed with only, so it cannot keep this one's caBundle. Set "
+                   f"--webhook-configuration (Helm: config.webhookConfiguration) to the installed configuration's "
+                   f"name, or grant get and patch on {name}.")
         else:
             fix = ("Check that the issuer's CA injector (cert-manager's cainjector) sets it."
                    if self.mode == MODE_SECRET

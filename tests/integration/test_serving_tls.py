@@ -15,13 +15,16 @@ import aiohttp
 import pytest
 from aiohttp import web
 from cryptography import x509
-from kubernetes_asyncio.client import AdmissionregistrationV1Api, ApiClient, CoreV1Api
+from kubernetes_asyncio.client import AdmissionregistrationV1Api, ApiClient, CoreV1Api, RbacAuthorizationV1Api
 
 from licensectl import config
 from licensectl.core import certs
+from licensectl.kube.client import make_api_client
 from licensectl.kube.serving_tls import ANN_TLS, ServingTLS, serving_hosts
 from licensectl.metrics import Metrics
 from licensectl.serve.http import start_site
+from licensectl_dev.devcluster.controlplane import render_kubeconfig
+from licensectl_dev.testkit.memory import MemoryEvents
 
 from .support import eventually, running_app, settings_for
 
@@ -202,6 +205,49 @@ async def test_leader_keeps_the_webhook_ca_bundle_current(
     rv = (await adm.read_mutating_webhook_configuration(s.webhook_configuration)).metadata.resource_version
     await asyncio.sleep(1.0)  # several re-checks: equal bundles are not patched again
     assert (await adm.read_mutating_webhook_configuration(s.webhook_configuration)).metadata.resource_version == rv
+
+
+async def test_a_wrong_configuration_name_is_an_event_and_a_gauge_naming_it(
+        api_client: ApiClient, namespace_factory: Any, stack: Any, cleanup: Any, control_plane: Any,
+        tmp_path: Path) -> None:
+    """RBAC grants get and patch on the installed configuration only: a controller told another name gets
+    403 and says so on the configuration it was told, not only in a log line."""
+    ns = await namespace_factory("tls")
+    installed, wrong = f"licensectl-{ns}", f"licensectl-typo-{ns}"
+    core, rbac = CoreV1Api(api_client), RbacAuthorizationV1Api(api_client)
+    await core.create_namespaced_service_account(ns, {"metadata": {"name": "controller"}})
+    subject = [{"kind": "ServiceAccount", "name": "controller", "namespace": ns}]
+    await rbac.create_namespaced_role(ns, {"metadata": {"name": "tls"}, "rules": [{
+        "apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list", "watch", "create", "update"]}]})
+    await rbac.create_namespaced_role_binding(ns, {"metadata": {"name": "tls"}, "subjects": subject, "roleRef": {
+        "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tls"}})
+    await rbac.create_cluster_role({"metadata": {"name": installed}, "rules": [{
+        "apiGroups": ["admissionregistration.k8s.io"], "resources": ["mutatingwebhookconfigurations"],
+        "resourceNames": [installed], "verbs": ["get", "patch"]}]})
+    cleanup(lambda: rbac.delete_cluster_role(installed))
+    await rbac.create_cluster_role_binding({"metadata": {"name": installed}, "subjects": subject, "roleRef": {
+        "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": installed}})
+    cleanup(lambda: rbac.delete_cluster_role_binding(installed))
+    token = (await core.create_namespaced_service_account_token(
+        "controller", ns, {"spec": {"expirationSeconds": 600}})).status.token
+    kubeconfig = tmp_path / "controller.kubeconfig"
+    kubeconfig.write_text(render_kubeconfig(control_plane.server, control_plane.ca_pem, token=token, user="ctl"))
+    api = await make_api_client(config.Settings(kubeconfig=str(kubeconfig)))
+    events = MemoryEvents()
+    try:
+        tls, _ = await stack(api, tls_settings(ns, webhook_configuration=wrong), recheck_seconds=0.2, events=events)
+
+        def forbidden() -> bool:
+            return any(s.labels == (("kind", "MutatingWebhookConfiguration"), ("name", wrong),
+                                    ("problem", "forbidden")) and s.value == 1.0 for s in tls.samples())
+
+        await eventually(forbidden, what="the forbidden configuration in the gauge")
+        (obj, type_, _reason, message), *_ = [e for e in events.emitted if e[2] == "WebhookConfigurationProblem"]
+        assert (obj.kind, obj.name, type_) == ("MutatingWebhookConfiguration", wrong, "Warning")
+        assert f"may not get MutatingWebhookConfiguration {wrong} (HTTP 403)" in message, message
+        assert "--webhook-configuration" in message
+    finally:
+        await api.close()
 
 
 async def test_reports_listener_serves_tls_verified_by_the_replica_ca(
