@@ -425,8 +425,9 @@ class App:
             # The per-guest walk runs in the render thread, over copies taken here (metrics.Deferred).
             guests, tenant_of, started = self.guests.copy(), self.fleet.tenant_of(), self.fleet.vmi_starts()
             per_vmi = self.settings.guest_metrics == "per-vmi"
+            token_sha = self.fleet.token_sha  # key lookups in the live caches only, safe from the render thread
             out.append(Deferred(lambda: guests.samples(now, live, tenant_of=tenant_of, started=started,
-                                                       per_vmi=per_vmi)))
+                                                       per_vmi=per_vmi, token_sha_for=token_sha)))
         if self.delivery_probe is not None:
             out.extend(self.delivery_probe.samples())
         out.extend(self.tls.samples())
@@ -453,9 +454,9 @@ class App:
                 "list": [{"namespace": v.namespace, "vmi": v.vmi, "state": v.state,
                           "product": v.report.product if v.report else None,
                           "expiry": v.report.expiry.isoformat() if v.report and v.report.expiry else None,
-                          "token_current": v.report.token_current if v.report else None,
+                          "token_current": v.token_current,
                           "reason": v.reason, "wrong_product": v.wrong_product}
-                         for v in self.guests.views(now, live, started)],
+                         for v in self.guests.views(now, live, started, token_sha_for=self.fleet.token_sha)],
             },
         }
 

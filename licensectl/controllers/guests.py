@@ -27,6 +27,15 @@ from licensectl.metrics import GaugeSample
 
 STATES: tuple[str, ...] = tuple(s.value for s in LicenseState)
 Started = Mapping[tuple[str, str], dt.datetime | None]  # (namespace, VMI) -> when the VMI started
+TokenShaFor = Callable[[str, str], str | None]  # (namespace, VMI) -> SHA-256 of its replica's token now
+
+
+def _token_current(g: GuestState | None, token_sha_for: TokenShaFor | None, namespace: str, vmi: str) -> bool | None:
+    """The report's token against the replica's now; the report's own judgement when that is unknown."""
+    if g is None:
+        return None
+    want = token_sha_for(namespace, vmi) if token_sha_for is not None else None
+    return g.token_current if want is None else g.token_sha256 == want
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +45,9 @@ class GuestView:
     state: str  # LicenseState value, after staleness and expiry are applied
     report: GuestState | None  # None: an affected VMI that never reported
     wrong_product: bool | None = None  # holds another product than its class implies; None: cannot tell
+    # The reported token is the one the VMI's replica holds now (None: no report). Judged when viewed, not
+    # when the report came: a replica rewritten since is not "current" until a report shows its token.
+    token_current: bool | None = None
 
     @property
     def reason(self) -> str | None:
@@ -60,7 +72,7 @@ def needs_detail(v: GuestView, lease: float | None, now: dt.datetime) -> bool:
     r = v.report
     if r is None:
         return False
-    if v.state != LicenseState.LICENSED.value or not r.token_current or v.wrong_product:
+    if v.state != LicenseState.LICENSED.value or not v.token_current or v.wrong_product:
         return True
     if abs(r.clock_skew_seconds) >= SKEW_DETAIL_SECONDS:
         return True
@@ -154,12 +166,13 @@ class GuestStore:
         return self._states.get((namespace, vmi))
 
     def views(self, now: dt.datetime, live: Iterable[tuple[str, str]] | None = None,
-              started: Started | None = None) -> list[GuestView]:
+              started: Started | None = None, *, token_sha_for: TokenShaFor | None = None) -> list[GuestView]:
         """One view per guest; with `live` (the VMIs that carry a license volume) exactly those,
         silent ones as unknown, so a guest that never reports is visible too -- but only once it
         had its chance: a guest that has not reported is left out (not judged) while this replica
         only just started receiving, or while its VMI (`started`) may still be booting
-        (observation.awaiting_first_report)."""
+        (observation.awaiting_first_report). With `token_sha_for` (the token the VMI's replica holds now,
+        read by key from the live caches) "token current" is judged now; without, as the report was."""
         keys = sorted(self._states) if live is None else sorted(set(live))
         starts = started or {}
         out: list[GuestView] = []
@@ -171,7 +184,7 @@ class GuestStore:
             wrong = None
             if g is not None and state != LicenseState.UNKNOWN.value:
                 wrong = wrong_product(g.product, self._feature_types.get((ns, vmi)))
-            out.append(GuestView(ns, vmi, state, g, wrong))
+            out.append(GuestView(ns, vmi, state, g, wrong, _token_current(g, token_sha_for, ns, vmi)))
         return out
 
     def states(self) -> dict[tuple[str, str], GuestState]:
@@ -181,21 +194,21 @@ class GuestStore:
 
     def samples(self, now: dt.datetime, live: Iterable[tuple[str, str]] | None = None, *,
                 tenant_of: Callable[[str], str] | None = None, per_vmi: bool = True,
-                started: Started | None = None) -> Iterable[GaugeSample]:
+                started: Started | None = None, token_sha_for: TokenShaFor | None = None) -> Iterable[GaugeSample]:
         """Per-VMI series (docs/operations.md#metrics-cardinality) plus the per-tenant aggregate
         `guests{state, tenant}`. `tenant_of` maps a namespace to its Cozystack tenant label (the
         customer: see `entitlement.customer_tenant`); `per_vmi=False` keeps only the aggregate."""
         agg: Counter[tuple[str, str]] = Counter()
         tokens: Counter[tuple[str, str]] = Counter()
         tenants: dict[str, str] = {}
-        for v in self.views(now, live, started):
+        for v in self.views(now, live, started, token_sha_for=token_sha_for):
             tenant = tenants.get(v.namespace)
             if tenant is None:
                 tenant = tenants[v.namespace] = tenant_of(v.namespace) if tenant_of else v.namespace
             agg[(v.state, tenant)] += 1
             r = v.report
             if r is not None and v.state != LicenseState.UNKNOWN.value:
-                tokens[("current" if r.token_current else "stale", tenant)] += 1
+                tokens[("current" if v.token_current else "stale", tenant)] += 1
             if not per_vmi:
                 continue
             base = (("namespace", v.namespace), ("vmi", v.vmi), ("tenant", tenant))
@@ -209,7 +222,7 @@ class GuestStore:
             if lease is not None:
                 yield GaugeSample("guest_license_lease_seconds", base, lease)
             yield GaugeSample("guest_last_report_timestamp_seconds", base, r.reported_at.timestamp())
-            yield GaugeSample("guest_token_current", base, 1.0 if r.token_current else 0.0)
+            yield GaugeSample("guest_token_current", base, 1.0 if v.token_current else 0.0)
             yield GaugeSample("guest_clock_skew_seconds", base, r.clock_skew_seconds)
             if v.reason is not None:
                 yield GaugeSample("guest_unlicensed_reason", (*base, ("reason", v.reason)), 1.0)

@@ -204,3 +204,31 @@ def test_a_lease_near_its_renewal_deadline_brings_the_detail_back() -> None:
     assert names(1) == {"guest_license_state", "guest_license_expiry_timestamp_seconds"}  # 14 of 15 left
     assert "guest_license_lease_seconds" not in names(5.9)  # 9.1 minutes left: above 60%
     assert {"guest_license_lease_seconds", "guest_last_report_timestamp_seconds"} <= names(6.1)
+
+
+def test_token_current_is_judged_against_the_replica_now_not_when_the_report_came() -> None:
+    """A replica rewritten with a new token: the guest's last report (made against the old one) is not
+    "current" any more, in the view and in the series, until a report shows the new token."""
+    store = GuestStore(INTERVAL)
+    store.start_receiving(T0 - dt.timedelta(hours=1))
+    store.record("tenant-acme", "vm1", report())
+    replica_token: dict[str, str | None] = {"sha": "ab" * 32}
+
+    def token_sha_for(ns: str, vmi: str) -> str | None:
+        return replica_token["sha"] if (ns, vmi) == ("tenant-acme", "vm1") else None
+
+    def seen() -> tuple[bool | None, list[float], list[tuple[tuple[str, str], ...]]]:
+        (v,) = store.views(T0, token_sha_for=token_sha_for)
+        samples = list(store.samples(T0, tenant_of=tenant_of, token_sha_for=token_sha_for))
+        return (v.token_current, [s.value for s in by_name(samples, "guest_token_current")],
+                [s.labels for s in by_name(samples, "guests_reporting")])
+
+    assert seen() == (True, [], [(("tenant", "tenant-acme"), ("token", "current"))])
+    replica_token["sha"] = "cd" * 32  # the new token is written; the guest has not reported since
+    assert seen() == (False, [0.0], [(("tenant", "tenant-acme"), ("token", "stale"))])
+    # Its next report shows the new token: current again.
+    store.record("tenant-acme", "vm1", dataclasses.replace(report(), token_sha256="cd" * 32, token_current=True))
+    assert seen()[0] is True
+    # The replica's token unknown (no plan yet): the report's own judgement stands.
+    replica_token["sha"] = None
+    assert seen()[0] is True
