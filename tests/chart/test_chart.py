@@ -114,7 +114,7 @@ def test_helm_unittest_fails_a_wrong_expectation(helm: Helm, tmp_path: Path) -> 
     chart = tmp_path / "licensectl"
     shutil.copytree(CHART, chart, symlinks=False)
     suite = chart / "tests" / "deployment_test.yaml"
-    suite.write_text(suite.read_text().replace("value: licensectl:0.1.0", "value: licensectl:6.6.6", 1))
+    suite.write_text(suite.read_text().replace(f"value: licensectl:{__version__}", "value: licensectl:6.6.6", 1))
     res = helm.run("unittest", str(chart))
     assert res.returncode != 0
     assert "licensectl:6.6.6" in res.stdout + res.stderr
@@ -217,7 +217,7 @@ SAMPLES: dict[str, Any] = {
     "priorityClassName": "system-cluster-critical",
     "podAnnotations": {"example.com/a": "b"},
     "networkPolicy.reportsFrom.matchExpressions": [{"key": "tenant", "operator": "Exists"}],
-    "networkPolicy.metricsFrom.matchLabels.kubernetes.io/metadata.name": "cozy-monitoring",
+    "networkPolicy.metricsFrom.matchLabels.kubernetes.io/metadata.name": "monitoring",
     "monitoring.interval": "1m",
     "monitoring.scrapeTimeout": "20s",
     "monitoring.labels": {"release": "monitoring"},

@@ -184,6 +184,72 @@ def test_version_rule_accepts_a_revert_but_not_a_reused_version() -> None:
 
 
 # --------------------------------------------------------------------------------------------------
+# appVersion (the default image tag) moves with the controller it ships
+# --------------------------------------------------------------------------------------------------
+# What the image is built from (Dockerfile): the controller's package and its pinned dependencies.
+CONTROLLER_PATHS = ("licensectl", "Dockerfile", "requirements.lock")
+# The appVersion of every chart revision before this rule: the package said 0.1.0 through all of them.
+APP_BEFORE_THE_RULE = "0.1.0"
+
+
+def controller_files(rev: Revision) -> dict[str, str]:
+    """Path -> git blob hash of what the image is built from, in that chart revision's commit (or on disk)."""
+    if rev.name == "working tree":
+        listed = git("ls-files", "--cached", "--others", "--exclude-standard", "--", *CONTROLLER_PATHS).splitlines()
+        paths = sorted(p for p in set(listed) if (ROOT / p).is_file())
+        hashes = git("hash-object", "--no-filters", "--stdin-paths", stdin="\n".join(paths) + "\n").split()
+        return dict(zip(paths, hashes, strict=True))
+    out = {}
+    for line in git("ls-tree", "-r", rev.name, "--", *CONTROLLER_PATHS).splitlines():
+        meta, path = line.split("\t", 1)
+        out[path] = meta.split()[2]
+    return out
+
+
+def app_version_problems(revs: list[Revision], code: Mapping[str, Mapping[str, str]]) -> list[str]:
+    """Chart revisions (newest first) never lower appVersion, and one appVersion never ships two different
+    controllers (`code`: revision name -> controller_files): a default image tag names one build."""
+    problems = []
+    for newer, older in itertools.pairwise(revs):
+        if Version(str(newer.chart_yaml["appVersion"])) < Version(str(older.chart_yaml["appVersion"])):
+            problems.append(f"{newer.name}: appVersion {newer.chart_yaml['appVersion']} is lower than "
+                            f"{older.chart_yaml['appVersion']} of {older.name}")
+    shipped: dict[str, Revision] = {}
+    for rev in reversed(revs):  # oldest first: name the revision that reused an appVersion
+        app = str(rev.chart_yaml["appVersion"])
+        if app == APP_BEFORE_THE_RULE:
+            continue
+        first = shipped.setdefault(app, rev)
+        changed = sorted(p for p in set(code[rev.name]) | set(code[first.name])
+                         if code[rev.name].get(p) != code[first.name].get(p))
+        if changed:
+            problems.append(f"{rev.name}: appVersion {app} already ships the different controller of {first.name} "
+                            f"({', '.join(changed[:3])}); bump licensectl.__version__ and appVersion")
+    return problems
+
+
+def test_app_version_moves_with_every_controller_the_chart_ships() -> None:
+    revs = revisions()
+    assert app_version_problems(revs, {r.name: controller_files(r) for r in revs}) == []
+
+
+def test_app_version_rule_catches_a_changed_controller_under_the_same_tag() -> None:
+    newest = revisions()[0]
+    same = {**newest.chart_yaml, "appVersion": "50.0.0"}
+    one = Revision("one", newest.files, same)
+    two = Revision("two", {**newest.files, "values.yaml": "2" * 40}, same)
+    code = {"one": {"licensectl/app.py": "1" * 40}, "two": {"licensectl/app.py": "2" * 40}}
+    assert app_version_problems([two, one], code) == [
+        "two: appVersion 50.0.0 already ships the different controller of one (licensectl/app.py); bump "
+        "licensectl.__version__ and appVersion"]
+    assert app_version_problems([two, one], {"one": code["one"], "two": code["one"]}) == []
+    bumped = Revision("bumped", two.files, {**same, "appVersion": "50.1.0"})
+    assert app_version_problems([bumped, one], code | {"bumped": code["two"]}) == []
+    lowered = Revision("lowered", two.files, {**same, "appVersion": "49.0.0"})
+    assert len(app_version_problems([lowered, one], code | {"lowered": code["two"]})) == 1
+
+
+# --------------------------------------------------------------------------------------------------
 # helm upgrade --reuse-values from every earlier chart version
 # --------------------------------------------------------------------------------------------------
 VALUES_DUMP = """apiVersion: v1

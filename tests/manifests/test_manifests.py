@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from licensectl import config
+from licensectl import __version__, config
 from licensectl.app import LEADER_LABEL
 from licensectl.serve.webhook import VM_PATH
 from licensectl_dev.devcluster.controlplane import ControlPlane, binaries_dir
@@ -197,7 +197,7 @@ def test_deployment_settings_are_real_licensectl_settings(rendered: dict[str, li
 
 def test_example_overlay_patches_apply(rendered: dict[str, list[dict[str, Any]]]) -> None:
     c = container(rendered["example"])
-    assert c["image"] == "registry.example.com/platform/licensectl:0.1.0"
+    assert c["image"] == f"registry.example.com/platform/licensectl:{__version__}"
     env = env_of(c)
     assert env["LICENSECTL_MAX_UNAVAILABLE"] == "5"
     assert env["LICENSECTL_LEADER_ELECT"] == "true"  # the base env survives the patch
