@@ -269,7 +269,10 @@ async def test_install_run_as_its_service_account_upgrade_and_uninstall(
 
     # 3. Upgrade to the Cozystack setup: objects are updated in place, switched-off ones removed.
     uid = deployment["metadata"]["uid"]
+    # metricsFrom as the kustomize install applied it: a field kubectl applied (server-side) and the chart's
+    # default changes (cozy-monitoring) would be an apply conflict (docs/operations.md, "From kustomize").
     res = helm.run("upgrade", "licensectl", str(CHART), "--namespace", ns, "--values", str(REQUIRED),
+                   "--set", r"networkPolicy.metricsFrom.matchLabels.kubernetes\.io/metadata\.name=monitoring",
                    "--set", "monitoring.victoriaMetrics.enabled=true", "--set", "monitoring.dashboard.enabled=true",
                    "--set", "podDisruptionBudget.enabled=false", "--set", "config.maxUnavailable=5",
                    kubeconfig=kubeconfig_path)
