@@ -50,6 +50,22 @@ async def replicas_on(api: ApiClient, fl: Any, key: str) -> bool:
     return True
 
 
+async def source_and_replica_reasons(api: ApiClient, fl: Any) -> set[str]:
+    """The Event reasons on the source Secret and on every tenant's replica."""
+    core = CoreV1Api(api)
+    out: set[str] = set()
+    for ns, name in [fl.source, *((t, fl.replica) for t in fl.tenants)]:
+        evs = await core.list_namespaced_event(ns, field_selector=f"involvedObject.name={name}")
+        out |= {e.reason for e in evs.items}
+    return out
+
+
+async def reasons_on_source(api: ApiClient, fl: Any, reason: str) -> bool:
+    evs = await CoreV1Api(api).list_namespaced_event(fl.source_ns,
+                                                     field_selector=f"involvedObject.name={fl.source_name}")
+    return reason in {e.reason for e in evs.items}
+
+
 def locked_out(out: str) -> set[str]:
     """The VMIs a `--revoke-older` run says it locks out (its first line after the key line)."""
     for line in out.splitlines():
@@ -58,7 +74,7 @@ def locked_out(out: str) -> set[str]:
     return set()
 
 
-async def test_two_rotations_keep_running_guests_reporting_and_revoke_names_the_holders(
+async def test_three_rotations_keep_running_guests_reporting_and_revoke_names_the_holders(
         api_client: ApiClient, rig: Rig) -> None:
     fl = rig.fleet
     async with controllers() as started:
@@ -70,7 +86,7 @@ async def test_two_rotations_keep_running_guests_reporting_and_revoke_names_the_
                 assert await g.boot(api_client) == 0, g.last_stderr
                 assert await g.probe() == 0, g.last_stderr
             first = await key_ids(api_client, fl.controller_ns)
-            for round_ in (1, 2):
+            for round_ in (1, 2, 3):
                 r = await run_licensectl("keys", "rotate", "--namespace", fl.controller_ns,
                                          kubeconfig=rig.cp.kubeconfig_path)
                 assert r.code == 0, r.err
@@ -88,6 +104,12 @@ async def test_two_rotations_keep_running_guests_reporting_and_revoke_names_the_
                 # Not restarted, still on the credential they booted with: every report accepted.
                 for g in guests:
                     assert await g.probe() == 0, g.last_stderr
+            # Each rewrite was said for what it was: a new report credential, never an edit "reverted", and
+            # the license did not rotate.
+            await eventually(lambda: reasons_on_source(api_client, fl, "CredentialRewritten"), timeout=30,
+                             what="CredentialRewritten on the source")
+            seen = await source_and_replica_reasons(api_client, fl)
+            assert "ReplicaReverted" not in seen and "LicenseRotated" not in seen, seen
             sa = await a.must_scrape()
             assert sa.value("licensectl_reports_total", result="unauthorized") == 0
             assert sa.value("licensectl_reports_total", result="accepted") >= 3 * len(guests)
@@ -108,6 +130,11 @@ async def test_two_rotations_keep_running_guests_reporting_and_revoke_names_the_
             await eventually(lambda: fl.all_done(vms, revision), timeout=120, interval=0.5,
                              what="every holder restarted onto the new credential")
             assert_each_restarted_once(rig.kv, vms)
+            # A revocation restarts VMs but rotates no license: CredentialRevoked, never LicenseRotated.
+            await eventually(lambda: reasons_on_source(api_client, fl, "CredentialRevoked"), timeout=30,
+                             what="CredentialRevoked on the source")
+            seen = await source_and_replica_reasons(api_client, fl)
+            assert "ReplicaReverted" not in seen and "LicenseRotated" not in seen, seen
             for ns, name in vms:
                 vmi = await CustomObjectsApi(api_client).get_namespaced_custom_object(
                     "kubevirt.io", "v1", ns, "virtualmachineinstances", name)
