@@ -189,7 +189,16 @@ async def test_a_key_revocation_is_not_a_license_rotation() -> None:
     assert (reason, obj) == ("CredentialRevoked", SRC.name), message
     assert message.startswith("Replica revision ") and "signing-key revocation" in message, message
     assert "the license did not change" in message, message
+    # Decided from the diff alone: a new leader (nothing in memory) that finds the next key to write says the same.
+    w.loop = ReplicationController(
+        caches=w.caches, writer=w.writer, events=w.events, metrics=w.metrics, settings=Settings(),
+        credentials=MemoryCredentials(lambda ns: f"newer-{ns}", key_id="key-three", epoch="key-three"),
+        report_url="http://reports.invalid/v1/reports", clock=w.clock.now, monotonic=w.clock.monotonic)
+    with_rotation_record(w)
+    await w.loop.reconcile()
+    assert [r for r, _, _ in rewrites(w)] == ["CredentialRevoked"]
     # A new token afterwards is a rotation again, named by its source revision.
+    w.writes()
     w.loop.rotations = lambda: {SRC: SourceRevisions(RotationRecord(stable="t" * 64), stable=source(b"two\n"),
                                                      candidate=None)}
     await w.loop.reconcile()
