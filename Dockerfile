@@ -1,6 +1,6 @@
 # licensectl controller image recipe.
 #
-#   docker build -t registry.example.com/platform/licensectl:0.2.0 .
+#   docker build -t registry.example.com/platform/licensectl:0.2.1 .
 #
 # Reproducible: every Python package comes from a hash-pinned lock (requirements.lock for the
 # runtime, requirements-build.lock for the build backend), installed with --require-hashes and

@@ -4,4 +4,4 @@ The packages are layers; each may import only the layers below it (tests/unit/pr
 docs/design.md#code-map is the one map of the packages and each module's job.
 """
 
-__version__ = "0.2.0"
+__version__ = "0.2.1"

@@ -28,6 +28,7 @@ from licensectl.controllers.delivery_probe import DeliveryProbe
 from licensectl.controllers.fleet import FleetView
 from licensectl.controllers.guests import GuestStore
 from licensectl.controllers.replication_loop import CONFLICT_RECHECK_SECONDS, ReplicationController
+from licensectl.controllers.restart_preflight import RestartGate
 from licensectl.controllers.rollout_loop import RolloutController
 from licensectl.controllers.rotation import RotationController
 from licensectl.controllers.runner import (
@@ -55,6 +56,7 @@ from licensectl.kube.cluster_api import ClusterApiReader
 from licensectl.kube.events import EventRecorder
 from licensectl.kube.kubevirt import KubevirtClient
 from licensectl.kube.lease import ApiLeaseBackend, LeaderElector, LeaseConfig
+from licensectl.kube.preflight import VmPreflightApi
 from licensectl.kube.rotation_store import ApiRevisionStores
 from licensectl.kube.server_clock import ServerClock
 from licensectl.kube.serving_tls import ServingTLS
@@ -186,7 +188,10 @@ class App:
                 cluster_api=ClusterApiReader.for_client(self.api), tenants=TenantClusters(self.api), kubevirt=kubevirt,
                 events=self.events, metrics=self.metrics, settings=s, clock=self.clock,
                 wake_rollout=self._roll_trigger.set, watch_kubeconfigs=self.caches.ensure_kubeconfigs,
-                active=lambda: self.is_leader)))
+                active=lambda: self.is_leader)),
+            preflight=RestartGate(VmPreflightApi(self.api), kubevirt=kubevirt, events=self.events,
+                                  metrics=self.metrics, clock=self.clock),
+            on_volume_missing=self.delivery_probe.recheck if self.delivery_probe is not None else lambda: None)
         self.caches.on_kubeconfig = drainer.kick
         self.rotation = RotationController(
             caches=self.caches, stores=ApiRevisionStores(CoreV1Api(self.api), namespace=s.namespace,
@@ -422,6 +427,8 @@ class App:
             out.extend(self.rollout.samples())
             if self.rollout.drainer is not None and self.caches.vms is not None:
                 out.extend(self.rollout.drainer.samples(self.caches.vms.cache.values()))
+            if self.rollout.preflight is not None and self.caches.vms is not None:
+                out.extend(self.rollout.preflight.samples(self.rollout.plan, self.caches.vms.cache))
             # The per-guest walk runs in the render thread, over copies taken here (metrics.Deferred).
             guests, tenant_of, started = self.guests.copy(), self.fleet.tenant_of(), self.fleet.vmi_starts()
             per_vmi = self.settings.guest_metrics == "per-vmi"

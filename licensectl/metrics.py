@@ -74,6 +74,8 @@ SNAPSHOT_GAUGES: dict[str, str] = {
                              "(a volume name or disk serial taken), by namespace and reason: never restarted.",
     "vmis_backstop_retrying": "VMIs whose backstop restart came back without the license volume and are retried "
                               "with backoff, by namespace.",
+    "vms_restart_held": "VMs not restarted because a dry-run create of their new VMI was refused (the restart "
+                        "pre-flight), by namespace.",
     "worker_drains": "Open drain cycles of tenant-cluster workers (cordon, drain, restart, wait-boot, uncordon), "
                      "by namespace, cluster and step.",
     "worker_drain_blocked": "1 per tenant-cluster worker whose drain is blocked (closed for its revision) or held, "
@@ -239,6 +241,10 @@ class Metrics:
         self.webhook_duration = Histogram(
             f"{PREFIX}_webhook_duration_seconds", "Time to answer one admission review (in-process).",
             registry=r, buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5))
+        self.restart_preflights = Counter(
+            f"{PREFIX}_restart_preflights_total",
+            "Restart pre-flights (dry-run creates of a VM's next VMI) by result (admitted, denied, unanswered).",
+            ["result"], registry=r)
         self.delivery_probes = Counter(
             f"{PREFIX}_delivery_probes_total",
             "Delivery probes (dry-run VMI creates through the apiserver) by result (mutated, unchanged, error).",

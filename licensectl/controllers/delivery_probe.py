@@ -81,7 +81,18 @@ class DeliveryProbe:
         self.failures = 0
 
     def wake(self) -> None:
-        """Probe now (a restart came back without its volume, leadership changed)."""
+        """Probe now (leadership changed)."""
+        self._wake.set()
+
+    def recheck(self) -> None:
+        """A restart came back without its volume: the evidence held is in doubt. Not ready until a fresh
+        probe comes back mutated, so no later restart goes out on it; probe now."""
+        if self.last_ok is not None:
+            self.last_ok = None
+            self.last_result = None
+            self.error = "re-checking: a restarted VMI came back without its license volume"
+            if self._on_change is not None:
+                self._on_change(False)
         self._wake.set()
 
     async def probe_once(self) -> bool:

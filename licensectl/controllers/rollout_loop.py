@@ -19,6 +19,7 @@ from typing import Any
 from licensectl import config, logs
 from licensectl.controllers.guests import GuestStore, gates_of
 from licensectl.controllers.planner import CacheCopies, PlannerThread, objects_of
+from licensectl.controllers.restart_preflight import RestartGate
 from licensectl.controllers.settings import rollout_settings
 from licensectl.controllers.vm_restart import restart_vmi, vm_object, vmi_object
 from licensectl.core.delivery import Skip, refusal_text
@@ -102,7 +103,8 @@ class RolloutController:
                  settings: config.Settings, guests: GuestStore, clock: WallClock | None = None,
                  monotonic: MonotonicClock = time.monotonic, wanted: WantedVolumes | None = None,
                  token_sha_for: Callable[[str, str], str | None] | None = None,
-                 delivery_ready: Callable[[], bool] = lambda: True, drainer: WorkerDrain | None = None) -> None:
+                 delivery_ready: Callable[[], bool] = lambda: True, drainer: WorkerDrain | None = None,
+                 preflight: RestartGate | None = None, on_volume_missing: Callable[[], None] = lambda: None) -> None:
         self.caches = caches
         self.kubevirt = kubevirt
         self.events = events
@@ -135,6 +137,12 @@ class RolloutController:
         if drainer is not None:
             drainer.set_expect(self._expect_write)
         self.drain_wakeup: dt.datetime | None = None
+        # Each restart is asked about first: a VM whose new VMI would be refused is held, never restarted
+        # (controllers/restart_preflight.py); None: no pre-flight (tests of the plain rollout).
+        self.preflight = preflight
+        if preflight is not None:
+            preflight.set_expect(self._expect_write)
+        self._on_volume_missing = on_volume_missing  # a restart came back without its volume: re-check delivery
         self.plan_cpu_seconds = 0.0  # CPU time of the last pass's plan (observe)
         self._aggregates: tuple[RolloutPlan, _VmiAggregates] | None = None
         self._notable: tuple[RolloutPlan, list[tuple[tuple[str, str], VmiRolloutState]]] | None = None
@@ -265,6 +273,8 @@ class RolloutController:
         await asyncio.gather(*(bounded(self._restart(r)) for r in restarts),
                              *(bounded(self._record(rec)) for rec in plan.results))
         if self.drainer is not None and self.caches.vms is not None and self.caches.vmis is not None:
+            if self.preflight is not None:
+                plan = await self.preflight.screen_workers(plan, self.caches.vms.cache)
             self.drain_wakeup = await self.drainer.reconcile(plan, self.caches.vms.cache, self.caches.vmis.cache)
         for (ns, vmi), st in self._needs_event(plan):
             if st.state is VmiState.BLOCKED:
@@ -295,6 +305,7 @@ class RolloutController:
         # A done restart is routine: counted in licensectl_restarts_total, no Event
         # (docs/design.md#event-policy); a failed one is where a person must look.
         if rec.result == RESULT_RETRY:
+            self._on_volume_missing()
             st = self.plan.vmi_states.get((rec.namespace, rec.vm)) if self.plan else None
             when = format_micro_time(st.retry_at) if st is not None and st.retry_at else "after a backoff"
             await self.events.emit(vm_object(rec.namespace, rec.vm), EventType.WARNING, Reason.LICENSE_VOLUME_MISSING,
@@ -306,6 +317,9 @@ class RolloutController:
                                    f"after the restart for {replica_revision(rec.revision)}")
 
     async def _restart(self, r: RestartVm) -> None:
+        # 0. Only a VM whose new VMI would be admitted (a refusal is recorded on the VM instead).
+        if self.preflight is not None and not await self.preflight.admits(r):
+            return
         # 1. Intent first, guarded by the resourceVersion the plan was made from.
         if not await self.kubevirt.annotate_vm(namespace=r.namespace, name=r.vm,
                                                resource_version=r.vm_resource_version,

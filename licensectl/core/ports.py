@@ -28,6 +28,7 @@ from licensectl.core.model import (
     Vm,
     Vmi,
 )
+from licensectl.core.preflight import Admission
 from licensectl.core.reasons import EventType, Reason
 from licensectl.core.replication import ReplicationPlan, SourceRevisions
 from licensectl.core.rollout import RolloutPlan
@@ -417,6 +418,14 @@ class VmiDryRun(Protocol):
                          request_timeout: float) -> Mapping[str, Any]:
         """The object as admission returned it (nothing is stored)."""
         ...
+
+
+class RestartPreflight(Protocol):
+    """Whether the VMI a VM's template makes would be admitted now (kube/preflight.py): a server-side
+    dry-run create through every admission webhook and policy. Never raises: no answer is an `Admission`
+    too (not admitted, not answered)."""
+
+    async def admits(self, namespace: str, vm: str) -> Admission: ...
 
 
 class Credentials(Protocol):

@@ -58,6 +58,8 @@ class Reason(StrEnum):
     ROLLOUT_COMPLETED = "RolloutCompleted"  # every affected VMI runs the current revision
     RESTART_FAILED = "RestartFailed"  # a restarted VMI did not come back, or no way to restart exists
     RESTART_BLOCKED = "RestartBlocked"  # a stale VMI licensectl cannot restart (e.g. no owning VM)
+    # The restart pre-flight (a dry-run create of the VM's next VMI) was refused: the VM is not restarted.
+    RESTART_PREFLIGHT_DENIED = "RestartPreflightDenied"
     LICENSE_VOLUME_MISSING = "LicenseVolumeMissing"  # a VMI of an entitled vGPU claim lacks its volume
     # A VMI lacks its volume and its spec makes delivery impossible (a volume name or serial taken): not restarted.
     LICENSE_DELIVERY_BLOCKED = "LicenseDeliveryBlocked"

@@ -10,7 +10,7 @@ import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from licensectl.core import drain, model
+from licensectl.core import drain, model, preflight
 from licensectl.core.delivery import Skip, refusal_text
 from licensectl.core.rollout.constants import (
     DONE_GATE_READY_LICENSED,
@@ -148,6 +148,9 @@ def _track(slot: _Slot, intent: RestartIntent, st: RolloutSettings,
             return _Eval(slot, VmiState.FAILED, rev, "old VMI did not shut down in time", record=RESULT_FAILED)
         return _Eval(slot, VmiState.RESTARTING, rev, "old VMI shutting down", deadline=in_progress)
     untouched = intent.issued_at + timeout
+    if (held := _preflight_hold(slot, rev, vmi, now)) is not None:
+        # A re-issue the pre-flight refused: the call was never made again, the VMI runs on.
+        return _Eval(slot, VmiState.BLOCKED, rev, held.reason(), eligible_at=held.recheck_at)
     if now.reached(untouched):
         return _Eval(slot, VmiState.FAILED, rev, "VMI was not restarted in time", record=RESULT_FAILED)
     # Intent written, target still running untouched: the call may have been lost in a crash.
@@ -312,6 +315,11 @@ def _evaluate(slot: _Slot, st: RolloutSettings, guests: Mapping[tuple[str, str],
         hold = worker
     if vmi.deleting:
         return _Eval(slot, VmiState.STALE, rev, "VMI already shutting down")
+    if (refused := _preflight_hold(slot, rev, vmi, now)) is not None:
+        # Its new VMI would be refused admission: never restarted, no slot, not in progress, asked again later
+        # (docs/design.md#restart-preflight).
+        return _Eval(slot, VmiState.BLOCKED, rev, refused.reason(), eligible_at=refused.recheck_at,
+                     failed_vmi=failed_vmi, rule=rule)
     eligible = replica.revision_time + _secs(_settle(st))
     if hold is not None and hold > eligible:
         eligible = hold
@@ -330,6 +338,14 @@ def _evaluate(slot: _Slot, st: RolloutSettings, guests: Mapping[tuple[str, str],
         reason = "waiting for the revision to settle"
     return _Eval(slot, VmiState.STALE, rev, reason, eligible_at=eligible, failed_vmi=failed_vmi, rule=rule,
                  drain_held=held_now)
+
+
+def _preflight_hold(slot: _Slot, rev: str, vmi: model.Vmi, now: _Now) -> preflight.PreflightHold | None:
+    """The pre-flight refusal recorded on the VM for a restart of this very VMI for `rev`, while it holds."""
+    held = preflight.hold_of(slot.vm.annotations) if slot.vm is not None else None
+    if held is None or held.revision != rev or held.vmi_uid != vmi.uid or now.reached(held.recheck_at):
+        return None
+    return held
 
 
 def _worker_down(vm: model.Vm) -> bool:

@@ -10,7 +10,7 @@ import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from licensectl.core import model
+from licensectl.core import model, preflight
 from licensectl.core.rollout.constants import PauseReason, Phase, Rule, VmiState
 from licensectl.core.timecodec import format_micro_time
 
@@ -42,7 +42,7 @@ class RestartVm:
     drained: bool = False  # a tenant-cluster machine: the drain shell restarts it, after the drain
 
     def intent_annotations(self) -> Mapping[str, str | None]:
-        """Annotations to merge-patch onto the VM; None removes a key (a stale result)."""
+        """Annotations to merge-patch onto the VM; None removes a key (a stale result, a pre-flight hold)."""
         return {
             model.ANN_RESTART_REVISION: self.revision,
             model.ANN_RESTART_REPLICA: self.replica,
@@ -52,6 +52,7 @@ class RestartVm:
             model.ANN_RESTART_ATTEMPT: str(self.attempt),
             model.ANN_RESTART_GUEST_REPORTS: None if self.guest_reports is None else str(self.guest_reports).lower(),
             model.ANN_RESTART_RESULT: None,
+            **preflight.cleared(),  # the pre-flight passed for this restart: a refusal recorded before is over
         }
 
 

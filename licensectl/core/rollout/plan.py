@@ -370,12 +370,15 @@ def _restart_for(e: _Eval, now: dt.datetime, guests: Mapping[tuple[str, str], Gu
                  evidence_at: dt.datetime | None) -> RestartVm:
     vmi, vm = e.slot.vmi, e.slot.vm
     assert vmi is not None and vm is not None
+    key = (e.slot.namespace, e.slot.name)
+    # A VMI that started without its license volume has no report credential: it cannot have reported to any
+    # leader, so its restart waits for no evidence window (docs/design.md#evidence-after-takeover).
+    reports = False if e.slot.missing and key not in guests else guest_reports(guests, key, _Now(now, evidence_at))
     return RestartVm(e.slot.namespace, vm.name, vmi.uid, e.slot.replica.revision, e.slot.replica.name, now, now,
                      vm_resource_version=vm.resource_version,
                      check_live=needs_live_check(e.slot.intent, e.slot.replica.revision, vmi.uid),
                      attempt=next_attempt(e.slot.intent, e.slot.replica.revision),
-                     guest_reports=guest_reports(guests, (e.slot.namespace, e.slot.name), _Now(now, evidence_at)),
-                     drained=_drained(vm))
+                     guest_reports=reports, drained=_drained(vm))
 
 
 def _drained(vm: model.Vm | None) -> bool:
