@@ -163,3 +163,18 @@ async def test_the_probe_asks_through_the_dry_run_port() -> None:
     dry.error = ApiException(403, "Forbidden")
     assert not await p.probe_once() and p.last_result == ERROR
     assert p.error == "dry-run create failed: Forbidden HTTP 403"
+
+
+async def test_a_restart_back_without_its_volume_drops_the_evidence_until_a_fresh_probe_answers() -> None:
+    api, clock, changes = FakeApi(), Clock(), []
+    p = probe(api, clock, changes=changes)
+    assert await p.probe_once() and p.ready()
+    p.recheck()
+    assert not p.ready() and changes == [True, False]  # no restart goes out on the old evidence
+    assert p.status_dict()["error"].startswith("re-checking")
+    p.recheck()  # twice before the probe: said once
+    assert changes == [True, False]
+    api.mode = "unchanged"
+    assert not await p.probe_once() and not p.ready()
+    api.mode = "webhook"
+    assert await p.probe_once() and p.ready() and changes == [True, False, True]
