@@ -72,6 +72,8 @@ CONTRACT_LABELS: dict[str, frozenset[str]] = {
         "vmis_missing_license_volume": ("namespace",),
         "vmis_delivery_blocked": ("namespace", "reason"),
         "vmis_backstop_retrying": ("namespace",),
+        "vms_restart_held": ("namespace",),
+        "restart_preflights_total": ("result",),
         "worker_drains": ("namespace", "cluster", "step"),
         "worker_drain_blocked": ("namespace", "vm", "cluster", "reason"),
         "worker_evictions_total": ("result",),
