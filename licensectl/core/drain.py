@@ -42,6 +42,7 @@ from licensectl.core.drain_intent import (
     ANN_DRAIN_HELD_AT,
     ANN_DRAIN_NODE,
     ANN_DRAIN_REASON,
+    ANN_DRAIN_RETRY_AT,
     ANN_DRAIN_REVISION,
     ANN_DRAIN_STARTED_AT,
     ANN_DRAIN_STEP,
@@ -85,6 +86,7 @@ __all__ = [
     "ANN_DRAIN_HELD_AT",
     "ANN_DRAIN_NODE",
     "ANN_DRAIN_REASON",
+    "ANN_DRAIN_RETRY_AT",
     "ANN_DRAIN_REVISION",
     "ANN_DRAIN_STARTED_AT",
     "ANN_DRAIN_STEP",
@@ -399,6 +401,18 @@ def _restart(intent: DrainIntent, worker: WorkerIdentity, seen: Observed, now: d
     return Restart(target.vmi_uid, target)
 
 
+def _retry_boot(intent: DrainIntent, seen: Observed, now: dt.datetime, settings: DrainSettings) -> Action:
+    """The hoster asked to try a worker that did not come back once more: restart its VMI again (or, one
+    already gone, wait for its replacement) with a fresh boot window. Its Node must still come back Ready with
+    a boot ID other than the one before the first restart; a second BootTimeout closes the cycle again."""
+    again = replace(intent, reason=None)
+    if seen.vmi_uid is None or seen.vmi_deleting:
+        waiting = replace(_at(again, Step.WAIT_BOOT, now), vmi_uid="")
+        return WaitBoot(waiting.step_at + settings.boot_timeout, waiting)
+    target = replace(_at(again, Step.RESTART, now), vmi_uid=seen.vmi_uid)
+    return Restart(target.vmi_uid, target)
+
+
 def _advance(intent: DrainIntent, worker: WorkerIdentity, seen: Observed, now: dt.datetime,
              settings: DrainSettings) -> Action:
     """Cordon and drain: the steps that can still be undone."""
@@ -465,6 +479,8 @@ def next_step(intent: DrainIntent | IntentProblem | None, worker: WorkerIdentity
             lost = DrainIntent(Step.UNCORDON, seen.revision, now, now, node=seen.node.name, cordoned=True)
             return Uncordon(seen.node.name, lost)
         return _start(worker, seen, now, settings)
+    if intent.retry_requested:
+        return _retry_boot(intent, seen, now, settings)
     if intent.step in (Step.BLOCKED, Step.UNCORDON):
         return _end(intent, intent.reason, worker, seen, now)
     if intent.step in (Step.CORDON, Step.DRAIN):

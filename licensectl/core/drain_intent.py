@@ -27,6 +27,10 @@ ANN_DRAIN_EVICTED_AT = f"{DOMAIN}/drain-evicted-at"  # the last eviction round: 
 # Every intent key: those absent from `render_annotations()` are to be removed from the VM.
 INTENT_ANNOTATIONS = (ANN_DRAIN_STEP, ANN_DRAIN_REVISION, ANN_DRAIN_STARTED_AT, ANN_DRAIN_STEP_AT, ANN_DRAIN_NODE,
                       ANN_DRAIN_CORDONED, ANN_DRAIN_BOOT_ID, ANN_DRAIN_VMI_UID, ANN_DRAIN_REASON, ANN_DRAIN_EVICTED_AT)
+# The hoster's way out of a BootTimeout (`licensectl rollout retry-worker`): when it was asked, on the
+# apiserver's clock. A request newer than the closed cycle restarts the worker once more; handled once, since
+# the retry's own steps are newer than it. Written by the CLI only, never part of the intent.
+ANN_DRAIN_RETRY_AT = f"{DOMAIN}/drain-retry-at"
 # A condition that holds a worker's cycle without closing it (unreachable tenant, no Node yet): the reason
 # and when it was seen. The rollout plans the worker again only after DrainSettings.hold, so one
 # tenant's unreachable cluster never spends another tenant's restart budget pass after pass.
@@ -105,6 +109,7 @@ class DrainIntent:
     vmi_uid: str = ""  # the VMI the restart targets: another UID means it was restarted
     reason: BlockReason | None = None
     evicted_at: dt.datetime | None = None  # the last eviction round was posted (unreadable: none, post now)
+    retry_at: dt.datetime | None = None  # the hoster asked to retry a BootTimeout (ANN_DRAIN_RETRY_AT)
 
     @property
     def active(self) -> bool:
@@ -116,6 +121,11 @@ class DrainIntent:
         """Closed after the restart without the Node's return: the worker is down until its Node is Ready
         with a new boot ID, whatever the revision (docs/design.md#tenant-worker-drain)."""
         return self.step is Step.BLOCKED and self.reason is BlockReason.BOOT_TIMEOUT
+
+    @property
+    def retry_requested(self) -> bool:
+        """Down, and the hoster asked for another try since the cycle closed."""
+        return self.down and self.retry_at is not None and self.retry_at > self.step_at
 
     @property
     def holds_budget(self) -> bool:
@@ -168,4 +178,5 @@ def parse_annotations(annotations: Mapping[str, str]) -> DrainIntent | IntentPro
         return IntentProblem("missing-field", ANN_DRAIN_REASON)
     return DrainIntent(step, text[ANN_DRAIN_REVISION], started, step_at, text[ANN_DRAIN_NODE], cordoned,
                        text[ANN_DRAIN_BOOT_ID], text[ANN_DRAIN_VMI_UID], reason,
-                       annotation_value_time(raw[ANN_DRAIN_EVICTED_AT]))
+                       annotation_value_time(raw[ANN_DRAIN_EVICTED_AT]),
+                       annotation_value_time(annotations.get(ANN_DRAIN_RETRY_AT)))

@@ -74,6 +74,7 @@ class Reason(StrEnum):
     ROLLOUT_RESUME_REQUESTED = "RolloutResumeRequested"  # the hoster resumed it
     ROLLOUT_RETRY_REQUESTED = "RolloutRetryRequested"  # the hoster retried an aborted or undone candidate
     ROLLOUT_UNDO_REQUESTED = "RolloutUndoRequested"  # the hoster undid a candidate
+    WORKER_RETRY_REQUESTED = "WorkerRetryRequested"  # the hoster asked to retry a worker down after BootTimeout
 
     # -- admission (app.py, from the webhook's answers) -------------------------------------------
     LICENSE_NOT_DELIVERED = "LicenseNotDelivered"  # a VMI admitted unchanged, without a license volume
