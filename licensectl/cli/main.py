@@ -66,10 +66,14 @@ def _parser() -> argparse.ArgumentParser:
     hist.add_argument("-o", "--output", choices=("table", "json"), default="table")
     hist.add_argument("--namespace", default=None,
                       help="licensectl's namespace, where the rotation records live (default: LICENSECTL_NAMESPACE)")
-    rw = rsub.add_parser("retry-worker", help="restart a tenant worker down after BootTimeout once more, with a "
-                         "fresh boot window (its cause fixed)", epilog=WORKER_EXIT_CODES,
-                         formatter_class=argparse.RawDescriptionHelpFormatter)
-    rw.add_argument("worker", type=source_ref, help="NAMESPACE/NAME of the worker's VirtualMachine")
+    worker_helps = {"retry-worker": "restart a tenant worker down after BootTimeout once more, with a fresh boot "
+                                    "window (its cause fixed)",
+                    "skip-worker": "give a tenant worker down after BootTimeout up: no longer counted as down, not "
+                                   "restarted for this revision"}
+    for verb, text in worker_helps.items():
+        rw = rsub.add_parser(verb, help=text, epilog=WORKER_EXIT_CODES,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
+        rw.add_argument("worker", type=source_ref, help="NAMESPACE/NAME of the worker's VirtualMachine")
     for r in rsub.choices.values():
         r.add_argument("--kubeconfig", default=None)
         r.add_argument("--context", default=None)
@@ -167,8 +171,8 @@ ACTION_EXIT_CODES = """exit codes:
 
 
 WORKER_EXIT_CODES = """exit codes:
-  0  written: licensectl.io/drain-retry-at on the VM and one Event on it
-  1  refused (not a worker down after BootTimeout, a retry already pending) or failed
+  0  written: licensectl.io/drain-retry-at (or drain-skip-at) on the VM and one Event on it
+  1  refused (not a worker down after BootTimeout, a retry or skip already pending) or failed
   2  usage error"""
 
 
@@ -194,10 +198,10 @@ def _cluster_command(args: argparse.Namespace) -> int:
             from licensectl.cli.history import rollout_history_main
 
             return asyncio.run(rollout_history_main(args, settings))
-        if args.command == "rollout" and args.rollout_command == "retry-worker":
-            from licensectl.cli.worker_actions import retry_worker_main
+        if args.command == "rollout" and args.rollout_command in ("retry-worker", "skip-worker"):
+            from licensectl.cli.worker_actions import worker_action_main
 
-            return asyncio.run(retry_worker_main(args, settings))
+            return asyncio.run(worker_action_main(args, settings))
         if args.command == "rollout":  # pause | resume | retry | undo
             from licensectl.cli.actions import rollout_action_main
 

@@ -44,6 +44,7 @@ from licensectl.core.drain_intent import (
     ANN_DRAIN_REASON,
     ANN_DRAIN_RETRY_AT,
     ANN_DRAIN_REVISION,
+    ANN_DRAIN_SKIP_AT,
     ANN_DRAIN_STARTED_AT,
     ANN_DRAIN_STEP,
     ANN_DRAIN_STEP_AT,
@@ -88,6 +89,7 @@ __all__ = [
     "ANN_DRAIN_REASON",
     "ANN_DRAIN_RETRY_AT",
     "ANN_DRAIN_REVISION",
+    "ANN_DRAIN_SKIP_AT",
     "ANN_DRAIN_STARTED_AT",
     "ANN_DRAIN_STEP",
     "ANN_DRAIN_STEP_AT",
@@ -479,6 +481,8 @@ def next_step(intent: DrainIntent | IntentProblem | None, worker: WorkerIdentity
             lost = DrainIntent(Step.UNCORDON, seen.revision, now, now, node=seen.node.name, cordoned=True)
             return Uncordon(seen.node.name, lost)
         return _start(worker, seen, now, settings)
+    if intent.skip_requested:  # given up: closed for its revision, no longer down (handled once: step_at moves)
+        return Blocked(BlockReason.SKIPPED, replace(intent, reason=BlockReason.SKIPPED, step_at=now))
     if intent.retry_requested:
         return _retry_boot(intent, seen, now, settings)
     if intent.step in (Step.BLOCKED, Step.UNCORDON):

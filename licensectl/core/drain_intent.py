@@ -31,6 +31,7 @@ INTENT_ANNOTATIONS = (ANN_DRAIN_STEP, ANN_DRAIN_REVISION, ANN_DRAIN_STARTED_AT, 
 # apiserver's clock. A request newer than the closed cycle restarts the worker once more; handled once, since
 # the retry's own steps are newer than it. Written by the CLI only, never part of the intent.
 ANN_DRAIN_RETRY_AT = f"{DOMAIN}/drain-retry-at"
+ANN_DRAIN_SKIP_AT = f"{DOMAIN}/drain-skip-at"  # `licensectl rollout skip-worker`: the same, to give it up
 # A condition that holds a worker's cycle without closing it (unreachable tenant, no Node yet): the reason
 # and when it was seen. The rollout plans the worker again only after DrainSettings.hold, so one
 # tenant's unreachable cluster never spends another tenant's restart budget pass after pass.
@@ -58,6 +59,9 @@ class BlockReason(StrEnum):
     DRAIN_TIMEOUT = "DrainTimeout"  # the drain timed out otherwise
     BOOT_TIMEOUT = "BootTimeout"  # restarted, but the Node did not come back Ready with a new boot ID
     INTENT_UNREADABLE = "IntentUnreadable"  # intent annotations present but unreadable: never guessed at
+    # A BootTimeout the hoster gave up on (`licensectl rollout skip-worker`): closed for its revision, no longer
+    # counted as down; its Node, while not Ready, still counts as any such Node does.
+    SKIPPED = "Skipped"
     CLUSTER_UNREACHABLE = "ClusterUnreachable"  # the tenant API did not answer (and no opt-in)
     NODE_MISSING = "NodeMissing"  # no Node with the worker's providerID
     CONTROL_PLANE_MANUAL = "ControlPlaneManual"  # control-plane machines are restarted by hand
@@ -110,6 +114,7 @@ class DrainIntent:
     reason: BlockReason | None = None
     evicted_at: dt.datetime | None = None  # the last eviction round was posted (unreadable: none, post now)
     retry_at: dt.datetime | None = None  # the hoster asked to retry a BootTimeout (ANN_DRAIN_RETRY_AT)
+    skip_at: dt.datetime | None = None  # the hoster gave a BootTimeout up (ANN_DRAIN_SKIP_AT)
 
     @property
     def active(self) -> bool:
@@ -126,6 +131,12 @@ class DrainIntent:
     def retry_requested(self) -> bool:
         """Down, and the hoster asked for another try since the cycle closed."""
         return self.down and self.retry_at is not None and self.retry_at > self.step_at
+
+    @property
+    def skip_requested(self) -> bool:
+        """Down, and the hoster gave it up since the cycle closed (a later retry wins)."""
+        return (self.down and self.skip_at is not None and self.skip_at > self.step_at
+                and not (self.retry_requested and self.retry_at is not None and self.retry_at > self.skip_at))
 
     @property
     def holds_budget(self) -> bool:
@@ -179,4 +190,5 @@ def parse_annotations(annotations: Mapping[str, str]) -> DrainIntent | IntentPro
     return DrainIntent(step, text[ANN_DRAIN_REVISION], started, step_at, text[ANN_DRAIN_NODE], cordoned,
                        text[ANN_DRAIN_BOOT_ID], text[ANN_DRAIN_VMI_UID], reason,
                        annotation_value_time(raw[ANN_DRAIN_EVICTED_AT]),
-                       annotation_value_time(annotations.get(ANN_DRAIN_RETRY_AT)))
+                       annotation_value_time(annotations.get(ANN_DRAIN_RETRY_AT)),
+                       annotation_value_time(annotations.get(ANN_DRAIN_SKIP_AT)))

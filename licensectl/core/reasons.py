@@ -75,6 +75,7 @@ class Reason(StrEnum):
     ROLLOUT_RETRY_REQUESTED = "RolloutRetryRequested"  # the hoster retried an aborted or undone candidate
     ROLLOUT_UNDO_REQUESTED = "RolloutUndoRequested"  # the hoster undid a candidate
     WORKER_RETRY_REQUESTED = "WorkerRetryRequested"  # the hoster asked to retry a worker down after BootTimeout
+    WORKER_SKIP_REQUESTED = "WorkerSkipRequested"  # the hoster gave a worker down after BootTimeout up
 
     # -- admission (app.py, from the webhook's answers) -------------------------------------------
     LICENSE_NOT_DELIVERED = "LicenseNotDelivered"  # a VMI admitted unchanged, without a license volume

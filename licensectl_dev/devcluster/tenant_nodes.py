@@ -117,6 +117,9 @@ class TenantNodeAgent:
         # A machine that reboots never comes back: its kubelet posts nothing after the first boot it ran,
         # so its Node stays NotReady (Unknown) with the old boot ID (a broken image, a hung boot).
         self.fail_reboots = False
+        # VMIs that never boot to a kubelet whatever `fail_reboots` says (a machine broken for good): a test
+        # turns `fail_reboots` off, and only a VMI created after (another restart) comes back.
+        self.hung_vmis: set[str] = set()
         self._core: Any = client.CoreV1Api(tenant_api)  # Any: the stubs lack `_content_type`
         co = client.CustomObjectsApi(mgmt_api)
 
@@ -197,7 +200,7 @@ class TenantNodeAgent:
             vmi = vmis.get(name)
             node = nodes.get(name)
             if node is None:
-                if vmi_up(vmi):
+                if vmi_up(vmi) and not self._hung(name, vmi):  # a kubelet that never starts registers nothing
                     assert vmi is not None
                     await self._register(name, vmi)  # its watch event brings the status pass
                 continue
@@ -213,6 +216,8 @@ class TenantNodeAgent:
     def _hung(self, name: str, vmi: Obj | None) -> bool:
         """With `fail_reboots`: a VMI other than the first one this Node ran never boots to a kubelet."""
         booted = self.record.boot_ids.get(name)
+        if vmi is not None and str(vmi["metadata"]["uid"]) in self.hung_vmis:
+            return True
         return bool(self.fail_reboots and vmi is not None and booted and str(vmi["metadata"]["uid"]) != booted[0])
 
     def _node_ip(self, name: str) -> str:

@@ -14,7 +14,7 @@ import asyncio
 import random
 
 import pytest
-from kubernetes_asyncio.client import CoreV1Api
+from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi
 
 from licensectl.core import drain
 from licensectl.core.model import ANN_RESTART_RESULT, ANN_RESTART_REVISION
@@ -65,7 +65,11 @@ async def test_retry_worker_restarts_a_worker_down_after_boot_timeout_once_more_
             assert r.code == 1 and "nothing to retry" in r.err, (r.code, r.out, r.err)
             assert drain.ANN_DRAIN_RETRY_AT not in await fl.vm_annotations(ns, others[0])
 
-            # The hoster fixes the machine, asks for a retry; the leader dies right after.
+            # The hoster fixes the machine, asks for a retry; the leader dies right after. The VMI that hung stays
+            # hung: only the retry's restart brings the Node back.
+            hung = await CustomObjectsApi(fl.api).get_namespaced_custom_object(
+                "kubevirt.io", "v1", ns, "virtualmachineinstances", gone)
+            ka.agent.hung_vmis.add(str(hung["metadata"]["uid"]))
             ka.agent.fail_reboots = False
             r = await run_licensectl("rollout", "retry-worker", f"{ns}/{gone}", kubeconfig=rig.kv.kubeconfig_path,
                                      env=fl.cli_env)
@@ -98,3 +102,69 @@ async def test_retry_worker_restarts_a_worker_down_after_boot_timeout_once_more_
         evs = (await CoreV1Api(fl.api).list_namespaced_event(
             ns, field_selector=f"involvedObject.name={gone},reason=WorkerRetryRequested")).items
         assert len(evs) == 1 and evs[0].involved_object.kind == "VirtualMachine"
+
+
+async def test_skip_worker_gives_a_dead_worker_up_and_the_cluster_goes_on_through_a_leader_kill(
+        rig: Rig, tenant_cluster_factory: TenantClusterFactory) -> None:
+    fl = rig.fleet
+    ns = fl.tenants[0]
+    settings = {**SETTINGS, "worker_boot_timeout_seconds": BOOT_TIMEOUT}
+    async with controllers() as started:
+        b = await start_pair(rig, started, settings)
+        ka, workers = await boot_cluster(rig, tenant_cluster_factory, ns, "ka")
+        ka.agent.fail_reboots = True
+        await b.wait_metric("licensectl_ready", 1)
+        await asyncio.sleep(1.1)
+        seen = Watch()
+        stop = asyncio.Event()
+        watcher = asyncio.create_task(observe([ka], seen, stop))
+        try:
+            revision = await rotate(fl)
+
+            async def down() -> tuple[str, str] | None:
+                for name in workers:
+                    ann = await fl.vm_annotations(ns, name)
+                    if ann.get(drain.ANN_DRAIN_REASON) == drain.BlockReason.BOOT_TIMEOUT:
+                        return name, ann[drain.ANN_DRAIN_NODE]
+                return None
+            found = await eventually(down, timeout=180, interval=0.5, what="a worker down after BootTimeout")
+            assert found is not None
+            gone, node = found
+            others = [n for n in workers if n != gone]
+            # The machine is abandoned: its Node deleted from the tenant, its VMI never boots. The other machines
+            # are fine. Its record still holds the budget.
+            hung = await CustomObjectsApi(fl.api).get_namespaced_custom_object(
+                "kubevirt.io", "v1", ns, "virtualmachineinstances", gone)
+            ka.agent.hung_vmis.add(str(hung["metadata"]["uid"]))
+            ka.agent.fail_reboots = False
+            await CoreV1Api(ka.api).delete_node(node)
+            await asyncio.sleep(3.0)
+            assert all(len(rig.kv.record.restarts_for(ns, n)) == 0 for n in others)
+
+            r = await run_licensectl("rollout", "skip-worker", f"{ns}/{gone}", kubeconfig=rig.kv.kubeconfig_path,
+                                     env=fl.cli_env)
+            assert r.code == 0 and "skip of worker" in r.out, (r.code, r.out, r.err)
+            log: list[str] = []
+            await kill_leader(started, rng=random.Random(8), fl=fl, log=log)
+
+            async def others_done() -> bool:
+                for name in others:
+                    ann = await fl.vm_annotations(ns, name)
+                    if ann.get(ANN_RESTART_REVISION) != revision or ann.get(ANN_RESTART_RESULT) != "done" or (
+                            drain.ANN_DRAIN_STEP in ann):
+                        return False
+                return True
+            await eventually(others_done, timeout=240, interval=0.5, what="the cluster's other workers restarted")
+            ann = await fl.vm_annotations(ns, gone)
+            assert ann.get(drain.ANN_DRAIN_REASON) in (None, drain.BlockReason.SKIPPED), ann  # never down again
+            r = await run_licensectl("rollout", "skip-worker", f"{ns}/{gone}", kubeconfig=rig.kv.kubeconfig_path,
+                                     env=fl.cli_env)
+            assert r.code == 1 and "nothing to skip" in r.err, (r.code, r.out, r.err)
+        finally:
+            stop.set()
+            await watcher
+        assert {n: len(rig.kv.record.restarts_for(ns, n)) for n in workers} == dict.fromkeys(workers, 1)
+        assert seen.max_disrupted == {"ka": 1}, seen.max_disrupted
+        evs = (await CoreV1Api(fl.api).list_namespaced_event(
+            ns, field_selector=f"involvedObject.name={gone},reason=WorkerSkipRequested")).items
+        assert len(evs) == 1

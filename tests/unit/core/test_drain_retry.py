@@ -57,3 +57,23 @@ def test_a_retry_of_a_worker_whose_vmi_is_gone_waits_for_its_replacement() -> No
 def test_without_a_retry_a_down_worker_stays_blocked() -> None:
     rec = intent(Step.BLOCKED, reason=BlockReason.BOOT_TIMEOUT, cordoned=False)
     assert step(rec, seen(node=node(ready=False))) == Blocked(BlockReason.BOOT_TIMEOUT, rec)
+
+
+def test_a_skip_closes_a_down_worker_for_its_revision_once_and_frees_its_budget() -> None:
+    rec = intent(Step.BLOCKED, reason=BlockReason.BOOT_TIMEOUT, cordoned=False, skip_at=NOW - 5 * S)
+    assert rec.skip_requested and rec.holds_budget
+    a = step(rec, seen(node=None))
+    assert isinstance(a, Blocked) and a.closed and a.reason is BlockReason.SKIPPED
+    assert a.intent is not None and not a.intent.down and not a.intent.holds_budget
+    assert not a.intent.skip_requested  # handled once: its step time moved past the request
+    assert step(a.intent, seen(node=None), now=NOW + S) == Blocked(BlockReason.SKIPPED, a.intent)
+    # Given up for its revision only: a new revision starts over.
+    assert not isinstance(step(a.intent, seen(revision="r2"), now=NOW + S), Blocked)
+
+
+def test_of_a_retry_and_a_skip_both_pending_the_later_wins() -> None:
+    base = intent(Step.BLOCKED, reason=BlockReason.BOOT_TIMEOUT, cordoned=False)
+    later_skip = dataclasses.replace(base, retry_at=NOW - 5 * S, skip_at=NOW - 2 * S)
+    assert isinstance(step(later_skip, seen()), Blocked)
+    later_retry = dataclasses.replace(base, retry_at=NOW - 2 * S, skip_at=NOW - 5 * S)
+    assert isinstance(step(later_retry, seen()), Restart)
