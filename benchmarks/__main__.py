@@ -48,6 +48,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="replication: run the controller with PYTHONTRACEMALLOC=1 and print its /debug/memory "
                         "(allocation sites) after the steady state; tracing slows it, so its timings are not "
                         "comparable")
+    p.add_argument("--profile", action="store_true",
+                   help="replication and peer: sample the controller with py-spy during the cold start and the "
+                        "rotation and print its top functions by CPU (the sampler runs in its own process)")
     return p
 
 
@@ -79,6 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             progress(f"controller processes run {build.label} from {tree}")
         if args.tracemalloc:
             build = dataclasses.replace(build, tracemalloc=True, label=f"{build.label}, allocation tracing on")
+        if args.profile:
+            build = dataclasses.replace(build, profile=True)
         for name in names:
             version, table = run_one(name, args.scale, build)
             print(table + "\n", flush=True)

@@ -44,6 +44,7 @@ class ControllerBuild:
     label: str = "this tree"
     tree: Path | None = None
     tracemalloc: bool = False  # `--tracemalloc`: PYTHONTRACEMALLOC=1, /debug/memory read at the peak
+    profile: bool = False  # `--profile`: py-spy samples the cold start and the rotation (benchmarks/profile.py)
 
 
 THIS_TREE = ControllerBuild()

@@ -48,6 +48,7 @@ from benchmarks.common import (
     rotate_source,
     seed_fleet,
 )
+from benchmarks.profile import Profiler, closing
 from benchmarks.replication import CONTROLLER_ARGS
 from licensectl.kube.raw import RawApi
 from licensectl_dev.devcluster import fleet
@@ -158,13 +159,14 @@ def _replicas(s: Scrape, state: str) -> float:
 # licensectl
 # ---------------------------------------------------------------------------------------------
 async def measure_licensectl(bench: BenchRun, cp: ControlPlane, api: ApiClient, n: int, token: bytes,
-                             build: ControllerBuild) -> tuple[Side, float]:
+                             build: ControllerBuild, profiler: Profiler) -> tuple[Side, float]:
     """Cold start and rotation (to `token`) of the licensectl controller; (its costs, CPU at ready)."""
     cp_pids = {k: v for k, v in cp.pids.items() if k in CONTROL_PLANE}
     ctl = bench.hold(BenchController(cp.kubeconfig_path, args=list(CONTROLLER_ARGS), build=build))
     cp0 = sum(cpu_seconds(cp_pids).values())
     progress("licensectl: cold start")
     await ctl.start()
+    profiler.begin(ctl.pid, "cold start")
     at_ready: list[float] = []
     last_print = [time.monotonic()]
 
@@ -180,6 +182,7 @@ async def measure_licensectl(bench: BenchRun, cp: ControlPlane, api: ApiClient, 
         return _replicas(s, "in_sync") == n and _replicas(s, "missing") == 0 and _replicas(s, "drifted") == 0
 
     await eventually(cold_done, timeout=TIMEOUT, interval=POLL_SECONDS, what="licensectl cold start")
+    await profiler.end()
     cold = Phase(cpu=ctl.cpu_seconds(), wall=time.monotonic() - ctl.started_at,
                  control_plane_cpu=sum(cpu_seconds(cp_pids).values()) - cp0)
     progress(f"licensectl cold start: {fmt_seconds(cold.wall)}, CPU {fmt_seconds(cold.cpu)}")
@@ -189,6 +192,7 @@ async def measure_licensectl(bench: BenchRun, cp: ControlPlane, api: ApiClient, 
     rev_before = _source_revision(before)
     cpu0, cp1 = ctl.cpu_seconds(), sum(cpu_seconds(cp_pids).values())
     progress("licensectl rotation: replacing the source token")
+    profiler.begin(ctl.pid, "rotation")
     t0 = time.monotonic()
     await rotate_source(api, token)
 
@@ -203,6 +207,7 @@ async def measure_licensectl(bench: BenchRun, cp: ControlPlane, api: ApiClient, 
         return updated >= n and _source_revision(s) not in ("", rev_before) and _replicas(s, "in_sync") == n
 
     await eventually(rotated, timeout=TIMEOUT, interval=POLL_SECONDS, what="licensectl rotation")
+    await profiler.end()
     rotation = Phase(cpu=ctl.cpu_seconds() - cpu0, wall=time.monotonic() - t0,
                      control_plane_cpu=sum(cpu_seconds(cp_pids).values()) - cp1)
     progress(f"licensectl rotation: {fmt_seconds(rotation.wall)}, CPU {fmt_seconds(rotation.cpu)}")
@@ -294,13 +299,15 @@ async def run(cp: ControlPlane, scale_name: str, build: ControllerBuild = THIS_T
     n = NAMESPACES
     first, second = fake_tokens(2)
     binary = await asyncio.to_thread(ensure_tool, PEER_TOOL, progress)
+    profiler = Profiler(build.profile, f"{build.label}, N={n:,}")
     async with BenchRun() as bench:
+        bench.on_exit(closing(profiler))
         api = await bench.client(cp.kubeconfig_path, SEED_CONCURRENCY + 8)
         await install_crds(api)
         progress(f"peer[{scale_name} ignored]: seeding {n:,} tenants with one claim each (no VMs, no unrelated "
                  "Secrets)")
         _, seed_times = await seed_fleet(api, first, n, MAX_DEPTH)
-        lic, at_ready = await measure_licensectl(bench, cp, api, n, second, build)
+        lic, at_ready = await measure_licensectl(bench, cp, api, n, second, build, profiler)
         peer = await measure_peer(bench, cp, api, n, first, second, binary)
     rows = [
         ["fleet", f"{n:,} tenant ns (depth ≤ {MAX_DEPTH})", "", "", "",
@@ -314,4 +321,6 @@ async def run(cp: ControlPlane, scale_name: str, build: ControllerBuild = THIS_T
         ["note", "", "", "", "", NOTE],
     ]
     return format_table("Go peer benchmark: CPU against a rate-unlimited Go replicator (N=3,000, no VMs)",
-                        ["metric", "licensectl", "Go peer", "licensectl / peer", "goal", "notes"], rows)
+                        ["metric", "licensectl", "Go peer", "licensectl / peer", "goal", "notes"],
+                        rows) + profiler.tables()
+

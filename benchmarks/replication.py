@@ -56,6 +56,7 @@ from benchmarks.common import (
     seed_fleet,
     tenant_tree,
 )
+from benchmarks.profile import Profiler, closing
 from licensectl.core.model import ANN_CLASS, MANAGED_BY_LABEL, MANAGED_BY_VALUE
 from licensectl.core.render import replica_name
 from licensectl.core.timecodec import format_time
@@ -298,6 +299,9 @@ async def run(cp: ControlPlane, scale_name: str, build: ControllerBuild = THIS_T
         progress("cold start: launching the controller")
         ctl.phase = "cold start"
         await ctl.start()
+        profiler = Profiler(build.profile, f"{build.label}, {scale_name}")
+        bench.on_exit(closing(profiler))
+        profiler.begin(ctl.pid, "cold start")
         t_start = ctl.started_at
         marks: dict[str, float] = {}
         last_print = [time.monotonic()]
@@ -318,6 +322,7 @@ async def run(cp: ControlPlane, scale_name: str, build: ControllerBuild = THIS_T
                     and _replica_state(s, "drifted") == 0)
 
         await eventually(cold_done, timeout=scale.timeout, interval=POLL_SECONDS, what="cold-start convergence")
+        await profiler.end()
         t_cold = time.monotonic()
         cold = await ctl.must_scrape()
         cold_ctl_cpu = ctl.cpu_seconds()
@@ -332,6 +337,7 @@ async def run(cp: ControlPlane, scale_name: str, build: ControllerBuild = THIS_T
         cpu2 = cpu_seconds(cp_pids)
         progress("rotation: replacing the source token")
         ctl.phase = "rotation"
+        profiler.begin(ctl.pid, "rotation")
         t_rot = time.monotonic()
         await rotate_source(api, token2)
         rot_marks: dict[str, float] = {}
@@ -349,6 +355,7 @@ async def run(cp: ControlPlane, scale_name: str, build: ControllerBuild = THIS_T
             return (updated >= n and _revision(s) not in ("", rev_before) and _replica_state(s, "in_sync") == n)
 
         await eventually(rotated, timeout=scale.timeout, interval=POLL_SECONDS, what="rotation convergence")
+        await profiler.end()
         t_rotated = time.monotonic()
         after_rot = await ctl.must_scrape()
         rot_ctl_cpu = ctl.cpu_seconds() - ctl_cpu_before
@@ -525,7 +532,7 @@ async def run(cp: ControlPlane, scale_name: str, build: ControllerBuild = THIS_T
         if allocations:
             table += ("\n\nController memory by allocation site (/debug/memory after the steady state, "
                       "tracemalloc, 1 frame)\n\n" + allocations)
-        return table
+        return table + profiler.tables()
 
 
 async def _guests_judged(ctl: BenchController, vmis: int, *, within: float) -> int:
