@@ -22,7 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
-from licensectl import __version__, config, logs
+from licensectl import __version__, config, event_loop, logs
 from licensectl.controllers.credentials import KeyringCredentials
 from licensectl.controllers.delivery_probe import DeliveryProbe
 from licensectl.controllers.fleet import FleetView
@@ -471,6 +471,7 @@ class App:
 async def run(settings: config.Settings) -> int:
     """`licensectl run`: until SIGTERM/SIGINT, then a graceful stop."""
     logs.configure(settings.log_format, settings.log_level)
+    log.info("event_loop", implementation=event_loop.running_loop_name())
     app = App(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -240,10 +240,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as e:
             print(f"licensectl run: {e}", file=sys.stderr)
             return 2
+        from licensectl import event_loop
         from licensectl.app import run
 
         malloc.limit_arenas()  # before any thread exists: the planner threads share one arena
-        return asyncio.run(run(settings))
+        return event_loop.run(run(settings))
     if args.command in ("status", "rollout", "keys"):
         return _cluster_command(args)
     parser.error(f"unknown command {args.command}")

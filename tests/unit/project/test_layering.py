@@ -21,7 +21,8 @@ PACKAGE = Path(licensectl.__file__).parent
 THIRD_PARTY = {"defusedxml": "guest reports are untrusted XML; parsing only, no I/O",
                "cryptography": "X.509 and key material for the serving certificate; computation only, no I/O"}
 
-SHELL_MODULES = frozenset({"config", "logs", "metrics", "malloc"})  # the ground every shell layer stands on
+# The ground every shell layer stands on.
+SHELL_MODULES = frozenset({"config", "logs", "metrics", "malloc", "event_loop"})
 # Layer -> the licensectl layers it may import (its own included). "" is the package itself (__version__).
 ALLOWED_LAYERS: dict[str, frozenset[str]] = {
     "core": frozenset({"core"}),
@@ -30,6 +31,7 @@ ALLOWED_LAYERS: dict[str, frozenset[str]] = {
     "metrics": frozenset({"", "metrics", "exposition"}),
     "exposition": frozenset({"exposition"}),  # the text writer behind metrics' render: prometheus-client only
     "malloc": frozenset({"malloc"}),
+    "event_loop": frozenset({"event_loop"}),  # which asyncio loop runs: uvloop or the stdlib's
     "kube": frozenset({"", "core", "kube", *SHELL_MODULES}),
     "serve": frozenset({"", "core", "kube", "serve", *SHELL_MODULES}),
     "controllers": frozenset({"", "core", "kube", "controllers", *SHELL_MODULES}),
