@@ -13,13 +13,13 @@ A kubernetes-asyncio `ApiClient` (what the test kit and the dev cluster hold) is
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 from urllib.parse import quote, urlencode
 
 import aiohttp
 
+from licensectl.kube import jsoncodec
 from licensectl.kube.errors import ApiException, NotFound
 
 __all__ = ["ApiException"]  # re-exported: call sites import it from here or from kube.errors
@@ -153,7 +153,7 @@ class KubeClient:
         url = self.host + path
         if query:
             url += "?" + urlencode(query)
-        data = None if body is None else json.dumps(body, separators=(",", ":"))
+        data = None if body is None else jsoncodec.dumps(body)
         kwargs: dict[str, Any] = {}
         if self._server_hostname:
             kwargs["server_hostname"] = self._server_hostname

@@ -8,11 +8,11 @@ code there keeps catching one exception family for all its calls.
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from licensectl.kube import jsoncodec
 from licensectl.kube.api import ApiException
 
 
@@ -37,7 +37,7 @@ async def checked(call: Awaitable[Any], *, error: type[Exception] = ApiException
     doc: Any = None
     if raw:
         try:
-            doc = json.loads(raw)
+            doc = jsoncodec.loads(raw)
         except ValueError:
             doc = None
     if not 200 <= status <= 299:

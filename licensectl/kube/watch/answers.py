@@ -6,12 +6,12 @@ neither an exception nor a log line ever holds a response body (Secrets!).
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 import structlog
 
+from licensectl.kube import jsoncodec
 from licensectl.kube.watch import wire
 from licensectl.kube.watch.backoff import parse_retry_after
 
@@ -60,7 +60,7 @@ def loads(raw: bytes | None) -> dict[str, Any] | None:
     if not raw:
         return None
     try:
-        doc = json.loads(raw)
+        doc = jsoncodec.loads(raw)
     except (ValueError, UnicodeDecodeError):
         return None
     return doc if isinstance(doc, dict) else None

@@ -14,7 +14,7 @@ Safety contract the controller relies on before deleting anything:
   in one step) and makes `healthy` False until a LIST succeeds.
 - `healthy` is also False while the watch has been down for longer than a short grace.
 
-Responses are read raw (`_preload_content=False`) and parsed with json: typed model
+Responses are read raw (`_preload_content=False`) and parsed with orjson (`kube/jsoncodec.py`): typed model
 deserialisation is far too slow for tens of thousands of objects. Logs carry the informer name,
 object names, resourceVersions and reasons, never object content (Secrets!).
 """

@@ -9,12 +9,11 @@ here and nowhere else in the watch; the status numbers themselves are named in `
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from licensectl.kube import errors
+from licensectl.kube import errors, jsoncodec
 
 Key = tuple[str, str]
 
@@ -105,7 +104,7 @@ def list_page(body: Mapping[str, Any]) -> ListPage:
 def parse_event_line(line: bytes | str) -> WatchEvent | None:
     """One line of a watch stream -> WatchEvent; None for anything that is not a well-formed event."""
     try:
-        doc = json.loads(line)
+        doc = jsoncodec.loads(line)
     except (ValueError, UnicodeDecodeError):
         return None
     if not isinstance(doc, dict):
