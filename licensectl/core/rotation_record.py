@@ -113,9 +113,30 @@ def bucket(candidate: str, namespace: str) -> float:
     """Where a namespace falls in [0, 100) for this candidate: a step of p% holds bucket < p.
 
     A fresh order per candidate (not always the same tenants first), and independent of the other
-    namespaces, so promotion never flips back when namespaces come and go."""
+    namespaces, so promotion never flips back when namespaces come and go. Remembered per candidate
+    (`_BUCKETS`): every pass of a rotation asks it for every namespace again, and a SHA-256 each time
+    was a tenth of the controller's CPU during a rotation (benchmarks/README.md#compiled-paths)."""
+    global _BUCKETS
+    memo = _BUCKETS.get(candidate)
+    if memo is None:  # a new dict, swapped in whole: a thread reading the old one never sees it change size
+        memo = {}
+        _BUCKETS = {**dict(list(_BUCKETS.items())[1 - _BUCKET_CANDIDATES:]), candidate: memo}
+    value = memo.get(namespace)
+    if value is None:
+        value = memo[namespace] = _hash_bucket(candidate, namespace)
+    return value
+
+
+def _hash_bucket(candidate: str, namespace: str) -> float:
     h = hashlib.sha256(f"{candidate}\0{namespace}".encode()).digest()
     return int.from_bytes(h[:8], "big") * 100.0 / 2**64
+
+
+# candidate -> namespace -> bucket, for the few candidates of the sources rotating now. A pure memo: a
+# value is the hash's, whoever computed it first (the planner threads share it; a lost race computes
+# twice), so a new leader derives the same waves.
+_BUCKETS: dict[str, dict[str, float]] = {}
+_BUCKET_CANDIDATES = 8
 
 
 

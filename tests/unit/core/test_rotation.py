@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import hashlib
 import itertools
 import json
 from collections.abc import Mapping, Sequence
@@ -317,6 +318,19 @@ def test_bucket_orders_namespaces_differently_per_candidate() -> None:
     assert all(bucket(C, ns) != bucket(N, ns) for ns in NAMESPACES)
     # The separator keeps (candidate, namespace) pairs apart: no concatenation collision.
     assert bucket("ab", "c") != bucket("a", "bc")
+
+
+def test_bucket_is_the_hash_of_candidate_and_namespace_however_many_candidates_are_asked_in_turn() -> None:
+    """Remembered or not, a bucket is the SHA-256 rule's: a new leader (or version) derives the same waves."""
+
+    def by_hash(candidate: str, ns: str) -> float:
+        digest = hashlib.sha256(f"{candidate}\0{ns}".encode()).digest()
+        return int.from_bytes(digest[:8], "big") * 100.0 / 2**64
+
+    candidates = [f"{i:064x}" for i in range(20)]  # more than are remembered at once
+    for _ in range(2):
+        for candidate, ns in itertools.product(candidates, NAMESPACES[:5]):
+            assert bucket(candidate, ns) == by_hash(candidate, ns)
 
 
 @pytest.mark.parametrize("phase", [RotationPhase.STABLE, RotationPhase.ABORTED, RotationPhase.UNDONE])
