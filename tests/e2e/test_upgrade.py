@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from kubernetes_asyncio.client import ApiClient, ApiException, CoreV1Api, CustomObjectsApi
 
-from licensectl.core import model
+from licensectl.core import model, preflight
 from licensectl.core.model import ANN_RESTART_REVISION, ObjectRef
 from licensectl.kube.revision_store import store_name
 from licensectl.kube.signing_key import SECRET_NAME as SIGNING_KEY_SECRET
@@ -217,10 +217,11 @@ def documented_uninstall_commands(controller_ns: str) -> list[list[str]]:
 
 
 def test_the_documented_annotation_removal_names_every_restart_annotation() -> None:
-    """Each restart-intent annotation licensectl writes on a VM (not the hoster's opt-out) is removed."""
+    """Each restart-intent and pre-flight annotation licensectl writes on a VM (not the hoster's opt-out) is removed."""
     _, annotate = documented_uninstall_commands("licensectl-system")
     removed = {a.removesuffix("-") for a in annotate if a.endswith("-")}
     written = {v for k, v in vars(model).items() if k.startswith("ANN_RESTART_") and k != "ANN_RESTART_POLICY"}
+    written |= set(preflight.HOLD_ANNOTATIONS)
     assert written == removed
 
 
