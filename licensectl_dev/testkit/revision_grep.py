@@ -20,7 +20,8 @@ from licensectl_dev.testkit.metrics_text import parse_metrics
 
 HEX = re.compile(r"^[0-9a-f]{12,64}$")
 # JSON keys whose hex values are revisions and say which: the rotation record's stable and
-# candidate are source revisions by definition (docs/operations.md#revisions).
+# candidate are source revisions by definition (docs/operations.md#revisions); any key ending in
+# `_source_revision` or `_replica_revision` names its kind too.
 JSON_KEYS = frozenset({"source_revision", "replica_revision", "stable", "candidate"})
 METRIC_LABELS = frozenset({("licensectl_source_revision_info", "revision")})
 _HEADER = re.compile(r"^[A-Z][A-Z0-9 ()/_-]*$")
@@ -75,7 +76,7 @@ def _doc_unlabeled(doc: Any) -> list[str]:
     out: list[str] = []
     for key, value in _walk(doc):
         if HEX.match(value):
-            if key not in JSON_KEYS:
+            if key not in JSON_KEYS and not key.endswith(("_source_revision", "_replica_revision")):
                 out.append(f"{key}={value}")
         else:
             out += [f"{h} in {key}={value!r}" for h in text_unlabeled(value)]
