@@ -464,13 +464,13 @@ class RolloutController:
                 yield GaugeSample("rollout_namespace_paused", (*labels, ("namespace", ns)),
                                   1.0 if ns in st.paused_namespaces else 0.0)
         missing, blocked, retrying, overdue = self._vmi_aggregates(plan)
-        for ns, n in sorted(missing.items()):
-            yield GaugeSample("vmis_missing_license_volume", (("namespace", ns),), float(n))
         for (ns, why), n in sorted(blocked.items()):
             yield GaugeSample("vmis_delivery_blocked", (("namespace", ns), ("reason", why)), float(n))
-        # Every namespace with a VMI missing its volume (a retrying one always is), 0 when none retries:
-        # the same label set as vmis_missing_license_volume, so "none retrying" is a value, not a gap.
-        for ns in sorted(missing.keys() | retrying.keys()):
+        # Every namespace with a delivery problem (a VMI missing its volume, retrying or undeliverable) has
+        # both series, 0 when it has none of that kind: "none" is a value, not a gap, and an undeliverable
+        # VMI is counted in vmis_delivery_blocked only (one cause, one alert).
+        for ns in sorted(missing.keys() | retrying.keys() | {ns for ns, _ in blocked}):
+            yield GaugeSample("vmis_missing_license_volume", (("namespace", ns),), float(missing.get(ns, 0)))
             yield GaugeSample("vmis_backstop_retrying", (("namespace", ns),), float(retrying.get(ns, 0)))
         # Per VMI, but only the overdue manual ones (a handful): what LicensectlManualRestartOverdue names.
         for (ns, vmi), vs in overdue:

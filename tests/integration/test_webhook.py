@@ -217,7 +217,7 @@ async def test_a_taken_volume_name_is_named_by_both_events_and_counted_in_one_fa
                                         {"namespace": rig.entitled, "reason": "volume_name_taken"}) == 1,
                          what="counted as blocked")
         # Not counted as missing as well: LicensectlVMIMissingLicenseVolume stays quiet for it.
-        assert metric(app, "licensectl_vmis_missing_license_volume", {"namespace": rig.entitled}) is None
+        assert metric(app, "licensectl_vmis_missing_license_volume", {"namespace": rig.entitled}) == 0
         assert "LicenseVolumeMissing" not in {e.reason for e in evs}
     assert kubevirt.record.restarts_for(rig.entitled, "taken") == []
 
