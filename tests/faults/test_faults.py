@@ -38,3 +38,16 @@ def test_deletion_budget_counts_a_batch_from_its_completion() -> None:
     assert b.take(10, now=61.0) == 0
     assert b.next_free(61.0) == pytest.approx(39.0)
     assert b.take(10, now=100.0) == 10
+
+
+def test_the_deletion_window_counts_only_what_surely_fell_in_one_minute() -> None:
+    """A slow poll that sees the first batch late does not put it into the next batch's minute; deletions
+    carried out all at once are counted together however they were seen."""
+    from .scenarios import worst_minute
+
+    first = [(0.0, 3.5)] * 200  # deleted at t~0, seen by a poll that returned at 3.5 s
+    second = [(60.0, 61.0)] * 100  # deleted right after the minute
+    assert worst_minute(first + second) == 200
+    assert worst_minute([(0.0, 1.0)] * 300) == 300
+    assert worst_minute([(t * 0.1, t * 0.1 + 1.0) for t in range(300)]) == 300
+    assert worst_minute([]) == 0
