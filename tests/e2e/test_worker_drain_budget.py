@@ -11,7 +11,9 @@ never come back from a reboot in this test:
 * the leader is SIGKILLed while the budget is held: the new leader derives the same from the VMs'
   records and the tenants' Nodes, and restarts no other worker;
 * `licensectl rollout status` never says complete (exit 3, the blocked worker named) while a plain VM
-  beside the workers is restarted as usual.
+  beside the workers is restarted as usual;
+* a third cluster `kc`, whose machines do come back, is drained and restarted worker by worker to the
+  end meanwhile: one failure domain's dead machines stop nothing elsewhere.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from kubernetes_asyncio.client import CoreV1Api
 from licensectl.core import drain
 from licensectl.core.model import ANN_RESTART_RESULT, ANN_RESTART_REVISION
 from licensectl_dev.devcluster import fleet as devfleet
+from licensectl_dev.devcluster import webhook as webhook_registration
 from licensectl_dev.testkit.poll import eventually
 from licensectl_dev.testkit.process import run_licensectl
 
@@ -44,12 +47,14 @@ HELD_FOR = 12.0  # seconds watched after the takeover: four hold periods (3 x dr
 async def test_a_worker_that_never_comes_back_holds_its_cluster_through_a_leader_kill(
         rig: Rig, tenant_cluster_factory: TenantClusterFactory) -> None:
     fl = rig.fleet
-    ns_a, ns_b = fl.tenants[0], fl.tenants[1]
+    ns_a, ns_b, ns_c = fl.tenants[0], fl.tenants[1], fl.tenants[2]
     settings = {**SETTINGS, "worker_boot_timeout_seconds": BOOT_TIMEOUT}
     async with controllers() as started:
         b = await start_pair(rig, started, settings)
         ka, workers_a = await boot_cluster(rig, tenant_cluster_factory, ns_a, "ka")
         kb, workers_b = await boot_cluster(rig, tenant_cluster_factory, ns_b, "kb", budget=False)
+        await webhook_registration.wait_delivery(fl.api, namespace=ns_c, claim="gpu")
+        kc, workers_c = await boot_cluster(rig, tenant_cluster_factory, ns_c, "kc")
         await devfleet.create_vm(rig.api, ns_a, "plain", gpu_claims=["gpu"])
         await eventually(lambda: fl.ready(ns_a, "plain"), timeout=60, what="the plain VM ready")
         for t in (ka, kb):
@@ -59,7 +64,7 @@ async def test_a_worker_that_never_comes_back_holds_its_cluster_through_a_leader
 
         seen = Watch()
         stop = asyncio.Event()
-        watcher = asyncio.create_task(observe([ka, kb], seen, stop))
+        watcher = asyncio.create_task(observe([ka, kb, kc], seen, stop))
         workers = {ns_a: workers_a, ns_b: workers_b}
         try:
             revision = await rotate(fl)
@@ -94,6 +99,17 @@ async def test_a_worker_that_never_comes_back_holds_its_cluster_through_a_leader
                             assert ann.get(drain.ANN_DRAIN_STEP) in (None, drain.Step.BLOCKED), (name, ann)
                             assert ann.get(drain.ANN_DRAIN_REASON) != drain.BlockReason.BOOT_TIMEOUT, (name, ann)
                 await asyncio.sleep(0.5)
+
+            async def healthy_done() -> bool:
+                for name in workers_c:
+                    ann = await fl.vm_annotations(ns_c, name)
+                    if (ann.get(ANN_RESTART_REVISION) != revision or ann.get(ANN_RESTART_RESULT) != "done"
+                            or drain.ANN_DRAIN_STEP in ann):
+                        return False
+                nodes = (await CoreV1Api(kc.api).list_node()).items
+                return not any(n.spec.unschedulable for n in nodes)
+
+            await eventually(healthy_done, timeout=120, interval=0.5, what="every worker of kc restarted, uncordoned")
         finally:
             stop.set()
             await watcher
@@ -106,7 +122,8 @@ async def test_a_worker_that_never_comes_back_holds_its_cluster_through_a_leader
         assert plain.get(ANN_RESTART_REVISION) == revision and plain.get(ANN_RESTART_RESULT) == "done", plain
         # The tenants' view: never a second worker down or cordoned, with or without a PDB.
         assert seen.samples > 20
-        assert seen.max_disrupted == {"ka": 1, "kb": 1}, seen.max_disrupted
+        assert seen.max_disrupted == {"ka": 1, "kb": 1, "kc": 1}, seen.max_disrupted
+        assert {n: len(rig.kv.record.restarts_for(ns_c, n)) for n in workers_c} == {n: 1 for n in workers_c}
         # Every view names the down worker; none says complete.
         scrape = await leader.scrape()
         assert scrape is not None
