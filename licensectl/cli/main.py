@@ -73,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     for verb, text in worker_helps.items():
         rw = rsub.add_parser(verb, help=text, epilog=WORKER_EXIT_CODES,
                              formatter_class=argparse.RawDescriptionHelpFormatter)
-        rw.add_argument("worker", type=source_ref, help="NAMESPACE/NAME of the worker's VirtualMachine")
+        rw.add_argument("worker", type=vm_ref, help="NAMESPACE/NAME of the worker's VirtualMachine")
     for r in rsub.choices.values():
         r.add_argument("--kubeconfig", default=None)
         r.add_argument("--context", default=None)
@@ -109,6 +109,14 @@ def source_ref(text: str) -> str:
     if not ns or not name or "/" in name:
         raise argparse.ArgumentTypeError(f"SOURCE must be NAMESPACE/NAME (e.g. licensectl-system/vws-token), "
                                           f"not {text!r}")
+    return text
+
+
+def vm_ref(text: str) -> str:
+    """A worker VirtualMachine, NAMESPACE/NAME, checked while parsing like SOURCE (exit 2, the verb's usage)."""
+    ns, _, name = text.partition("/")
+    if not ns or not name or "/" in name:
+        raise argparse.ArgumentTypeError(f"VM must be NAMESPACE/NAME (e.g. tenant-a/cluster-md-0), not {text!r}")
     return text
 
 

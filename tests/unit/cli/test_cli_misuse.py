@@ -15,10 +15,12 @@ import structlog
 from licensectl.cli.main import main
 
 VERBS = [["status"], ["rollout", "status"], ["rollout", "history"], ["rollout", "pause"], ["rollout", "resume"],
-         ["rollout", "retry"], ["rollout", "undo"], ["keys", "rotate"]]
+         ["rollout", "retry"], ["rollout", "undo"], ["rollout", "retry-worker"], ["rollout", "skip-worker"],
+         ["keys", "rotate"]]
 TAKES_SOURCE = {"rollout status", "rollout history", "rollout pause", "rollout resume", "rollout retry", "rollout undo"}
 TAKES_URL = {"status", "rollout status"}
-NEEDS_SOURCE = TAKES_SOURCE - {"rollout status"}
+TAKES_VM = {"rollout retry-worker", "rollout skip-worker"}
+NEEDS_SOURCE = (TAKES_SOURCE | TAKES_VM) - {"rollout status"}
 
 
 @pytest.fixture(autouse=True)
@@ -50,6 +52,8 @@ def misuse(verb: list[str], how: str) -> tuple[list[str], int, str]:
             url = dead_url()
             return [*verb, "--url", url], 1, f"nothing answers at {url} (Connection refused)"
         return [*verb, *source, "--url", "http://127.0.0.1:1"], 2, "error: unrecognized arguments: --url"
+    if name in TAKES_VM:  # a worker VM without its namespace
+        return [*verb, "vws-token"], 2, "error: argument worker: VM must be NAMESPACE/NAME"
     if name in TAKES_SOURCE:  # a SOURCE without its namespace
         return [*verb, "vws-token"], 2, "error: argument source: SOURCE must be NAMESPACE/NAME"
     return [*verb, "vws-token"], 2, "error: unrecognized arguments: vws-token"
