@@ -99,19 +99,3 @@ def hold_of(annotations: Mapping[str, str]) -> PreflightHold | None:
 def cleared() -> dict[str, str | None]:
     """The merge patch that drops a hold (written with the restart intent that supersedes it)."""
     return dict.fromkeys(HOLD_ANNOTATIONS)
-
-
-def classify(status: int | None, message: str) -> Admission:
-    """An HTTP answer to the dry-run create, as an `Admission`.
-
-    2xx: admitted. 409 AlreadyExists: admitted too -- the apiserver runs mutating and validating admission
-    before it looks for the name in storage, and the running VMI holds the VM's name. Other 4xx (403 from a
-    webhook or RBAC, 422 from a policy or validation, 400): refused, an answer. 408, 429 and 5xx (a webhook
-    that could not be called with failurePolicy Fail says 500) and no status at all: unanswered. Either kind
-    of refusal holds the restart: a VMI whose creation is not known to pass is never deleted for it."""
-    if status is not None and 200 <= status < 300:
-        return Admission(True)
-    if status == 409:
-        return Admission(True, message)
-    answered = status is not None and 400 <= status < 500 and status not in (408, 429)
-    return Admission(False, bounded(message) or f"HTTP {status}", answered=answered)

@@ -51,7 +51,7 @@ from licensectl.kube.api import (
     CoreV1Api,
     absent_on_404,
 )
-from licensectl.kube.errors import Conflict
+from licensectl.kube.errors import Conflict, Forbidden, is_status
 from licensectl.kube.projections import tls_secret_from
 from licensectl.kube.raw import RawApi
 from licensectl.kube.tasks import cancel_and_wait
@@ -427,7 +427,7 @@ class ServingTLS:
         try:
             obj = await absent_on_404(read(name))
         except ApiException as e:
-            if e.status != 403:
+            if not is_status(e, Forbidden):
                 raise
             await self._configuration_state(kind, name, CONFIGURATION_FORBIDDEN, None, verb="get")
             return
@@ -437,7 +437,7 @@ class ServingTLS:
             try:
                 await patch_call(name, patch)
             except ApiException as e:
-                if e.status == 403:  # a problem of its own, named, not a failed step
+                if is_status(e, Forbidden):  # a problem of its own, named, not a failed step
                     await self._configuration_state(kind, name, CONFIGURATION_FORBIDDEN, obj, verb="patch")
                     return
                 await self._configuration_state(kind, name, problem, obj)  # a refused patch stays visible

@@ -8,8 +8,9 @@ import datetime as dt
 import pytest
 
 from licensectl.core import preflight
-from licensectl.core.preflight import Admission, PreflightHold, classify, hold_of
+from licensectl.core.preflight import Admission, PreflightHold, hold_of
 from licensectl.core.rollout import GuestGate, VmiState
+from licensectl.kube.preflight import classify
 from tests.unit.core.rollout.test_rollout import at
 from tests.unit.core.rollout.test_rollout_no_harm import LIC, plan, rep, state, vm, vmi
 
